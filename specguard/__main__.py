@@ -1,0 +1,5 @@
+import sys
+
+from specguard.monitor.cli import main
+
+sys.exit(main())

@@ -1,0 +1,250 @@
+"""Read YAML config with every value's position, and collect all errors before reporting.
+
+Each layer parses its own section with a ``Section`` reader; problems are recorded as
+``ConfigIssue`` (file:line:column: key.path: message) and raised together as one
+``ConfigError``, so ``specguard check-config`` reports every error in one pass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from specguard.errors import ConfigError, ConfigIssue
+
+T = TypeVar("T")
+_MISSING: Any = object()
+
+
+@dataclass
+class Document:
+    """A parsed YAML document: plain Python data plus the position of every key path."""
+
+    file: str
+    data: Any
+    positions: dict[str, tuple[int, int]] = field(default_factory=dict)
+    issues: list[ConfigIssue] = field(default_factory=list)
+
+    def where(self, path: str) -> tuple[int | None, int | None]:
+        """Line and column (1-based) of ``path``, or of its nearest located parent."""
+        probe = path
+        while probe:
+            if probe in self.positions:
+                return self.positions[probe]
+            probe = _parent(probe)
+        return self.positions.get("", (None, None))
+
+    def error(self, path: str, message: str) -> None:
+        line, column = self.where(path)
+        self.issues.append(ConfigIssue(self.file, line, column, path, message))
+
+    def raise_if_issues(self) -> None:
+        if self.issues:
+            raise ConfigError(self.issues)
+
+    def root(self) -> Section:
+        return Section(self, "", self.data if self.data is not None else {})
+
+
+def _parent(path: str) -> str:
+    if path.endswith("]"):
+        return path[: path.rindex("[")]
+    return path.rpartition(".")[0]
+
+
+def _join(prefix: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{prefix}[{key}]"
+    return f"{prefix}.{key}" if prefix else str(key)
+
+
+def _to_python(node: yaml.Node, path: str, positions: dict[str, tuple[int, int]]) -> Any:
+    positions[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
+    if isinstance(node, yaml.MappingNode):
+        out: dict[str, Any] = {}
+        for key_node, value_node in node.value:
+            key = (
+                yaml.safe_load(yaml.serialize(key_node))
+                if not isinstance(key_node, yaml.ScalarNode)
+                else _scalar(key_node)
+            )
+            key_path = _join(path, str(key))
+            out[str(key)] = _to_python(value_node, key_path, positions)
+            positions[key_path] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_to_python(item, _join(path, i), positions) for i, item in enumerate(node.value)]
+    return _scalar(node)
+
+
+def _scalar(node: yaml.Node) -> Any:
+    constructor = yaml.SafeLoader("")
+    try:
+        return constructor.construct_object(node, deep=True)
+    finally:
+        constructor.dispose()
+
+
+def parse_text(text: str, file: str = "<config>") -> Document:
+    """Parse YAML text; a syntax error becomes a ConfigError naming the line and column."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        line = mark.line + 1 if mark else None
+        column = mark.column + 1 if mark else None
+        raise ConfigError(ConfigIssue(file, line, column, "", f"invalid YAML: {exc.problem}")) from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(ConfigIssue(file, None, None, "", f"invalid YAML: {exc}")) from exc
+    positions: dict[str, tuple[int, int]] = {}
+    data = _to_python(node, "", positions) if node is not None else {}
+    doc = Document(file, data, positions)
+    if not isinstance(data, dict):
+        doc.error("", f"the top level must be a mapping, got {type(data).__name__}")
+    return doc
+
+
+def load_file(path: str | Path) -> Document:
+    """Read and parse a config file; an unreadable file is a ConfigError too."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(ConfigIssue(str(path), None, None, "", f"cannot read: {exc.strerror}")) from exc
+    return parse_text(text, str(path))
+
+
+_TYPE_NAMES = {
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "a list",
+    dict: "a mapping",
+}
+
+
+class Section:
+    """Typed access to one mapping of a Document; every problem is recorded, never raised.
+
+    A bad value yields the default, so parsing goes on and reports all errors at once.
+    """
+
+    def __init__(self, doc: Document, path: str, data: Any):
+        self.doc = doc
+        self.path = path
+        self.data: dict[str, Any] = data if isinstance(data, dict) else {}
+        self._seen: set[str] = set()
+        if not isinstance(data, dict):
+            doc.error(path, f"must be a mapping, got {_describe(data)}")
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.data
+
+    def key_path(self, key: str | int) -> str:
+        return _join(self.path, key)
+
+    def error(self, key: str | None, message: str) -> None:
+        self.doc.error(self.key_path(key) if key is not None else self.path, message)
+
+    def get(
+        self,
+        key: str,
+        kind: type[T] | tuple[type, ...],
+        default: Any = _MISSING,
+        *,
+        minimum: float | None = None,
+        maximum: float | None = None,
+        choices: tuple[Any, ...] | None = None,
+        nullable: bool = False,
+    ) -> Any:
+        """Value of ``key`` checked for type, range and choices; the default when absent or bad."""
+        self._seen.add(key)
+        if key not in self.data:
+            if default is _MISSING:
+                self.error(key, "is required")
+                return None
+            return default
+        value = self.data[key]
+        if value is None and nullable:
+            return None
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            wanted = " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds)
+            self.error(key, f"must be {wanted}, got {_describe(value)}")
+            return None if default is _MISSING else default
+        if isinstance(value, float) and not math.isfinite(value):
+            self.error(key, f"must be finite, got {value}")
+            return None if default is _MISSING else default
+        if minimum is not None and isinstance(value, int | float) and value < minimum:
+            self.error(key, f"({value}) must be >= {minimum}")
+            return None if default is _MISSING else default
+        if maximum is not None and isinstance(value, int | float) and value > maximum:
+            self.error(key, f"({value}) must be <= {maximum}")
+            return None if default is _MISSING else default
+        if choices is not None and value not in choices:
+            allowed = ", ".join(repr(c) for c in choices)
+            self.error(key, f"({value!r}) must be one of {allowed}")
+            return None if default is _MISSING else default
+        return value
+
+    def section(self, key: str, *, required: bool = False) -> Section:
+        """The sub-mapping under ``key`` (an empty one when absent)."""
+        self._seen.add(key)
+        if key not in self.data or self.data[key] is None:
+            if required:
+                self.error(key, "is required")
+            return Section(self.doc, self.key_path(key), {})
+        return Section(self.doc, self.key_path(key), self.data[key])
+
+    def items(self, key: str, *, required: bool = False) -> Iterator[Section]:
+        """Each mapping in the list under ``key``."""
+        for index, value in self.values(key, required=required):
+            yield Section(self.doc, _join(self.key_path(key), index), value)
+
+    def values(self, key: str, *, required: bool = False) -> Iterator[tuple[int, Any]]:
+        """(index, value) for each entry in the list under ``key``."""
+        self._seen.add(key)
+        value = self.data.get(key)
+        if value is None:
+            if required:
+                self.error(key, "is required")
+            return
+        if not isinstance(value, list):
+            self.error(key, f"must be a list, got {_describe(value)}")
+            return
+        yield from enumerate(value)
+
+    def check(self, condition: bool, key: str | None, message: str) -> bool:
+        """Record ``message`` at ``key`` unless ``condition`` holds; returns the condition."""
+        if not condition:
+            self.error(key, message)
+        return condition
+
+    def reject_unknown(self, also_allowed: tuple[str, ...] = ()) -> None:
+        """Unknown keys are errors (a typo must not silently fall back to a default)."""
+        for key in self.data:
+            if key not in self._seen and key not in also_allowed:
+                known = sorted(self._seen | set(also_allowed))
+                self.error(key, f"unknown key (known: {', '.join(known)})")
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, dict | list):
+        return _TYPE_NAMES[type(value)]
+    return f"{type(value).__name__} {value!r}"
+
+
+def parse_with(doc: Document, build: Callable[[Section], T]) -> T:
+    """Run a section builder over the document root and raise all issues together."""
+    result = build(doc.root())
+    doc.raise_if_issues()
+    return result

@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+import pytest
+
+from specguard import configfile
+from specguard.errors import ConfigError
+
+
+def test_every_issue_is_reported_with_file_line_column_and_path():
+    doc = configfile.parse_text(
+        "pools:\n  - name: a\n    url: 3\n  - name: b\ntap:\n  window_seconds: -1\n  bogus: 1\n", "x.yaml"
+    )
+    root = doc.root()
+    for pool in root.items("pools"):
+        pool.get("name", str)
+        pool.get("url", str)
+    tap = root.section("tap")
+    tap.get("window_seconds", float, 300.0, minimum=1)
+    tap.reject_unknown()
+    with pytest.raises(ConfigError) as info:
+        doc.raise_if_issues()
+    assert [str(i) for i in info.value.issues] == [
+        "x.yaml:3:5: pools[0].url: must be a string, got int 3",
+        "x.yaml:4:5: pools[1].url: is required",
+        "x.yaml:6:3: tap.window_seconds: (-1.0) must be >= 1",
+        "x.yaml:7:3: tap.bogus: unknown key (known: window_seconds)",
+    ]
+
+
+def test_yaml_syntax_error_names_line_and_column():
+    with pytest.raises(ConfigError) as info:
+        configfile.parse_text("a: [1, 2\nb: 3\n", "bad.yaml")
+    assert str(info.value).startswith("bad.yaml:")
+    assert "invalid YAML" in str(info.value)
+
+
+def test_integers_are_accepted_for_floats_but_booleans_are_not_integers():
+    doc = configfile.parse_text("x: 2\ny: true\n")
+    root = doc.root()
+    assert root.get("x", float) == 2.0
+    assert root.get("y", int, 7) == 7
+    assert "must be an integer, got bool True" in str(doc.issues[0])
+
+
+def test_unreadable_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        configfile.load_file(tmp_path / "missing.yaml")
