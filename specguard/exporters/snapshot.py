@@ -18,10 +18,14 @@ class HistogramTotals:
     count: float
 
 
+SeriesKey = tuple[str, tuple[tuple[str, str], ...]]  # (sample name, sorted labels)
+
+
 @dataclass(frozen=True)
 class EngineSnapshot:
     engine: str  # "vllm", "sglang", "trtllm", "llamacpp", "tgi"
     families: tuple[str, ...] = ()  # metric family names seen on the page
+    metrics_path: str = "/metrics"  # where this engine serves its Prometheus page
     speculation_enabled: bool | None = None
     num_speculative_tokens: int | None = None
     # speculative counters (cumulative)
@@ -30,9 +34,13 @@ class EngineSnapshot:
     accepted_tokens: float | None = None  # bonus excluded
     accepted_per_position: tuple[float, ...] | None = None  # index i: rounds with >= i+1 accepted
     generation_tokens: float | None = None
+    # output tokens emitted by verify rounds, bonus included, when the engine counts them per round
+    # (SGLang generation_tokens_total, which also counts the first, prefill-produced token)
+    round_tokens: float | None = None
     # window-averaged gauges some engines export instead of counters (SGLang, TRT-LLM)
     accept_length_gauge: float | None = None
     accept_rate_gauge: float | None = None
+    draft_overhead_gauge: float | None = None  # TRT-LLM: draft time / iteration time
     # latency histograms
     step_latency: HistogramTotals | None = None  # one sample per engine step (vLLM ITL)
     token_latency: HistogramTotals | None = None  # one sample per output token (SGLang ITL)
@@ -44,4 +52,11 @@ class EngineSnapshot:
     waiting_requests: float | None = None
     # per-model breakdown (vLLM model_name); empty when there is one model
     models: dict[str, EngineSnapshot] = field(default_factory=dict)
-    # family -> label sets whose counters went backwards are detected on deltas, not here
+    # per-label breakdown of custom labels (SGLang `task`): label -> value -> snapshot of the
+    # series carrying that label (engine-wide gauges are None there)
+    breakdown: dict[str, dict[str, EngineSnapshot]] = field(default_factory=dict)
+    # raw cumulative counter series behind each counter field, for reset-aware deltas:
+    # field key ("drafts", "accepted_per_position:0", "step_latency:sum", ...) -> series -> value
+    series: dict[str, dict[SeriesKey, float]] = field(default_factory=dict, repr=False)
+    # counter families that went backwards inside the window (set on window snapshots only)
+    counter_resets: tuple[str, ...] | None = None

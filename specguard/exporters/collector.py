@@ -1,0 +1,226 @@
+"""Prometheus collectors for the tap's per-class counters and each pool's scrape state.
+
+``collect()`` renders what the tap and the scrape loops already stored: it never waits on an
+engine and never raises (a failing part is logged and skipped). Every label value comes from
+the config or from a fixed vocabulary in code, so cardinality is bounded.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from specguard.exporters.poolwatch import PoolWatch
+from specguard.exporters.stats import TPOT_BUCKETS, Totals, WindowedStats
+
+log = logging.getLogger("specguard.collector")
+
+CLASS_LABELS = ["pool", "task_type", "temperature_bucket", "load_bucket"]
+
+# (metric name without _total, Totals attribute, help)
+COUNTERS: tuple[tuple[str, str, str], ...] = (
+    ("specguard_requests", "requests", "Requests through the tap that finished (any status)."),
+    (
+        "specguard_spec_requests",
+        "spec_requests",
+        "Requests that reported per-request speculative-decoding stats.",
+    ),
+    ("specguard_output_tokens", "output_tokens", "Output (completion) tokens of finished requests."),
+    ("specguard_verify_rounds", "verify_rounds", "Speculative verify rounds of requests with spec stats."),
+    ("specguard_draft_tokens", "draft_tokens", "Draft tokens proposed (requests with spec stats)."),
+    (
+        "specguard_accepted_tokens",
+        "accepted_tokens",
+        "Draft tokens accepted, bonus token excluded (requests with spec stats).",
+    ),
+    (
+        "specguard_full_rollback_rounds",
+        "full_rollback_rounds",
+        "Verify rounds that accepted zero drafts.",
+    ),
+    (
+        "specguard_full_rollback_requests",
+        "full_rollback_requests",
+        "Requests whose share of full-rollback rounds exceeded tap.full_rollback_request_threshold.",
+    ),
+    (
+        "specguard_decode_seconds",
+        "decode_seconds",
+        "Seconds from first to last output token (streamed requests); TPOT = this / decode_tokens.",
+    ),
+    (
+        "specguard_decode_tokens",
+        "decode_tokens",
+        "Output tokens after the first, over the requests counted in decode_seconds.",
+    ),
+    (
+        "specguard_approximate_requests",
+        "approximate_requests",
+        "Requests whose spec numbers were inferred from stream chunks, not reported by the engine.",
+    ),
+)
+
+
+def _safe(name: str, produce: Callable[[], Iterable[Metric]]) -> Iterator[Metric]:
+    try:
+        yield from list(produce())
+    except Exception:  # collect() must never raise into the registry
+        log.exception("collector %s failed; its families are skipped this scrape", name)
+
+
+class TapCollector(Collector):
+    """Per-class counters, the TPOT histogram and the tap's own error/attribution counters."""
+
+    def __init__(self, stats: WindowedStats, in_flight: Mapping[str, int]):
+        self._stats = stats
+        self._in_flight = in_flight
+
+    def describe(self) -> Iterator[Metric]:
+        for name, _, doc in COUNTERS:
+            yield CounterMetricFamily(name, doc, labels=CLASS_LABELS)
+        yield from self._other_families()
+
+    def collect(self) -> Iterator[Metric]:
+        yield from _safe("tap", self._collect)
+
+    def _other_families(self) -> list[Metric]:
+        return [
+            HistogramMetricFamily(
+                "specguard_time_per_output_token_seconds",
+                "Per-request time per output token after the first (streamed requests).",
+                labels=CLASS_LABELS,
+            ),
+            CounterMetricFamily(
+                "specguard_accepted_per_position",
+                "Verify rounds whose first position+1 drafts were all accepted (p_i numerator).",
+                labels=[*CLASS_LABELS, "position"],
+            ),
+            CounterMetricFamily(
+                "specguard_unattributed_requests",
+                "Requests forwarded without per-request spec stats, by reason (the cross-check gap).",
+                labels=["pool", "reason"],
+            ),
+            CounterMetricFamily(
+                "specguard_unclassified_requests",
+                "Tapped requests whose body was not a JSON object (forwarded untouched).",
+                labels=["pool"],
+            ),
+            CounterMetricFamily(
+                "specguard_upstream_errors",
+                "Upstream failures by kind: connect, timeout, broken (mid-response), status_5xx.",
+                labels=["pool", "kind"],
+            ),
+            GaugeMetricFamily(
+                "specguard_pool_in_flight_requests",
+                "Requests currently in flight through the tap to each pool.",
+                labels=["pool"],
+            ),
+        ]
+
+    def _collect(self) -> list[Metric]:
+        totals = self._stats.totals()
+        out: list[Metric] = []
+        for name, attr, doc in COUNTERS:
+            family = CounterMetricFamily(name, doc, labels=CLASS_LABELS)
+            for key, t in sorted(totals.items()):
+                family.add_metric(list(key), float(getattr(t, attr)))
+            out.append(family)
+        hist, positions, unattributed, unclassified, errors, in_flight = self._other_families()
+        for key, t in sorted(totals.items()):
+            hist.add_metric(list(key), _buckets(t), t.tpot_sum)
+            for position, value in enumerate(t.accepted_per_position):
+                positions.add_metric([*key, str(position)], float(value))
+        for (pool, reason), value in sorted(self._stats.unattributed().items()):
+            unattributed.add_metric([pool, reason], float(value))
+        for pool, value in sorted(self._stats.unclassified().items()):
+            unclassified.add_metric([pool], float(value))
+        for (pool, kind), value in sorted(self._stats.upstream_errors().items()):
+            errors.add_metric([pool, kind], float(value))
+        for pool, value in sorted(dict(self._in_flight).items()):
+            in_flight.add_metric([pool], float(value))
+        return [*out, hist, positions, unattributed, unclassified, errors, in_flight]
+
+
+def _buckets(t: Totals) -> list[tuple[str, float]]:
+    running = 0
+    out: list[tuple[str, float]] = []
+    for bound, count in zip(TPOT_BUCKETS, t.tpot_buckets, strict=True):
+        running += count
+        out.append((repr(bound), float(running)))
+    out.append(("+Inf", float(t.tpot_count)))
+    return out
+
+
+ENGINE_COUNTERS = (
+    ("specguard_engine_verify_rounds", "drafts", "Engine-reported verify rounds with drafts, since start."),
+    ("specguard_engine_draft_tokens", "draft_tokens", "Engine-reported draft tokens, since start."),
+    ("specguard_engine_accepted_tokens", "accepted_tokens", "Engine-reported accepted drafts, since start."),
+    (
+        "specguard_engine_generation_tokens",
+        "generation_tokens",
+        "Engine-reported output tokens, since start.",
+    ),
+)
+
+
+class EngineCollector(Collector):
+    """Per pool: engine_up, scrape duration, counter resets and the engine counter increases."""
+
+    def __init__(self, watches: Iterable[PoolWatch]):
+        self._watches = list(watches)
+
+    def describe(self) -> Iterator[Metric]:
+        yield from self._families()
+
+    def collect(self) -> Iterator[Metric]:
+        yield from _safe("engine", self._collect)
+
+    def _families(self) -> list[Metric]:
+        pool = ["pool"]
+        return [
+            GaugeMetricFamily(
+                "specguard_engine_up", "1 when the last scrape of the pool succeeded.", labels=pool
+            ),
+            GaugeMetricFamily(
+                "specguard_scrape_duration_seconds", "Duration of the last scrape of the pool.", labels=pool
+            ),
+            GaugeMetricFamily(
+                "specguard_engine_last_scrape_error_timestamp_seconds",
+                "When the last failed scrape of the pool happened.",
+                labels=pool,
+            ),
+            CounterMetricFamily(
+                "specguard_engine_counter_resets",
+                "Scrapes in which an engine counter went backwards (engine restart).",
+                labels=pool,
+            ),
+            *(
+                CounterMetricFamily(
+                    name,
+                    doc + " Increases between scrapes, reset-safe (cached from the last scrape).",
+                    labels=pool,
+                )
+                for name, _, doc in ENGINE_COUNTERS
+            ),
+        ]
+
+    def _collect(self) -> list[Metric]:
+        up, duration, error_at, resets, *counters = self._families()
+        for watch in self._watches:
+            view = watch.view()
+            name = [watch.pool.name]
+            up.add_metric(name, 1.0 if view["up"] else 0.0)
+            if view["duration"] is not None:
+                duration.add_metric(name, float(view["duration"]))  # type: ignore[arg-type]
+            if view["last_error_at"] is not None:
+                error_at.add_metric(name, float(view["last_error_at"]))  # type: ignore[arg-type]
+            resets.add_metric(name, float(view["resets"]))  # type: ignore[arg-type]
+            accumulated: dict[str, float] = view["accumulated"]  # type: ignore[assignment]
+            has: dict[str, bool] = view["has"]  # type: ignore[assignment]
+            for family, (_, attr, _) in zip(counters, ENGINE_COUNTERS, strict=True):
+                if has[attr]:
+                    family.add_metric(name, accumulated[attr])
+        return [up, duration, error_at, resets, *counters]

@@ -1,0 +1,1 @@
+"""Real captured pages shipped with the package (``specguard inspect --sample``)."""

@@ -1,0 +1,185 @@
+"""Each pool's engine /metrics page, scraped on a named, stoppable loop.
+
+``PoolWatch`` keeps what the collector exports per pool: up/down, scrape duration, the last
+snapshot, and the engine's own counters accumulated as deltas since start (reset-safe,
+series by series, the way Prometheus ``increase()`` does) for the cross-check against the
+tap's per-class sums.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable
+
+from specguard.errors import SpecguardError
+from specguard.exporters.config import PoolConfig
+from specguard.exporters.snapshot import EngineSnapshot
+
+log = logging.getLogger("specguard.scrape")
+
+# EngineSnapshot counter fields accumulated for the cross-check
+ACCUMULATED = ("drafts", "draft_tokens", "accepted_tokens", "generation_tokens")
+
+Fetch = Callable[[PoolConfig, float], Awaitable[EngineSnapshot]]
+
+
+class PoolWatch:
+    """Scrape results of one pool; ``observe``/``fail`` write, the collector reads."""
+
+    def __init__(self, pool: PoolConfig, *, clock: Callable[[], float] = time.time):
+        self.pool = pool
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.up = False
+        self.scrapes = 0
+        self.duration_seconds: float | None = None
+        self.last_success: float | None = None
+        self.last_error: str | None = None
+        self.last_error_at: float | None = None
+        self.snapshot: EngineSnapshot | None = None
+        self.counter_resets = 0
+        self.accumulated: dict[str, float] = {name: 0.0 for name in ACCUMULATED}
+        self._previous: dict[str, dict[object, float]] = {}
+        self._baseline = False  # a successful scrape happened: later series count from zero
+
+    def observe(self, snapshot: EngineSnapshot, duration: float) -> None:
+        """A successful scrape: add each counter's increase since the previous one."""
+        with self._lock:
+            reset = False
+            for name in ACCUMULATED:
+                current = _series(snapshot, name)
+                if current is None:
+                    continue
+                before = self._previous.get(name)
+                if before is None and self._baseline:
+                    before = {}  # the family appeared after the first scrape: it started at zero
+                if before is not None:
+                    for key, value in current.items():
+                        old = before.get(key)
+                        if old is None:  # a labelled series appears at its first increment
+                            self.accumulated[name] += value
+                        elif value >= old:
+                            self.accumulated[name] += value - old
+                        else:
+                            reset = True
+                            self.accumulated[name] += value
+                self._previous[name] = current
+            self.counter_resets += int(reset)
+            self._baseline = True
+            self.snapshot = snapshot
+            self.up = True
+            self.scrapes += 1
+            self.duration_seconds = duration
+            self.last_success = self._clock()
+
+    def fail(self, error: str, duration: float) -> None:
+        with self._lock:
+            self.up = False
+            self.scrapes += 1
+            self.duration_seconds = duration
+            self.last_error = error
+            self.last_error_at = self._clock()
+
+    def view(self) -> dict[str, object]:
+        """A consistent copy for the collector."""
+        with self._lock:
+            return {
+                "up": self.up,
+                "scrapes": self.scrapes,
+                "duration": self.duration_seconds,
+                "resets": self.counter_resets,
+                "accumulated": dict(self.accumulated),
+                "has": {n: n in self._previous for n in ACCUMULATED},
+                "last_error_at": self.last_error_at,
+                "last_success": self.last_success,
+            }
+
+
+def _series(snapshot: EngineSnapshot, name: str) -> dict[object, float] | None:
+    """Series values behind one counter field (the field total when no series are recorded)."""
+    series = snapshot.series.get(name) if snapshot.series else None
+    if series:
+        return dict(series)
+    value = getattr(snapshot, name)
+    return None if value is None else {"": float(value)}
+
+
+class ScrapeLoop:
+    """Scrapes one pool every ``interval`` seconds until stopped; never raises out of the loop."""
+
+    def __init__(
+        self,
+        watch: PoolWatch,
+        fetch: Fetch,
+        *,
+        interval: float,
+        timeout: float,
+        on_snapshot: Callable[[PoolConfig, EngineSnapshot], None] | None = None,
+        monotonic: Callable[[], float] = time.perf_counter,
+    ):
+        self.watch = watch
+        self.name = f"scrape:{watch.pool.name}"
+        self._fetch = fetch
+        self.interval = interval
+        self.timeout = timeout
+        self._on_snapshot = on_snapshot
+        self._mono = monotonic
+        self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+
+    async def scrape_once(self) -> bool:
+        """One scrape now; True when the pool answered with a page the adapters understood."""
+        pool = self.watch.pool
+        start = self._mono()
+        try:
+            snapshot = await asyncio.wait_for(self._fetch(pool, self.timeout), self.timeout)
+        except asyncio.CancelledError:
+            raise
+        except TimeoutError:
+            self.watch.fail(f"timed out after {self.timeout}s", self._mono() - start)
+            log.warning("%s: %s%s timed out after %ss", self.name, pool.url, pool.metrics_path, self.timeout)
+            return False
+        except SpecguardError as exc:
+            self.watch.fail(str(exc), self._mono() - start)
+            log.warning("%s: %s", self.name, exc)
+            return False
+        except Exception as exc:  # a bad page or a socket error must not stop the loop
+            self.watch.fail(f"{type(exc).__name__}: {exc}", self._mono() - start)
+            log.warning("%s: %s: %s", self.name, type(exc).__name__, exc)
+            return False
+        self.watch.observe(snapshot, self._mono() - start)
+        if self._on_snapshot is not None:
+            self._on_snapshot(pool, snapshot)
+        return True
+
+    async def _run(self) -> None:
+        log.info("%s: started (every %ss)", self.name, self.interval)
+        while not self._stop.is_set():
+            await self.scrape_once()
+            try:
+                await asyncio.wait_for(self._stop.wait(), self.interval)
+            except TimeoutError:
+                pass
+        log.info("%s: stopped", self.name)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._stop.clear()
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=self.name)
+
+    async def stop(self) -> None:
+        if self._task is None:
+            return
+        self._stop.set()
+        task, self._task = self._task, None
+        try:
+            await asyncio.wait_for(task, self.timeout + 1.0)
+        except TimeoutError:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass

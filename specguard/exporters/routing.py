@@ -1,0 +1,100 @@
+"""Choose the pool for one request from the current plan, with holdout and probe shares.
+
+The plan comes from a higher layer as a plain mapping ``{(task_type, temperature_bucket,
+load_bucket): pool}``; a missing key means the default pool. Two small shares keep the
+evidence flowing both ways:
+
+- *holdout*: a few percent of every class goes to the no-spec pool, so each class has a live
+  non-speculative baseline on this stack;
+- *probe*: a class the plan routes away from speculation keeps a small share on a
+  speculative pool, so re-enabling is decided on evidence, not on a timer.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from specguard.errors import InputError
+from specguard.exporters.config import PoolConfig
+
+PlanKey = tuple[str, str, str]
+
+
+@dataclass(frozen=True)
+class RouteChoice:
+    pool: str
+    route: str  # "plan" (plan entry or default pool), "holdout" or "probe"
+
+
+class Router:
+    def __init__(
+        self,
+        pools: Sequence[PoolConfig],
+        *,
+        default_pool: str,
+        nospec_pool: str | None,
+        holdout_share: float = 0.0,
+        probe_share: float = 0.0,
+        rng: random.Random | None = None,
+    ):
+        self._pools = {p.name: p for p in pools}
+        if default_pool not in self._pools:
+            raise InputError(f"default pool {default_pool!r} is not configured")
+        if nospec_pool is not None and nospec_pool not in self._pools:
+            raise InputError(f"no-spec pool {nospec_pool!r} is not configured")
+        self.default_pool = default_pool
+        self.nospec_pool = nospec_pool
+        self.holdout_share = holdout_share
+        self.probe_share = probe_share
+        self._rng = rng or random.Random()
+        self._plan: dict[PlanKey, str] = {}
+        spec = [p.name for p in pools if p.speculative]
+        # probe target: the default pool when it speculates, else the first speculative pool
+        self.probe_pool = (
+            default_pool if self._pools[default_pool].speculative else (spec[0] if spec else None)
+        )
+
+    def set_plan(self, plan: Mapping[PlanKey, str]) -> None:
+        """Replace the plan atomically; a plan naming an unknown pool is rejected whole."""
+        unknown = sorted({pool for pool in plan.values() if pool not in self._pools})
+        if unknown:
+            raise InputError(f"plan names pools that are not configured: {', '.join(unknown)}")
+        self._plan = dict(plan)
+
+    def plan(self) -> dict[PlanKey, str]:
+        return dict(self._plan)
+
+    def planned(self, task_type: str, temperature_bucket: str, load_bucket_of: Callable[[str], str]) -> str:
+        """Plan lookup; the load bucket is that of the pool the request would go to.
+
+        Starts from the default pool's load; if the plan sends the class elsewhere, the
+        lookup is repeated once with that pool's load and kept if it agrees.
+        """
+        first = self._plan.get((task_type, temperature_bucket, load_bucket_of(self.default_pool)))
+        target = first or self.default_pool
+        if target != self.default_pool:
+            second = self._plan.get(
+                (task_type, temperature_bucket, load_bucket_of(target)), self.default_pool
+            )
+            if second != target:
+                return self.default_pool if second == self.default_pool else second
+        return target
+
+    def choose(
+        self, task_type: str, temperature_bucket: str, load_bucket_of: Callable[[str], str]
+    ) -> RouteChoice:
+        """Pool for one request. ``load_bucket_of(pool)`` gives the pool's live load bucket."""
+        target = self.planned(task_type, temperature_bucket, load_bucket_of)
+        draw = self._rng.random()
+        if self.nospec_pool is not None and target != self.nospec_pool and draw < self.holdout_share:
+            return RouteChoice(self.nospec_pool, "holdout")
+        if (
+            self.probe_pool is not None
+            and not self._pools[target].speculative
+            and target != self.probe_pool
+            and draw < self.probe_share
+        ):
+            return RouteChoice(self.probe_pool, "probe")
+        return RouteChoice(target, "plan")

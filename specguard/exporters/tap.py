@@ -1,0 +1,475 @@
+"""The request tap: an OpenAI-compatible reverse proxy that classifies, routes and measures.
+
+``/v1/completions`` and ``/v1/chat/completions`` are tapped; every other path is passed
+through to the default pool. The client receives the engine's status, headers (minus
+hop-by-hop), body and stream events byte for byte, except for what the tap itself asked
+the engine for, which it removes again (see ``tapstream``). Each finished tapped request
+becomes one ``RequestRecord`` in the ``WindowedStats``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from specguard.exporters import tapstream
+from specguard.exporters.classify import Classifier, RequestClass
+from specguard.exporters.config import ExporterConfig, PoolConfig
+from specguard.exporters.records import RequestRecord, SpecStats
+from specguard.exporters.routing import Router
+from specguard.exporters.stats import WindowedStats
+
+log = logging.getLogger("specguard.tap")
+
+TAPPED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+HOP_BY_HOP = frozenset(
+    h.lower()
+    for h in (
+        "Connection",
+        "Keep-Alive",
+        "Proxy-Authenticate",
+        "Proxy-Authorization",
+        "Proxy-Connection",
+        "TE",
+        "Trailer",
+        "Transfer-Encoding",
+        "Upgrade",
+        "Host",
+        "Content-Length",
+    )
+)
+# keys that make a stream chunk worth parsing (the tap's numbers or its own additions ride there)
+_MARKERS = re.compile(rb'"(?:usage|metrics|sglext|timings|meta_info)"\s*:')
+# a chunk carrying generated text: a non-empty text/content string, or tool calls
+_CONTENT = re.compile(rb'"(?:text|content|reasoning_content)"\s*:\s*"(?!")|"tool_calls"\s*:\s*\[')
+_CLIENT_GONE = (ConnectionResetError, aiohttp.ClientConnectionResetError)
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+def openai_error(status: int, message: str, kind: str) -> web.Response:
+    """An error in the OpenAI shape, so client SDKs surface it normally."""
+    payload = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return web.json_response(payload, status=status)
+
+
+def forward_headers(headers: Any, *, identity: bool) -> CIMultiDict[str]:
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in headers.items():
+        if name.lower() not in HOP_BY_HOP:
+            out.add(name, value)
+    if identity:
+        out["Accept-Encoding"] = "identity"  # the tap must read what it measures
+    return out
+
+
+@dataclass
+class _Flow:
+    """What the tap learns about one request while it is in flight."""
+
+    pool: PoolConfig
+    cls: RequestClass
+    route: str
+    load_bucket: str
+    started_at: float
+    t0: float
+    body: dict[str, Any] | None
+    additions: tapstream.Additions = field(default_factory=tapstream.Additions)
+    status: int = 0
+    streamed: bool = False
+    first_at: float | None = None
+    last_at: float | None = None
+    chunks: int = 0
+    usage_tokens: int | None = None
+    spec: SpecStats | None = None
+    failure: str | None = None  # unattributed reason forced by an error
+
+
+class Tap:
+    """Framework-light core: ``handle(request)`` serves every path; I/O comes in by constructor."""
+
+    def __init__(
+        self,
+        config: ExporterConfig,
+        *,
+        stats: WindowedStats,
+        router: Router,
+        classifier: Classifier | None = None,
+        session: aiohttp.ClientSession | None = None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.perf_counter,
+    ):
+        self.config = config
+        self.stats = stats
+        self.router = router
+        self.classifier = classifier or Classifier(config.classes)
+        self._session = session
+        self._own_session = session is None
+        self._clock = clock
+        self._mono = monotonic
+        self._pools = {p.name: p for p in config.pools}
+        self.engines = {p.name: p.engine for p in config.pools}  # "auto" resolved by the scrape loop
+        self.in_flight = {p.name: 0 for p in config.pools}
+        tap = config.tap
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, connect=tap.connect_timeout_seconds, sock_read=tap.upstream_timeout_seconds
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                auto_decompress=False,
+                skip_auto_headers=("Accept-Encoding", "User-Agent", "Accept"),
+            )
+
+    async def close(self) -> None:
+        if self._own_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def cleanup_ctx(self, app: web.Application):  # aiohttp cleanup context
+        await self.start()
+        yield
+        await self.close()
+
+    def set_engine(self, pool: str, engine: str) -> None:
+        """Resolve a pool configured as ``engine: auto`` (the scrape loop detects it)."""
+        if self._pools[pool].engine == "auto":
+            self.engines[pool] = engine
+
+    def _load_bucket_of(self, pool: str) -> str:
+        return self.classifier.load_bucket(self.in_flight[pool] + 1)
+
+    # -- request handling --------------------------------------------------------------------
+    async def _read_body(self, request: web.Request) -> bytes:
+        limit = self.config.tap.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise BodyTooLarge
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            data = await request.content.readany()
+            if not data:
+                break
+            size += len(data)
+            if size > limit:
+                raise BodyTooLarge
+            parts.append(data)
+        return b"".join(parts)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        try:
+            raw = await self._read_body(request)
+        except BodyTooLarge:
+            limit = self.config.tap.max_body_bytes
+            return openai_error(413, f"request body exceeds {limit} bytes", "invalid_request_error")
+        if request.method == "POST" and request.path in TAPPED_PATHS:
+            return await self._tapped(request, raw)
+        return await self._passthrough(request, raw)
+
+    async def _passthrough(self, request: web.Request, raw: bytes) -> web.StreamResponse:
+        pool = self._pools[self.router.default_pool]
+        if request.method == "POST":
+            self.stats.count_unattributed(pool.name, "other_path")
+        headers = forward_headers(request.headers, identity=False)
+        try:
+            async with self._session.request(  # type: ignore[union-attr]
+                request.method,
+                pool.url + request.rel_url.raw_path_qs,
+                headers=headers,
+                data=raw or None,
+                timeout=self._timeout,
+                allow_redirects=False,
+            ) as resp:
+                reply_headers = forward_headers(resp.headers, identity=False)
+                if not resp.headers.get("Content-Type", "").startswith("text/event-stream"):
+                    data = await resp.read()
+                    return web.Response(
+                        body=data, status=resp.status, reason=resp.reason, headers=reply_headers
+                    )
+                out = web.StreamResponse(status=resp.status, reason=resp.reason, headers=reply_headers)
+                await out.prepare(request)
+                async for data in resp.content.iter_any():
+                    await out.write(data)
+                await out.write_eof()
+                return out
+        except TimeoutError:
+            self.stats.count_error(pool.name, "timeout")
+            return openai_error(504, f"pool {pool.name} did not answer in time", "upstream_timeout")
+        except _CLIENT_GONE:
+            raise
+        except aiohttp.ClientError as exc:
+            self.stats.count_error(pool.name, "connect")
+            return openai_error(502, f"pool {pool.name} failed: {type(exc).__name__}", "upstream_error")
+
+    async def _tapped(self, request: web.Request, raw: bytes) -> web.StreamResponse:
+        body: dict[str, Any] | None
+        try:
+            parsed = json.loads(raw)
+            body = parsed if isinstance(parsed, dict) else None
+        except (ValueError, UnicodeDecodeError):
+            body = None
+        cls = self.classifier.classify(request.headers, request.path, body)
+        choice = self.router.choose(cls.task_type, cls.temperature_bucket, self._load_bucket_of)
+        pool = self._pools[choice.pool]
+        self.in_flight[pool.name] += 1
+        flow = _Flow(
+            pool=pool,
+            cls=cls,
+            route=choice.route,
+            load_bucket=self.classifier.load_bucket(self.in_flight[pool.name]),
+            started_at=self._clock(),
+            t0=self._mono(),
+            body=body,
+        )
+        payload = raw
+        if body is not None:
+            new, flow.additions = tapstream.prepare(self.engines[pool.name], body)
+            if new is not None:
+                payload = json.dumps(new).encode()
+        headers = forward_headers(request.headers, identity=True)
+        try:
+            return await self._forward(request, flow, payload, headers)
+        except asyncio.CancelledError:
+            flow.failure = flow.failure or "client_disconnected"
+            raise
+        finally:
+            self.in_flight[pool.name] -= 1
+            self.stats.add(self._record(flow))
+
+    async def _forward(
+        self, request: web.Request, flow: _Flow, payload: bytes, headers: CIMultiDict[str]
+    ) -> web.StreamResponse:
+        pool = flow.pool
+        out: web.StreamResponse | None = None
+        try:
+            async with self._session.request(  # type: ignore[union-attr]
+                "POST",
+                pool.url + request.rel_url.raw_path_qs,
+                headers=headers,
+                data=payload,
+                timeout=self._timeout,
+                allow_redirects=False,
+            ) as resp:
+                flow.status = resp.status
+                if resp.status >= 500:
+                    self.stats.count_error(pool.name, "status_5xx")
+                reply_headers = forward_headers(resp.headers, identity=False)
+                ctype = resp.headers.get("Content-Type", "")
+                if ctype.startswith("text/event-stream"):
+                    flow.streamed = True
+                    out = web.StreamResponse(status=resp.status, reason=resp.reason, headers=reply_headers)
+                    await out.prepare(request)
+                    await self._relay_stream(resp, out, flow)
+                    await out.write_eof()
+                    return out
+                data = await resp.read()
+                data = self._inspect_body(data, flow)
+                return web.Response(body=data, status=resp.status, reason=resp.reason, headers=reply_headers)
+        except TimeoutError:
+            self.stats.count_error(pool.name, "timeout")
+            flow.failure = "upstream_error"
+            if out is not None:
+                return self._abort(request, out)
+            flow.status = 504
+            return openai_error(504, f"pool {pool.name} did not answer in time", "upstream_timeout")
+        except _CLIENT_GONE:
+            flow.failure = "client_disconnected"
+            if out is not None:
+                return out
+            raise
+        except aiohttp.ClientError as exc:
+            kind = "connect" if isinstance(exc, aiohttp.ClientConnectorError) else "broken"
+            self.stats.count_error(pool.name, kind)
+            flow.failure = "upstream_error"
+            if out is not None:
+                return self._abort(request, out)
+            flow.status = 502
+            return openai_error(502, f"pool {pool.name} failed: {type(exc).__name__}", "upstream_error")
+
+    @staticmethod
+    def _abort(request: web.Request, out: web.StreamResponse) -> web.StreamResponse:
+        """Headers already went out: close the connection so the client sees a broken stream."""
+        if request.transport is not None:
+            request.transport.close()
+        return out
+
+    def _inspect_body(self, data: bytes, flow: _Flow) -> bytes:
+        """Read spec stats from a whole JSON response; strip what the tap added."""
+        flow.last_at = self._mono()
+        try:
+            obj = json.loads(data)
+        except (ValueError, UnicodeDecodeError):
+            return data
+        if not isinstance(obj, dict):
+            return data
+        self._absorb(obj, flow)
+        if flow.additions.spec_details and "sglext" in obj:
+            data = tapstream.remove_key(data, "sglext")
+        return data
+
+    def _absorb(self, obj: dict[str, Any], flow: _Flow) -> None:
+        usage = obj.get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+            flow.usage_tokens = usage["completion_tokens"]
+        spec = tapstream.spec_from(self.engines[flow.pool.name], obj, flow.pool.num_speculative_tokens)
+        if spec is not None:
+            flow.spec = spec
+
+    async def _relay_stream(self, resp: aiohttp.ClientResponse, out: web.StreamResponse, flow: _Flow) -> None:
+        """Forward SSE events as they complete; drop or trim only the tap's own additions."""
+        buffer = b""
+        async for data in resp.content.iter_any():
+            buffer += data
+            pending: list[bytes] = []
+            while True:
+                end = buffer.find(b"\n\n")
+                sep = 2
+                crlf = buffer.find(b"\r\n\r\n")
+                if crlf >= 0 and (end < 0 or crlf < end):
+                    end, sep = crlf, 4
+                if end < 0:
+                    break
+                event, buffer = buffer[: end + sep], buffer[end + sep :]
+                kept = self._inspect_event(event, flow)
+                if kept is not None:
+                    pending.append(kept)
+            if pending:
+                await out.write(b"".join(pending))
+        if buffer:
+            kept = self._inspect_event(buffer, flow)
+            if kept is not None:
+                await out.write(kept)
+
+    def _inspect_event(self, event: bytes, flow: _Flow) -> bytes | None:
+        start = event.find(b"data:")
+        if start < 0:
+            return event
+        payload = event[start + 5 :].strip()
+        if not payload.startswith(b"{"):
+            return event
+        now = self._mono()
+        if _MARKERS.search(payload) is None:
+            # fast path: an ordinary token chunk (no usage, metrics or extensions): no JSON parse
+            if _CONTENT.search(payload) is not None:
+                self._saw_content(flow, now)
+            return event
+        try:
+            obj = json.loads(payload)
+        except (ValueError, UnicodeDecodeError):
+            return event
+        if not isinstance(obj, dict):
+            return event
+        if tapstream.has_content(obj):
+            self._saw_content(flow, now)
+        self._absorb(obj, flow)
+        if flow.additions.usage and tapstream.is_usage_only(obj):
+            return None
+        if flow.additions.spec_details and "sglext" in obj:
+            trimmed = tapstream.remove_key(payload, "sglext")
+            at = event.find(payload, start)
+            return event[:at] + trimmed + event[at + len(payload) :]
+        return event
+
+    @staticmethod
+    def _saw_content(flow: _Flow, now: float) -> None:
+        flow.chunks += 1
+        if flow.first_at is None:
+            flow.first_at = now
+        flow.last_at = now
+
+    # -- the record --------------------------------------------------------------------------
+    def _unattributed_reason(self, flow: _Flow) -> str | None:
+        if flow.failure is not None:
+            return flow.failure
+        if flow.body is None:
+            return "not_json"
+        if flow.status != 200:
+            return "error_status"
+        if flow.spec is not None or not flow.pool.speculative:
+            return None
+        body = flow.body
+        n = body.get("n", 1)
+        if (isinstance(n, int) and n > 1) or (isinstance(body.get("best_of"), int) and body["best_of"] > 1):
+            return "n_gt_1"
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) and len(prompt) > 1:
+            return "prompt_list"
+        if body.get("stop"):
+            return "stop_string"
+        if flow.streamed and flow.usage_tokens is None:
+            return "no_usage"
+        return "no_spec_stats"
+
+    def _record(self, flow: _Flow) -> RequestRecord:
+        end = self._mono()
+        output = flow.usage_tokens
+        if output is None and flow.spec is not None and flow.spec.output_tokens is not None:
+            output = flow.spec.output_tokens
+        approximate = output is None and flow.chunks > 0
+        if output is None:
+            output = flow.chunks
+        spec = flow.spec
+        if (
+            spec is None
+            and flow.failure is None
+            and flow.status == 200
+            and flow.pool.speculative
+            and flow.streamed
+            and self.engines[flow.pool.name] in ("trtllm", "tgi")
+            and flow.chunks
+            and flow.usage_tokens
+        ):  # no engine-reported stats: one stream chunk ~ one verify round
+            k = flow.pool.num_speculative_tokens
+            spec = SpecStats(
+                source="chunks",
+                rounds=flow.chunks,
+                draft_tokens=flow.chunks * k,
+                accepted_tokens=max(0, flow.usage_tokens - flow.chunks),
+                output_tokens=flow.usage_tokens,
+                num_speculative_tokens=k,
+                approximate=True,
+            )
+        elif spec is not None and approximate:
+            spec = dataclasses.replace(spec, approximate=True)
+        ttft = flow.first_at - flow.t0 if flow.first_at is not None else None
+        decode = flow.last_at - flow.first_at if flow.first_at is not None and flow.last_at else None
+        return RequestRecord(
+            pool=flow.pool.name,
+            task_type=flow.cls.task_type,
+            temperature_bucket=flow.cls.temperature_bucket,
+            load_bucket=flow.load_bucket,
+            route=flow.route,
+            started_at=flow.started_at,
+            status=flow.status,
+            streamed=flow.streamed,
+            temperature=flow.cls.temperature,
+            top_p=flow.cls.top_p,
+            output_tokens=output,
+            ttft_seconds=ttft,
+            decode_seconds=decode,
+            e2e_seconds=end - flow.t0,
+            spec=spec,
+            unattributed_reason=None if spec is not None else self._unattributed_reason(flow),
+            classified=flow.cls.classified,
+        )
+
+    def routes(self) -> list[web.RouteDef]:
+        """Catch-all route; mount after the app's own endpoints (/metrics, /healthz)."""
+        return [web.route("*", "/{tail:.*}", self.handle)]

@@ -1,0 +1,151 @@
+"""Engine dialects at the tap: what to add to a request, what to read back, what to hide again.
+
+The tap asks each engine for its per-request speculative numbers (vLLM: stream usage;
+SGLang: ``return_spec_tokens_details``) and removes exactly what it asked for, so the client
+receives the engine's bytes. Removal is textual (one key span cut out of the JSON text), so
+everything else keeps the engine's own serialisation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from specguard.errors import InputError
+from specguard.exporters import engines
+from specguard.exporters.records import SpecStats
+
+
+@dataclass(frozen=True)
+class Additions:
+    """What the tap added to a request body (and must hide from the client)."""
+
+    usage: bool = False  # vLLM/SGLang stream: stream_options.include_usage set by the tap
+    spec_details: bool = False  # SGLang: return_spec_tokens_details set by the tap
+
+    @property
+    def any(self) -> bool:
+        return self.usage or self.spec_details
+
+
+def prepare(engine: str, body: dict[str, Any]) -> tuple[dict[str, Any] | None, Additions]:
+    """The body to send upstream (None = unchanged) and the additions to undo on the way back."""
+    usage = False
+    details = False
+    new = None
+    stream = body.get("stream") is True
+    options = body.get("stream_options")
+    asked_usage = isinstance(options, Mapping) and options.get("include_usage") is True
+    if engine in ("vllm", "sglang") and stream and not asked_usage:
+        new = dict(body)
+        new["stream_options"] = {**(options if isinstance(options, Mapping) else {}), "include_usage": True}
+        usage = True
+    if engine == "sglang" and body.get("return_spec_tokens_details") is not True:
+        new = dict(new or body)
+        new["return_spec_tokens_details"] = True
+        details = True
+    return new, Additions(usage, details)
+
+
+_WS = re.compile(rb"\s*")
+
+
+def remove_key(raw: bytes, key: str) -> bytes:
+    """Cut the top-level ``"key": value`` pair out of a JSON object's text, keeping all other bytes.
+
+    Falls back to a compact re-serialisation only if the text cannot be cut cleanly.
+    """
+    needle = json.dumps(key).encode()
+    decoder = json.JSONDecoder()
+    text = raw.decode("utf-8")
+    start = 0
+    while True:
+        at = raw.find(needle, start)
+        if at < 0:
+            break
+        start = at + 1
+        if at > 0 and raw[at - 1 : at] == b"\\":
+            continue
+        colon = _WS.match(raw, at + len(needle)).end()
+        if raw[colon : colon + 1] != b":":
+            continue
+        value_at = _WS.match(raw, colon + 1).end()
+        # byte offsets equal char offsets only for ASCII prefixes; convert via the prefix length
+        char_at = len(raw[:value_at].decode("utf-8", errors="replace"))
+        try:
+            _, char_end = decoder.raw_decode(text, char_at)
+        except ValueError:
+            continue
+        end = len(text[:char_end].encode("utf-8"))
+        after = _WS.match(raw, end).end()
+        if raw[after : after + 1] == b",":
+            cut = raw[:at] + raw[_WS.match(raw, after + 1).end() :]
+        else:
+            before = raw[:at].rstrip()
+            if before.endswith(b","):
+                cut = before[:-1] + raw[after:]
+            else:
+                cut = raw[:at] + raw[after:]
+        try:
+            original = json.loads(raw)
+            if isinstance(original, dict) and key in original:
+                original.pop(key)
+                if json.loads(cut) == original:
+                    return cut
+        except ValueError:
+            pass
+        break
+    obj = json.loads(raw)
+    if isinstance(obj, dict):
+        obj.pop(key, None)
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+_AUTO_ORDER = ("vllm", "sglang", "llamacpp")
+
+
+def spec_from(engine: str, obj: Mapping[str, Any], k: int | None = None) -> SpecStats | None:
+    """Per-request spec stats of one response object (or stream chunk), via the engine adapters.
+
+    ``auto`` tries the OpenAI-compatible dialects in turn. A malformed block counts as absent
+    (the request is then unattributed), never as an error for the client.
+    """
+    for name in _AUTO_ORDER if engine == "auto" else (engine,):
+        if name == "trtllm":  # per-request numbers live on /perf_metrics, not in responses
+            return None
+        try:
+            found = engines.request_stats(name, obj)
+        except (InputError, KeyError, TypeError, AttributeError):
+            found = None
+        if found is not None:
+            if found.num_speculative_tokens is None and k:
+                found = dataclasses.replace(found, num_speculative_tokens=k)
+            return found
+    return None
+
+
+def has_content(chunk: Mapping[str, Any]) -> bool:
+    """True when a stream chunk carries generated text (not just a role or usage)."""
+    choices = chunk.get("choices")
+    if not isinstance(choices, list):
+        return False
+    for choice in choices:
+        if not isinstance(choice, Mapping):
+            continue
+        if choice.get("text"):
+            return True
+        delta = choice.get("delta")
+        if isinstance(delta, Mapping) and (
+            delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls")
+        ):
+            return True
+    return False
+
+
+def is_usage_only(chunk: Mapping[str, Any]) -> bool:
+    """The final usage chunk of an OpenAI stream: ``choices`` empty and ``usage`` set."""
+    return chunk.get("choices") == [] and isinstance(chunk.get("usage"), Mapping)

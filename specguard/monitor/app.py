@@ -1,0 +1,193 @@
+"""Standalone wiring: the tap, one scrape loop per pool, ``/metrics`` and ``/healthz`` in one app.
+
+``Monitor`` builds the parts from the config and owns their lifecycle through aiohttp's
+cleanup contexts. Other components join before ``build_app()``:
+
+- ``monitor.attach(name, start, stop)``: background work started after the tap and the scrape
+  loops, stopped before them (e.g. the guard's APScheduler);
+- ``monitor.add_routes([...])``: extra endpoints (``/status``, ``/api/v1/alerts``...), mounted
+  before the tap's catch-all proxy route;
+- ``monitor.registry``: register more collectors on it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from specguard.exporters import collector, poolwatch, routing, stats, tap
+from specguard.exporters.classify import Classifier
+from specguard.exporters.config import ExporterConfig, PoolConfig
+from specguard.exporters.snapshot import EngineSnapshot
+from specguard.monitor.config import SpecguardConfig
+
+log = logging.getLogger("specguard.app")
+
+
+@dataclass
+class Component:
+    name: str
+    start: Callable[[], Awaitable[None]]
+    stop: Callable[[], Awaitable[None]]
+
+
+async def default_fetch(pool: PoolConfig, timeout: float) -> EngineSnapshot:
+    """Scrape one pool's page through the adapters (``exporters.scrape``)."""
+    from specguard.exporters import scrape  # the adapters' module; imported late on purpose
+
+    return await scrape.fetch_snapshot(pool.url + pool.metrics_path, engine=pool.engine, timeout=timeout)
+
+
+class Monitor:
+    """Tap + scrape + exporter for one config; the unit ``specguard run`` serves."""
+
+    def __init__(
+        self,
+        config: SpecguardConfig | ExporterConfig,
+        *,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+        fetch: poolwatch.Fetch | None = None,
+        session: aiohttp.ClientSession | None = None,
+    ):
+        self.config = config
+        ex = config.exporter if isinstance(config, SpecguardConfig) else config
+        self.exporter_config = ex
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.classifier = Classifier(ex.classes)
+        keys = [
+            (pool.name, task, temp.name, load.name)
+            for pool in ex.pools
+            for task in ex.classes.task_labels
+            for temp in ex.classes.temperature_buckets
+            for load in ex.classes.load_buckets
+        ]
+        self.stats = stats.WindowedStats(
+            window_seconds=ex.tap.window_seconds,
+            max_records=ex.tap.max_window_records,
+            full_rollback_request_threshold=ex.tap.full_rollback_request_threshold,
+            clock=clock,
+            keys=keys,
+        )
+        self.router = routing.Router(
+            ex.pools,
+            default_pool=ex.tap.default_pool or ex.pools[0].name,
+            nospec_pool=ex.tap.nospec_pool,
+            holdout_share=ex.tap.holdout_share,
+            probe_share=ex.tap.probe_share,
+            rng=rng,
+        )
+        self.tap = tap.Tap(
+            ex, stats=self.stats, router=self.router, classifier=self.classifier, session=session, clock=clock
+        )
+        self.watches = {pool.name: poolwatch.PoolWatch(pool, clock=clock) for pool in ex.pools}
+        self.loops = [
+            poolwatch.ScrapeLoop(
+                self.watches[pool.name],
+                fetch or default_fetch,
+                interval=ex.scrape.interval_seconds,
+                timeout=ex.scrape.timeout_seconds,
+                on_snapshot=self._on_snapshot,
+            )
+            for pool in ex.pools
+        ]
+        self.registry.register(collector.TapCollector(self.stats, self.tap.in_flight))
+        self.registry.register(collector.EngineCollector(self.watches.values()))
+        self._components: list[Component] = []
+        self._routes: list[web.RouteDef] = []
+        self.app: web.Application | None = None
+        self._runner: web.AppRunner | None = None
+
+    def _on_snapshot(self, pool: PoolConfig, snapshot: EngineSnapshot) -> None:
+        self.tap.set_engine(pool.name, snapshot.engine)
+
+    # -- extension points --------------------------------------------------------------------
+    def attach(
+        self, name: str, start: Callable[[], Awaitable[None]], stop: Callable[[], Awaitable[None]]
+    ) -> None:
+        if self.app is not None:
+            raise RuntimeError("attach components before build_app()")
+        self._components.append(Component(name, start, stop))
+
+    def add_routes(self, routes: Iterable[web.RouteDef]) -> None:
+        if self.app is not None:
+            raise RuntimeError("add routes before build_app()")
+        self._routes.extend(routes)
+
+    # -- endpoints ---------------------------------------------------------------------------
+    async def metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        pools = {name: watch.up for name, watch in self.watches.items()}
+        return web.Response(
+            text=json.dumps({"status": "ok", "pools_up": pools}), content_type="application/json"
+        )
+
+    async def _lifecycle(self, app: web.Application):
+        await self.tap.start()
+        for loop in self.loops:
+            loop.start()
+        started: list[Component] = []
+        try:
+            for component in self._components:
+                log.info("starting %s", component.name)
+                await component.start()
+                started.append(component)
+            yield
+        finally:
+            for component in reversed(started):
+                log.info("stopping %s", component.name)
+                try:
+                    await component.stop()
+                except Exception:
+                    log.exception("stopping %s failed", component.name)
+            for loop in self.loops:
+                await loop.stop()
+            await self.tap.close()
+
+    def build_app(self) -> web.Application:
+        """The aiohttp app: own endpoints, attached routes, then the tap's catch-all proxy."""
+        if self.app is None:
+            app = web.Application(client_max_size=self.exporter_config.tap.max_body_bytes)
+            app.router.add_get("/metrics", self.metrics)
+            app.router.add_get("/healthz", self.healthz)
+            app.router.add_routes(self._routes)
+            app.router.add_routes(self.tap.routes())
+            app.cleanup_ctx.append(self._lifecycle)
+            self.app = app
+        return self.app
+
+    async def start(self, host: str | None = None, port: int | None = None) -> str:
+        """Serve on host:port (the config's ``tap.listen`` by default); returns the base URL."""
+        app = self.build_app()
+        listen = self.exporter_config.tap
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host or listen.host, listen.port if port is None else port)
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        bound = sockets[0].getsockname()[1] if sockets else (port or listen.port)
+        return f"http://{host or listen.host}:{bound}"
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> Monitor:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

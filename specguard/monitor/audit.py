@@ -1,0 +1,100 @@
+"""The audit log: one JSON line per decision that did something (time, class, from, to, reason, numbers).
+
+Appended and flushed per batch. A crash can leave the last line torn; on reload a line that
+is not valid JSON is skipped and reported (``torn``), and the next append starts on a fresh
+line so a torn tail never swallows a good record. A write error (disk full, read-only
+filesystem) never stops the guard: it is counted and the decision is still kept in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections import deque
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("specguard.audit")
+
+
+def read(path: str | Path) -> tuple[list[dict[str, Any]], list[int]]:
+    """(records, line numbers skipped as torn or invalid) of an audit log; a missing file is empty."""
+    records: list[dict[str, Any]] = []
+    skipped: list[int] = []
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    skipped.append(number)
+                    continue
+                if isinstance(record, dict):
+                    records.append(record)
+                else:
+                    skipped.append(number)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.error("audit log %s: cannot read (%s)", path, exc.strerror)
+    return records, skipped
+
+
+class AuditLog:
+    """Append-only JSON lines at ``path`` (None: memory only) plus the last ``keep`` records in memory."""
+
+    def __init__(self, path: str | Path | None, *, keep: int = 200, fsync: bool = True):
+        self.path = Path(path) if path is not None else None
+        self.recent: deque[dict[str, Any]] = deque(maxlen=keep)
+        self.write_errors = 0
+        self.torn_lines: list[int] = []
+        self._fsync = fsync
+        self._needs_newline = False
+        if self.path is not None:
+            records, self.torn_lines = read(self.path)
+            self.recent.extend(records[-keep:])
+            if self.torn_lines:
+                log.warning("audit log %s: skipped unreadable line(s) %s", self.path, self.torn_lines)
+            self._needs_newline = _ends_without_newline(self.path)
+
+    def append(self, records: Iterable[dict[str, Any]]) -> bool:
+        """Append records; False (and one more write error counted) if the disk refused them."""
+        batch = list(records)
+        if not batch:
+            return True
+        self.recent.extend(batch)
+        if self.path is None:
+            return True
+        text = "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in batch)
+        if self._needs_newline:
+            text = "\n" + text
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.flush()
+                if self._fsync:
+                    os.fsync(handle.fileno())
+        except OSError as exc:
+            self.write_errors += 1
+            self._needs_newline = True  # a partial write may have left a torn line
+            log.error("audit log %s: write failed (%s); the guard keeps routing", self.path, exc.strerror)
+            return False
+        self._needs_newline = False
+        return True
+
+
+def _ends_without_newline(path: Path) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            if handle.tell() == 0:
+                return False
+            handle.seek(-1, os.SEEK_END)
+            return handle.read(1) != b"\n"
+    except OSError:
+        return False

@@ -1,0 +1,44 @@
+"""``specguard check-config FILE``: validate a config file and name the place of every error."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specguard.errors import ConfigError
+from specguard.monitor import config
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "check-config",
+        help="validate a config file (every error with file:line:col: path)",
+        description="Validate a specguard config file; every error is printed with its file, line, "
+        "column and key path. Exit status 2 when there are errors.",
+    )
+    parser.add_argument("file", help="the YAML config file")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = config.load(args.file)
+    except ConfigError as exc:
+        for issue in exc.issues:
+            print(issue, file=sys.stderr)
+        count = len(exc.issues)
+        print(f"{args.file}: {count} error{'s' if count != 1 else ''}", file=sys.stderr)
+        return 2
+    ex = cfg.exporter
+    pools = ", ".join(f"{p.name} ({p.engine}, K={p.num_speculative_tokens})" for p in ex.pools)
+    classes = ex.classes
+    print(f"OK {args.file}")
+    print(f"  pools: {pools}")
+    print(f"  task types: {', '.join(classes.task_labels)}")
+    print(f"  temperature buckets: {', '.join(b.name for b in classes.temperature_buckets)}")
+    print(f"  load buckets: {', '.join(b.name for b in classes.load_buckets)}")
+    print(f"  tap: {ex.tap.listen} (default pool {ex.tap.default_pool}, no-spec pool {ex.tap.nospec_pool})")
+    extra = sorted(cfg.sections)
+    if extra:
+        print(f"  sections: {', '.join(extra)}")
+    return 0

@@ -1,0 +1,73 @@
+"""``specguard run --config FILE``: serve the tap, the scrape loops and ``/metrics`` until stopped."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+
+from specguard.monitor import app as monitor_app
+from specguard.monitor import config, guard_wiring
+
+log = logging.getLogger("specguard.run")
+
+# Other components hook in here: each is called with the Monitor before it starts
+# (attach background jobs, add routes, register collectors). The guard adds its own.
+CONFIGURERS: list = [guard_wiring.configure]  # the guard (issue 6)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "run",
+        help="run the tap + exporter (standalone mode)",
+        description="Run the request tap in front of the configured pools, scrape each pool's "
+        "/metrics and serve /metrics and /healthz on tap.listen.",
+    )
+    parser.add_argument("--config", required=True, metavar="FILE", help="the YAML config file")
+    parser.add_argument("--listen", metavar="HOST:PORT", help="override tap.listen")
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    cfg = config.load(args.config)
+    host = port = None
+    if args.listen:
+        host, _, raw_port = args.listen.rpartition(":")
+        if not host or not raw_port.isdigit():
+            from specguard.errors import ConfigError
+
+            raise ConfigError(f"--listen ({args.listen!r}) must be host:port")
+        port = int(raw_port)
+    return asyncio.run(serve(cfg, host, port))
+
+
+async def serve(cfg: config.SpecguardConfig, host: str | None = None, port: int | None = None) -> int:
+    monitor = monitor_app.Monitor(cfg)
+    for configure in CONFIGURERS:
+        configure(monitor, cfg)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+    try:
+        url = await monitor.start(host, port)
+    except OSError as exc:
+        from specguard.errors import ConfigError
+
+        raise ConfigError(f"cannot listen on {host or cfg.exporter.tap.listen}: {exc.strerror}") from exc
+    pools = ", ".join(f"{p.name}={p.url}" for p in cfg.exporter.pools)
+    log.info("specguard tap on %s (metrics %s/metrics); pools: %s", url, url, pools)
+    try:
+        await stop.wait()
+    finally:
+        log.info("shutting down")
+        await monitor.stop()
+    return 0

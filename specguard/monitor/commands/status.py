@@ -1,0 +1,188 @@
+"""``specguard status``: the current plan and the last decisions of a running guard.
+
+Reads ``/status`` of a running instance (``--url``, or ``tap.listen`` of ``--config``); when
+the instance cannot be reached, or with ``--plan-file``, reads the persisted plan (and the
+audit log, if given or configured) instead. ``--json`` prints the machine-readable form.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from specguard.errors import InputError, SourceError
+from specguard.monitor import audit as audit_mod
+from specguard.monitor import state as state_mod
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "status",
+        help="print the guard's current plan and last decisions",
+        description="Print the current plan (class x load bucket -> pool/K) and the last decisions, "
+        "from a running instance's /status or from the persisted plan file.",
+    )
+    parser.add_argument("--url", help="base URL of a running specguard (default: tap.listen of --config)")
+    parser.add_argument("--config", metavar="FILE", help="the config file (for tap.listen and actuators.*)")
+    parser.add_argument(
+        "--plan-file", metavar="FILE", help="read this persisted plan instead of a running instance"
+    )
+    parser.add_argument(
+        "--audit-log", metavar="FILE", help="with --plan-file: show the last decisions from it"
+    )
+    parser.add_argument(
+        "--decisions", type=int, default=10, metavar="N", help="how many decisions (default 10)"
+    )
+    parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for /status (default 5)")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    plan_file, audit_log, url = args.plan_file, args.audit_log, args.url
+    if args.config:
+        from specguard.monitor import config as config_mod
+
+        cfg = config_mod.load(args.config)
+        acts = cfg.sections.get("actuators")
+        url = url or f"http://{cfg.exporter.tap.listen}"
+        if acts is not None:
+            plan_file = plan_file or (acts.plan_file if not args.url else None)
+            audit_log = audit_log or acts.audit_log
+    note = None
+    if args.plan_file is None and url:
+        try:
+            status = fetch(url, args.timeout)
+        except SourceError as exc:
+            if not plan_file:
+                raise
+            note = f"{exc}; showing the persisted plan"
+            status = from_files(plan_file, audit_log)
+    elif plan_file:
+        status = from_files(plan_file, audit_log)
+    else:
+        url = "http://127.0.0.1:8090"
+        status = fetch(url, args.timeout)
+    if note:
+        status["note"] = note
+    status["decisions"] = status.get("decisions", [])[-args.decisions :] if args.decisions else []
+    if args.json:
+        json.dump(status, sys.stdout, indent=2, sort_keys=True)
+        print()
+    else:
+        print(render(status))
+    return 0
+
+
+def fetch(url: str, timeout: float) -> dict[str, Any]:
+    target = url.rstrip("/") + "/status"
+    try:
+        with urllib.request.urlopen(target, timeout=timeout) as response:
+            body = response.read()
+    except urllib.error.HTTPError as exc:
+        raise SourceError(f"{target}: HTTP {exc.code}") from exc
+    except (urllib.error.URLError, TimeoutError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise SourceError(f"cannot reach {target}: {reason}") from exc
+    try:
+        data = json.loads(body)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{target}: not JSON ({exc})") from exc
+    if not isinstance(data, dict) or "classes" not in data:
+        raise InputError(f"{target}: not a specguard /status answer")
+    return data
+
+
+def from_files(plan_file: str, audit_log: str | None) -> dict[str, Any]:
+    doc = state_mod.PlanStore(plan_file).load_readonly()
+    if doc is None:
+        raise InputError(f"{plan_file}: no plan file")
+    classes = [
+        {
+            "task_type": k[0],
+            "temperature_bucket": k[1],
+            "load_bucket": k[2],
+            "pool": s.pool,
+            "num_speculative_tokens": doc.pools.get(s.pool, 0),
+            "speculation_enabled": doc.pools.get(s.pool, 0) > 0,
+            "pin": s.pin,
+            "paused": s.paused,
+            "frozen": s.frozen,
+            "phase": None,
+            "reason": None,
+        }
+        for k, s in sorted(doc.states.items())
+    ]
+    decisions, torn = audit_mod.read(audit_log) if audit_log else ([], [])
+    return {
+        "mode": "file",
+        "plan_version": doc.version,
+        "updated_at": doc.updated_at,
+        "classes": classes,
+        "decisions": decisions,
+        "audit_torn_lines": torn,
+    }
+
+
+def _ago(ts: float | None) -> str:
+    if ts is None:
+        return "never"
+    return f"{max(0.0, time.time() - ts):.0f} s ago"
+
+
+def render(status: dict[str, Any]) -> str:
+    lines = []
+    if status.get("note"):
+        lines.append(f"note: {status['note']}")
+    head = [f"plan version {status.get('plan_version')}"]
+    if status.get("mode") == "file":
+        head.append(f"written {_ago(status.get('updated_at'))} (from the plan file)")
+    else:
+        head.append(f"policy {status.get('policy_version')}")
+        head.append(f"last evaluation {_ago(status.get('last_evaluation'))}")
+        head.append("dry-run" if status.get("dry_run") else "acting")
+        if status.get("frozen"):
+            head.append("FROZEN (data source errors)")
+    lines.append(" | ".join(head))
+    rows = [("CLASS", "LOAD", "POOL", "K", "PHASE", "NOTE")]
+    for c in status.get("classes", []):
+        note = []
+        if c.get("pin"):
+            note.append(f"pinned to {c['pin']}")
+        if c.get("paused"):
+            note.append("paused")
+        if c.get("frozen"):
+            note.append("frozen")
+        if c.get("reason"):
+            note.append(c["reason"])
+        rows.append(
+            (
+                f"{c['task_type']}/{c['temperature_bucket']}",
+                c["load_bucket"],
+                c["pool"],
+                str(c.get("num_speculative_tokens", "")),
+                c.get("phase") or "-",
+                "; ".join(note)[:100],
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    for r in rows:
+        lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(r[:5])) + "  " + r[5])
+    decisions = status.get("decisions", [])
+    lines.append("")
+    lines.append("last decisions:" if decisions else "no decisions yet")
+    for d in decisions:
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(d.get("time", 0)))
+        dry = " (dry-run)" if d.get("dry_run") else ""
+        lines.append(
+            f"  {when}  {d.get('class', '?')} {d.get('load_bucket', '?')}  {d.get('action')}{dry}  "
+            f"{d.get('from')} -> {d.get('to')}  {d.get('reason', '')}"
+        )
+    if status.get("audit_torn_lines"):
+        lines.append(f"note: audit log lines skipped as torn: {status['audit_torn_lines']}")
+    return "\n".join(lines)

@@ -1,0 +1,134 @@
+"""Prometheus collector for the cost model: RC per class, load bucket and pool, from the latest evaluation.
+
+``collect()`` renders whatever ``update()`` stored last (the daemon calls it after each
+evaluation); it never computes, waits or raises. An unknown RC (no samples or no baseline) is
+left out of the ratio families rather than exported as a made-up number; its sample counts and
+``baseline_info{source="none"}`` are still exported so dashboards can show why.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Iterable, Sequence
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from specguard.rules.cost import ClassCost
+
+log = logging.getLogger("specguard.cost_metrics")
+
+LABELS = ("task_type", "temperature_bucket", "load_bucket", "pool")
+
+RATIO = "specguard_relative_cost_per_token_ratio"
+LOWER = "specguard_relative_cost_per_token_lower_ratio"
+UPPER = "specguard_relative_cost_per_token_upper_ratio"
+SAMPLES = "specguard_relative_cost_samples"
+BASELINE = "specguard_relative_cost_baseline_info"
+PREDICTED = "specguard_predicted_relative_cost_per_token_ratio"
+
+_HELP = {
+    RATIO: "Relative cost per token: TPOT with speculation on this pool / TPOT without, same load bucket "
+    "(< 1: speculation pays). Absent when unknown.",
+    LOWER: "Lower bound of the RC confidence interval (cost.confidence, per-request samples).",
+    UPPER: "Upper bound of the RC confidence interval (cost.confidence, per-request samples).",
+    SAMPLES: "Requests behind the RC: side=spec (class on this pool), side=baseline (no-spec or profile).",
+    BASELINE: "Where the RC's baseline TPOT came from: live no-spec traffic, a calibration profile, or none.",
+    PREDICTED: "What-if RC of the class on pool (another K), from its acceptance measured on source_pool.",
+}
+
+
+class CostCollector(Collector):
+    """Exports the cost metric families of the last ``update()``; register it on any registry."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._costs: tuple[ClassCost, ...] = ()
+
+    def update(self, costs: Iterable[ClassCost]) -> None:
+        snapshot = tuple(costs)
+        with self._lock:
+            self._costs = snapshot
+
+    @property
+    def costs(self) -> tuple[ClassCost, ...]:
+        with self._lock:
+            return self._costs
+
+    def describe(self) -> list[Metric]:
+        return list(_families().values())
+
+    def collect(self) -> Iterable[Metric]:
+        families = _families()
+        try:
+            for cost in self.costs:
+                _add(families, cost)
+        except Exception:  # never break a scrape; the previous families are still valid
+            log.exception("cost metrics: could not render the latest evaluation")
+            families = _families()
+        return list(families.values())
+
+
+def _families() -> dict[str, GaugeMetricFamily]:
+    return {
+        RATIO: GaugeMetricFamily(RATIO, _HELP[RATIO], labels=LABELS),
+        LOWER: GaugeMetricFamily(LOWER, _HELP[LOWER], labels=LABELS),
+        UPPER: GaugeMetricFamily(UPPER, _HELP[UPPER], labels=LABELS),
+        SAMPLES: GaugeMetricFamily(SAMPLES, _HELP[SAMPLES], labels=(*LABELS, "side")),
+        BASELINE: GaugeMetricFamily(BASELINE, _HELP[BASELINE], labels=(*LABELS, "source")),
+        PREDICTED: GaugeMetricFamily(PREDICTED, _HELP[PREDICTED], labels=(*LABELS, "source_pool")),
+    }
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def _add(families: dict[str, GaugeMetricFamily], cost: ClassCost) -> None:
+    labels = [cost.task_type, cost.temperature_bucket, cost.load_bucket, cost.pool]
+    for name, value in ((RATIO, cost.rc), (LOWER, cost.lower), (UPPER, cost.upper)):
+        if _finite(value):
+            families[name].add_metric(labels, value)
+    families[SAMPLES].add_metric([*labels, "spec"], cost.n_spec)
+    families[SAMPLES].add_metric([*labels, "baseline"], cost.n_base)
+    families[BASELINE].add_metric([*labels, cost.baseline_source], 1)
+    for prediction in cost.predictions:
+        if _finite(prediction.rc):
+            target = [cost.task_type, cost.temperature_bucket, cost.load_bucket, prediction.pool, cost.pool]
+            families[PREDICTED].add_metric(target, prediction.rc)
+
+
+def render_costs(costs: Sequence[ClassCost]) -> list[dict[str, object]]:
+    """Plain JSON-ready rows (for /status and ``--json`` outputs)."""
+    rows = []
+    for c in costs:
+        rows.append(
+            {
+                "task_type": c.task_type,
+                "temperature_bucket": c.temperature_bucket,
+                "load_bucket": c.load_bucket,
+                "pool": c.pool,
+                "num_speculative_tokens": c.num_speculative_tokens,
+                "status": c.status,
+                "verdict": c.verdict,
+                "rc": c.rc,
+                "lower": c.lower,
+                "upper": c.upper,
+                "confidence": c.confidence,
+                "n_spec": c.n_spec,
+                "n_base": c.n_base,
+                "baseline_source": c.baseline_source,
+                "baseline_detail": c.baseline_detail,
+                "accept_length": c.accept_length,
+                "strict_accept_rate": c.strict_accept_rate,
+                "full_rollback_round_ratio": c.full_rollback_round_ratio,
+                "full_rollback_request_ratio": c.full_rollback_request_ratio,
+                "predictions": [
+                    {"pool": p.pool, "k": p.num_speculative_tokens, "rc": p.rc, "detail": p.detail}
+                    for p in c.predictions
+                ],
+            }
+        )
+    return rows

@@ -1,0 +1,463 @@
+"""The guard daemon: gathers evidence, steps every class, applies and records the decisions.
+
+One ``AsyncIOScheduler`` (APScheduler 3.x) job, "guard evaluation", runs in the aiohttp
+event loop with ``coalesce=True, max_instances=1`` and a misfire grace of one interval; each
+run has an overall deadline on top of the timeouts of every network call, and
+``specguard_last_evaluation_timestamp_seconds`` makes a stalled loop visible. Evidence comes
+from this process's tap and cost model (``LocalSource``) and/or PromQL (``PromQLSource``);
+Alertmanager alerts join as evidence. Decisions go to the audit log, the persisted plan and
+the actuators; a failed actuator or disk is counted and retried, and routing goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+from specguard.errors import InputError, SourceError
+from specguard.monitor import audit as audit_mod
+from specguard.monitor import state as state_mod
+from specguard.monitor.actuators import Actuator
+from specguard.monitor.guard_metrics import GuardCounters, GuardView
+from specguard.monitor.promql import PromQL
+from specguard.rules import guard
+from specguard.rules import policy as policy_mod
+from specguard.rules.evidence import AlertBook, ClassKey, Evidence, PoolEvidence, evidence_from_costs
+
+log = logging.getLogger("specguard.guard")
+
+
+class EvidenceSource(Protocol):
+    async def collect(self, now: float, keys: Sequence[ClassKey]) -> dict[ClassKey, Evidence]: ...
+
+
+class LocalSource:
+    """Per-class numbers from this process: the tap's window of records through the cost model."""
+
+    def __init__(
+        self, stats: Any, pools: Any, settings: Any, *, profile: Any = None, window_seconds: float = 300
+    ):
+        self._stats, self._pools, self._settings = stats, pools, settings
+        self._profile = profile
+        self._window = window_seconds
+
+    async def collect(self, now: float, keys: Sequence[ClassKey]) -> dict[ClassKey, Evidence]:
+        from specguard.rules import cost
+
+        records = self._stats.records(since=now - self._window)
+        costs = await asyncio.to_thread(
+            cost.evaluate, records, self._pools, self._profile, now, self._settings
+        )
+        return evidence_from_costs(costs)
+
+
+class PromQLSource:
+    """Values of the policy's PromQL rules per class and speculative pool; errors kept per rule."""
+
+    def __init__(self, promql: PromQL, policy: policy_mod.Policy, *, concurrency: int = 4):
+        self._promql = promql
+        self._policy = policy
+        self._limit = asyncio.Semaphore(concurrency)
+
+    async def collect(self, now: float, keys: Sequence[ClassKey]) -> dict[ClassKey, Evidence]:
+        rules = [r for r in self._policy.rules if r.query]
+        pools = [name for name, k in self._policy.pools.items() if k > 0]
+        down: list[str] = []  # once Prometheus is unreachable, fail the rest of the round at once
+        window = policy_mod.window_text(self._policy.window_seconds)
+
+        async def one(key: ClassKey, pool: str, rule: policy_mod.Rule) -> tuple[ClassKey, str, str, Any]:
+            if down:
+                return key, pool, rule.name, SourceError(down[0])
+            variables = dict(zip(("task_type", "temperature_bucket", "load_bucket"), key, strict=True))
+            query = policy_mod.render_query(rule.query or "", {**variables, "pool": pool, "window": window})
+            async with self._limit:
+                try:
+                    return key, pool, rule.name, await self._promql.scalar(query)
+                except SourceError as exc:
+                    if "unreachable" in str(exc) or "timed out" in str(exc):
+                        down.append(str(exc))
+                    return key, pool, rule.name, exc
+
+        results = await asyncio.gather(*(one(k, p, r) for k in keys for p in pools for r in rules))
+        values: dict[tuple[ClassKey, str], dict[str, float]] = {}
+        errors: dict[tuple[ClassKey, str], dict[str, str]] = {}
+        for key, pool, name, result in results:
+            if isinstance(result, SourceError):
+                errors.setdefault((key, pool), {})[name] = str(result)
+            elif result is not None:
+                values.setdefault((key, pool), {})[name] = result
+        out: dict[ClassKey, Evidence] = {}
+        for key in keys:
+            found = {
+                pool: PoolEvidence(pool, values.get((key, pool), {}), errors=errors.get((key, pool), {}))
+                for pool in pools
+                if (key, pool) in values or (key, pool) in errors
+            }
+            out[key] = Evidence(pools=found)
+        return out
+
+
+def merge(
+    first: Mapping[ClassKey, Evidence], second: Mapping[ClassKey, Evidence]
+) -> dict[ClassKey, Evidence]:
+    """Evidence of two sources (local cost-model numbers, PromQL rule values), pool by pool."""
+    out = dict(first)
+    for key, ev in second.items():
+        if key not in out:
+            out[key] = ev
+            continue
+        pools = dict(out[key].pools)
+        for name, extra in ev.pools.items():
+            base = pools.get(name)
+            pools[name] = (
+                extra
+                if base is None
+                else replace(
+                    base, values={**base.values, **extra.values}, errors={**base.errors, **extra.errors}
+                )
+            )
+        out[key] = replace(out[key], pools=pools)
+    return out
+
+
+class Guard:
+    """Holds every class's state and the plan; ``evaluate()`` is one round (the scheduled job)."""
+
+    def __init__(
+        self,
+        policy: policy_mod.Policy,
+        *,
+        sources: Sequence[EvidenceSource] = (),
+        actuators: Sequence[Actuator] = (),
+        store: state_mod.PlanStore | None = None,
+        audit: audit_mod.AuditLog | None = None,
+        counters: GuardCounters | None = None,
+        alerts: AlertBook | None = None,
+        clock: Callable[[], float] = time.time,
+        keys: Iterable[ClassKey] = (),
+        temperature_buckets: Sequence[str] = (),
+        load_buckets: Sequence[str] = (),
+        evaluation_timeout: float | None = None,
+        keep_decisions: int = 200,
+        follow: Any = None,
+    ):
+        self.policy = policy
+        self.sources = list(sources)
+        self.actuators = list(actuators)
+        self.store = store
+        self.audit = audit or audit_mod.AuditLog(None)
+        self.counters = counters or GuardCounters()
+        self.alerts = alerts or AlertBook()
+        self.clock = clock
+        self.configured_keys = list(keys)
+        self.temperature_buckets = list(temperature_buckets)
+        self.load_buckets = list(load_buckets)
+        self.evaluation_timeout = evaluation_timeout or max(5.0, policy.interval_seconds * 0.8)
+        self.follow = follow  # ConfigMapActuator to read the plan from (fleet replica), or None
+        self.states: dict[ClassKey, guard.ClassState] = {}
+        self.last_decisions: dict[ClassKey, guard.Decision] = {}
+        self.decisions: deque[dict[str, Any]] = deque(maxlen=keep_decisions)
+        self.version = 0
+        self.last_evaluation: float | None = None
+        self.running = False
+        self._applied: dict[str, int] = {}
+        self._lock = asyncio.Lock()
+        self._scheduler: Any = None
+        self.decisions.extend(self.audit.recent)
+        self._load()
+
+    # -- persistence ---------------------------------------------------------------------------
+    def _load(self) -> None:
+        if self.store is None:
+            return
+        doc = self.store.load()
+        if doc is None:
+            return
+        dropped = sorted({s.pool for s in doc.states.values() if s.pool not in self.policy.pools})
+        if dropped:
+            log.warning(
+                "plan file %s names pools no longer configured (%s): those classes start over",
+                self.store.path,
+                ", ".join(dropped),
+            )
+        self.states = {k: s for k, s in doc.states.items() if s.pool in self.policy.pools}
+        self.version = doc.version
+        log.info(
+            "loaded plan version %d (%d classes) from %s", doc.version, len(self.states), self.store.path
+        )
+
+    def document(self) -> state_mod.PlanDocument:
+        return state_mod.PlanDocument(self.version, self.clock(), dict(self.states), dict(self.policy.pools))
+
+    def _persist(self) -> None:
+        if self.store is None:
+            return
+        try:
+            self.store.save(self.document())
+        except OSError as exc:
+            self.counters.plan_write_errors += 1
+            log.error(
+                "plan file %s: write failed (%s); routing goes on from memory", self.store.path, exc.strerror
+            )
+
+    # -- one round -----------------------------------------------------------------------------
+    async def evaluate(self, now: float | None = None) -> list[guard.Decision]:
+        async with self._lock:
+            now = self.clock() if now is None else now
+            if self.follow is not None:
+                await self._follow()
+                self.last_evaluation = now
+                return []
+            alerts_policy = self.policy.alerts
+            self.alerts.expire(now, alerts_policy.firing_ttl_seconds, alerts_policy.resolved_ttl_seconds)
+            keys = set(self.states) | set(self.configured_keys if not self.policy.local else ())
+            keys |= {
+                k for k in self.configured_keys if self.alerts.for_class(k)
+            }  # alerts name unseen classes too
+            keys = sorted(keys)
+            evidence, error = await self._collect(now, keys)
+            decisions: list[guard.Decision] = []
+            for key in sorted(set(keys) | set(evidence)):
+                prior = self.states.get(key) or guard.initial_state(key, self.policy)
+                found = evidence.get(key, Evidence())
+                found = replace(found, alerts=self.alerts.for_class(key), error=error)
+                new, decision = guard.step(prior, found, now, self.policy)
+                self.states[key] = new
+                self.last_decisions[key] = decision
+                if decision.reason != "no rule due":
+                    self.counters.evaluations[decision.phase.value] += 1
+                decisions.append(decision)
+            await self._record(decisions)
+            self.last_evaluation = now
+            return decisions
+
+    async def _collect(
+        self, now: float, keys: Sequence[ClassKey]
+    ) -> tuple[dict[ClassKey, Evidence], str | None]:
+        """Evidence from every source; a source that fails outright turns into an error for all classes."""
+        merged: dict[ClassKey, Evidence] = {}
+        for source in self.sources:
+            try:
+                found = await asyncio.wait_for(source.collect(now, keys), self.evaluation_timeout)
+            except TimeoutError:
+                return merged, f"{type(source).__name__} timed out after {self.evaluation_timeout:g} s"
+            except SourceError as exc:
+                return merged, str(exc)
+            except Exception as exc:  # a bug in a source must not stop the guard; it is an error evaluation
+                log.exception("evidence source %s failed", type(source).__name__)
+                return merged, f"{type(source).__name__} failed: {type(exc).__name__}: {exc}"
+            merged = merge(merged, found)
+        return merged, None
+
+    async def _record(self, decisions: Sequence[guard.Decision]) -> None:
+        acted = [d for d in decisions if d.action != "none"]
+        if acted:
+            self.version += 1
+            for d in acted:
+                self.counters.actions[(d.key[0], d.key[1], d.action, d.cause or "none")] += 1
+                log.info(
+                    "%s %s: %s %s -> %s: %s",
+                    "/".join(d.key),
+                    d.phase.value,
+                    d.action + (" (dry-run)" if d.dry_run else ""),
+                    d.from_pool,
+                    d.to_pool,
+                    d.reason,
+                )
+            records = [{**d.to_json(), "plan_version": self.version} for d in acted]
+            self.decisions.extend(records)
+            self.audit.append(records)
+            self._persist()
+        await self._actuate(acted)
+
+    async def _actuate(self, acted: Sequence[guard.Decision]) -> None:
+        doc = self.document()
+        for actuator in self.actuators:
+            if self._applied.get(actuator.name) == self.version and not acted:
+                continue
+            try:
+                await asyncio.wait_for(actuator.apply(doc, acted), self.evaluation_timeout)
+                self._applied[actuator.name] = self.version
+            except (SourceError, TimeoutError, OSError) as exc:
+                self.counters.actuation_errors[actuator.name] += 1
+                log.error(
+                    "actuator %s failed: %s (retried on the next evaluation)", actuator.name, exc or "timeout"
+                )
+
+    async def _follow(self) -> None:
+        try:
+            doc = await self.follow.read_plan()
+        except (SourceError, InputError, TimeoutError) as exc:
+            self.counters.actuation_errors["follow"] += 1
+            log.error("reading the plan failed: %s; keeping plan version %d", exc, self.version)
+            return
+        if doc is None or doc.version == self.version:
+            return
+        self.states = {k: s for k, s in doc.states.items() if s.pool in self.policy.pools}
+        self.version = doc.version
+        await self._actuate([])
+
+    # -- operator ------------------------------------------------------------------------------
+    async def override(
+        self,
+        action: str,
+        task_type: str,
+        temperature_bucket: str | None = None,
+        load_bucket: str | None = None,
+        *,
+        pool: str | None = None,
+        reason: str = "",
+    ) -> list[guard.Decision]:
+        if action not in guard.OPERATOR_ACTIONS:
+            raise InputError(f"action ({action!r}) must be one of {', '.join(guard.OPERATOR_ACTIONS)}")
+        if action == "pin" and pool not in self.policy.pools:
+            known = ", ".join(sorted(self.policy.pools))
+            raise InputError(f"pool ({pool!r}) must be a configured pool ({known})")
+        keys = self._matching(task_type, temperature_bucket, load_bucket)
+        if not keys:
+            raise InputError(
+                f"no class matches task_type={task_type!r} temperature_bucket={temperature_bucket!r} "
+                f"load_bucket={load_bucket!r}"
+            )
+        async with self._lock:
+            now = self.clock()
+            decisions = []
+            for key in keys:
+                prior = self.states.get(key) or guard.initial_state(key, self.policy)
+                new, decision = guard.override(prior, action, now, pool=pool, reason=reason)
+                self.states[key] = new
+                self.last_decisions[key] = decision
+                decisions.append(decision)
+            await self._record(decisions)
+            return decisions
+
+    def _matching(
+        self, task_type: str, temperature_bucket: str | None, load_bucket: str | None
+    ) -> list[ClassKey]:
+        temps = [temperature_bucket] if temperature_bucket else self.temperature_buckets
+        loads = [load_bucket] if load_bucket else self.load_buckets
+        keys = {(task_type, t, lb) for t in temps for lb in loads}
+        keys |= {
+            k
+            for k in self.states
+            if k[0] == task_type and (temperature_bucket in (None, k[1])) and (load_bucket in (None, k[2]))
+        }
+        return sorted(keys)
+
+    # -- views ---------------------------------------------------------------------------------
+    def plan(self) -> dict[ClassKey, str]:
+        return self.document().routing()
+
+    def view(self) -> GuardView:
+        return GuardView(
+            plan=self.plan(),
+            pools=self.policy.pools,
+            last_evaluation=self.last_evaluation,
+            frozen=any(s.frozen for s in self.states.values()),
+            consecutive_errors=max((s.consecutive_errors for s in self.states.values()), default=0),
+            config_version=self.policy.version,
+            audit_write_errors=self.audit.write_errors,
+            plan_version=self.version,
+        )
+
+    def status(self, decisions: int = 50) -> dict[str, Any]:
+        classes = []
+        for key, st in sorted(self.states.items()):
+            last = self.last_decisions.get(key)
+            classes.append(
+                {
+                    "task_type": key[0],
+                    "temperature_bucket": key[1],
+                    "load_bucket": key[2],
+                    "pool": st.pool,
+                    "num_speculative_tokens": self.policy.pools.get(st.pool, 0),
+                    "speculation_enabled": self.policy.pools.get(st.pool, 0) > 0,
+                    "phase": last.phase.value if last else None,
+                    "reason": last.reason if last else None,
+                    "pin": st.pin,
+                    "paused": st.paused,
+                    "frozen": st.frozen,
+                    "consecutive_errors": st.consecutive_errors,
+                    "pending": None
+                    if st.pending is None
+                    else {"from": st.pending.from_pool, "predicted_rc": st.pending.predicted_rc},
+                }
+            )
+        return {
+            "mode": "follow" if self.follow is not None else "guard",
+            "running": self.running,
+            "dry_run": self.policy.dry_run,
+            "policy_version": self.policy.version,
+            "plan_version": self.version,
+            "last_evaluation": self.last_evaluation,
+            "interval_seconds": self.policy.interval_seconds,
+            "frozen": any(s.frozen for s in self.states.values()),
+            "classes": classes,
+            "alerts": [
+                {
+                    "fingerprint": a.fingerprint,
+                    "alertname": a.alertname,
+                    "status": a.status,
+                    "labels": dict(a.labels),
+                }
+                for a in self.alerts.records()
+            ],
+            "decisions": list(self.decisions)[-decisions:] if decisions else [],
+            "audit_write_errors": self.audit.write_errors,
+            "audit_torn_lines": self.audit.torn_lines,
+            "plan_file_recovered": self.store.recovered if self.store else None,
+        }
+
+    # -- scheduling ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Apply the loaded plan, then evaluate every interval under APScheduler."""
+        from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED
+        from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+        await self._actuate([])
+        interval = self.policy.interval_seconds
+        self._scheduler = AsyncIOScheduler(timezone=UTC)
+        self._scheduler.add_job(
+            self._tick,
+            "interval",
+            seconds=interval,
+            id="guard-evaluation",
+            name="guard evaluation",
+            coalesce=True,
+            max_instances=1,
+            misfire_grace_time=max(1, int(interval)),
+            next_run_time=datetime.now(UTC) + timedelta(seconds=min(interval, 5.0)),
+        )
+        self._scheduler.add_listener(
+            self._on_job_event, EVENT_JOB_ERROR | EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES
+        )
+        self._scheduler.start()
+        self.running = True
+        log.info("guard evaluation every %g s (%s)", interval, "dry-run" if self.policy.dry_run else "acting")
+
+    async def stop(self) -> None:
+        self.running = False
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=False)
+            self._scheduler = None
+        async with self._lock:  # let an evaluation in flight finish its writes
+            pass
+
+    async def _tick(self) -> None:
+        try:
+            await asyncio.wait_for(self.evaluate(), self.evaluation_timeout * 2)
+        except TimeoutError:
+            log.error("guard evaluation: timed out after %g s", self.evaluation_timeout * 2)
+        except Exception:
+            log.exception("guard evaluation has failed")
+
+    def _on_job_event(self, event: Any) -> None:
+        log.warning(
+            "guard evaluation: scheduler event %s (%s)", event.code, getattr(event, "exception", "") or ""
+        )

@@ -1,0 +1,188 @@
+"""The guard's config sections besides the policy: ``server:``, ``actuators:``, ``alertmanager:``.
+
+Example::
+
+    server:
+      token_file: /etc/specguard/token   # bearer token for /api/v1/alerts and /api/v1/overrides
+      token_env: SPECGUARD_TOKEN         # ... or read from this environment variable
+      insecure_loopback: false           # true: no token, allowed only when tap.listen is a loopback address
+      max_body_bytes: 1048576            # larger webhook/override bodies get 413
+      status_decisions: 50               # last decisions shown by /status
+    actuators:
+      router: true                       # the tap's own routing follows the plan
+      plan_file: /var/lib/specguard/plan.json    # persisted plan (atomic), reloaded on restart
+      audit_log: /var/lib/specguard/audit.jsonl  # one JSON line per action
+      webhook: {url: https://hooks.example/specguard, timeout_seconds: 5, retries: 2}
+      configmap: {namespace: serving, name: specguard-routing, key: plan.json}
+      follow: false                      # fleet replica: read the plan from the ConfigMap, never decide
+    alertmanager:
+      enabled: true                      # mount POST /api/v1/alerts
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specguard import configfile
+from specguard.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    token_file: str | None = None
+    """File holding the bearer token (whitespace stripped)."""
+    token_env: str | None = None
+    """Environment variable holding the bearer token."""
+    insecure_loopback: bool = False
+    """Serve mutating endpoints without a token; only allowed on a loopback listen address."""
+    max_body_bytes: int = 1 << 20
+    """Largest accepted webhook/override body, bytes."""
+    status_decisions: int = 50
+    """How many recent decisions /status returns."""
+
+    def token(self) -> str | None:
+        """The configured token, or None. Raises ConfigError when the file cannot be read."""
+        if self.token_file:
+            try:
+                value = Path(self.token_file).read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                raise ConfigError(
+                    f"server.token_file: cannot read {self.token_file}: {exc.strerror}"
+                ) from exc
+            if not value:
+                raise ConfigError(f"server.token_file: {self.token_file} is empty")
+            return value
+        if self.token_env:
+            value = os.environ.get(self.token_env, "").strip()
+            if not value:
+                raise ConfigError(
+                    f"server.token_env: environment variable {self.token_env} is not set or empty"
+                )
+            return value
+        return None
+
+
+@dataclass(frozen=True)
+class WebhookSettings:
+    url: str
+    timeout_seconds: float = 5.0
+    retries: int = 2
+
+
+@dataclass(frozen=True)
+class ConfigMapSettings:
+    namespace: str
+    name: str
+    key: str = "plan.json"
+    kubeconfig: str | None = None
+    api_server: str | None = None
+    """Kubernetes API base URL (e.g. a ``kubectl proxy``); default: in-cluster, then kubeconfig."""
+    timeout_seconds: float = 10.0
+    conflict_retries: int = 5
+
+
+@dataclass(frozen=True)
+class ActuatorSettings:
+    router: bool = True
+    plan_file: str | None = None
+    audit_log: str | None = None
+    webhook: WebhookSettings | None = None
+    configmap: ConfigMapSettings | None = None
+    follow: bool = False
+
+
+@dataclass(frozen=True)
+class AlertmanagerSettings:
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class GuardSettings:
+    server: ServerSettings = field(default_factory=ServerSettings)
+    actuators: ActuatorSettings = field(default_factory=ActuatorSettings)
+    alertmanager: AlertmanagerSettings = field(default_factory=AlertmanagerSettings)
+
+
+def parse_server(root: configfile.Section) -> ServerSettings:
+    s = root.section("server")
+    out = ServerSettings(
+        token_file=s.get("token_file", str, None, nullable=True),
+        token_env=s.get("token_env", str, None, nullable=True),
+        insecure_loopback=s.get("insecure_loopback", bool, False),
+        max_body_bytes=s.get("max_body_bytes", int, 1 << 20, minimum=1024, maximum=64 << 20),
+        status_decisions=s.get("status_decisions", int, 50, minimum=0, maximum=10000),
+    )
+    s.check(not (out.token_file and out.token_env), "token_env", "set token_file or token_env, not both")
+    s.check(
+        not (out.insecure_loopback and (out.token_file or out.token_env)),
+        "insecure_loopback",
+        "a token is configured: insecure_loopback must be false",
+    )
+    s.reject_unknown()
+    return out
+
+
+def parse_actuators(root: configfile.Section) -> ActuatorSettings:
+    s = root.section("actuators")
+    webhook = None
+    if "webhook" in s and s.data.get("webhook") is not None:
+        w = s.section("webhook")
+        url = w.get("url", str)
+        if url is not None and not url.startswith(("http://", "https://")):
+            w.error("url", f"({url!r}) must be an http(s) URL")
+        webhook = WebhookSettings(
+            url=url or "",
+            timeout_seconds=w.get("timeout_seconds", float, 5.0, minimum=0.1, maximum=120),
+            retries=w.get("retries", int, 2, minimum=0, maximum=10),
+        )
+        w.reject_unknown()
+    configmap = None
+    if "configmap" in s and s.data.get("configmap") is not None:
+        c = s.section("configmap")
+        configmap = ConfigMapSettings(
+            namespace=c.get("namespace", str) or "",
+            name=c.get("name", str) or "",
+            key=c.get("key", str, "plan.json"),
+            kubeconfig=c.get("kubeconfig", str, None, nullable=True),
+            api_server=c.get("api_server", str, None, nullable=True),
+            timeout_seconds=c.get("timeout_seconds", float, 10.0, minimum=0.1, maximum=120),
+            conflict_retries=c.get("conflict_retries", int, 5, minimum=0, maximum=50),
+        )
+        c.reject_unknown()
+    out = ActuatorSettings(
+        router=s.get("router", bool, True),
+        plan_file=s.get("plan_file", str, None, nullable=True),
+        audit_log=s.get("audit_log", str, None, nullable=True),
+        webhook=webhook,
+        configmap=configmap,
+        follow=s.get("follow", bool, False),
+    )
+    s.check(not out.follow or configmap is not None, "follow", "follow: true needs actuators.configmap")
+    s.reject_unknown()
+    return out
+
+
+def parse_alertmanager(root: configfile.Section) -> AlertmanagerSettings:
+    s = root.section("alertmanager")
+    out = AlertmanagerSettings(enabled=s.get("enabled", bool, True))
+    s.reject_unknown()
+    return out
+
+
+def check_listen(settings: ServerSettings, listen_host: str) -> None:
+    """Refuse an insecure (tokenless) API on anything but a loopback address."""
+    if not settings.insecure_loopback:
+        return
+    host = listen_host.strip("[]")
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise ConfigError(
+            f"server.insecure_loopback is true but the listen address {listen_host} is not loopback: "
+            "configure server.token_file or server.token_env"
+        )

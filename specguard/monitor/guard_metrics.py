@@ -1,0 +1,162 @@
+"""The guard's Prometheus metrics (names in contracts.md), rendered from the daemon's state.
+
+One collector: ``collect()`` reads what the last evaluation stored and never waits or raises.
+Counters are plain integers owned here and incremented by the daemon and the receiver.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.registry import Collector
+
+from specguard.rules.evidence import ClassKey
+
+CLASS_LABELS = ["task_type", "temperature_bucket", "load_bucket"]
+
+
+@dataclass
+class GuardCounters:
+    """Monotonic counters; labels are bounded by the config (classes, actions, phases)."""
+
+    actions: Counter[tuple[str, str, str, str]] = field(
+        default_factory=Counter
+    )  # (task, temp, action, reason)
+    evaluations: Counter[str] = field(default_factory=Counter)  # result
+    webhook_alerts: Counter[tuple[str, str]] = field(default_factory=Counter)  # (status, outcome)
+    actuation_errors: Counter[str] = field(default_factory=Counter)  # actuator
+    plan_write_errors: int = 0
+
+
+@dataclass(frozen=True)
+class GuardView:
+    """What the collector renders; the daemon builds it after each evaluation."""
+
+    plan: Mapping[ClassKey, str]
+    pools: Mapping[str, int]
+    last_evaluation: float | None
+    frozen: bool
+    consecutive_errors: int
+    config_version: str
+    audit_write_errors: int
+    plan_version: int
+
+
+class GuardCollector(Collector):
+    def __init__(self, counters: GuardCounters, view: Callable[[], GuardView]):
+        self._counters = counters
+        self._view = view
+
+    def describe(self) -> Iterator:
+        yield GaugeMetricFamily(
+            "specguard_speculation_enabled", "1 when the plan routes the class to a speculative pool"
+        )
+        yield GaugeMetricFamily(
+            "specguard_num_speculative_tokens", "K of the pool the plan routes the class to"
+        )
+        yield GaugeMetricFamily("specguard_plan_info", "The pool the plan routes the class to (value 1)")
+        yield CounterMetricFamily("specguard_actions", "Guard actions by class, action and reason")
+        yield CounterMetricFamily(
+            "specguard_evaluations", "Class evaluations by result (ok, act, hold, error)"
+        )
+        yield GaugeMetricFamily(
+            "specguard_last_evaluation_timestamp_seconds", "Unix time of the last evaluation"
+        )
+        yield GaugeMetricFamily("specguard_guard_frozen", "1 when a class is frozen in its safe state")
+        yield GaugeMetricFamily(
+            "specguard_consecutive_errors", "Most consecutive data-source errors of any class"
+        )
+        yield CounterMetricFamily(
+            "specguard_webhook_alerts", "Alertmanager alerts received by status and outcome"
+        )
+        yield CounterMetricFamily("specguard_audit_write_errors", "Audit log appends that failed")
+        yield CounterMetricFamily("specguard_actuation_errors", "Actuator applications that failed")
+        yield CounterMetricFamily("specguard_plan_write_errors", "Plan file writes that failed")
+        yield GaugeMetricFamily("specguard_plan_version", "Version of the plan the guard holds")
+        yield InfoMetricFamily("specguard_config", "Digest of the guard policy in use")
+
+    def collect(self) -> Iterator:
+        view = self._view()
+        counters = self._counters
+        enabled = GaugeMetricFamily(
+            "specguard_speculation_enabled",
+            "1 when the plan routes the class to a speculative pool",
+            labels=CLASS_LABELS,
+        )
+        tokens = GaugeMetricFamily(
+            "specguard_num_speculative_tokens",
+            "K of the pool the plan routes the class to",
+            labels=CLASS_LABELS,
+        )
+        info = GaugeMetricFamily(
+            "specguard_plan_info",
+            "The pool the plan routes the class to (value 1)",
+            labels=[*CLASS_LABELS, "pool"],
+        )
+        for key, pool in sorted(view.plan.items()):
+            k = view.pools.get(pool, 0)
+            enabled.add_metric(list(key), 1.0 if k > 0 else 0.0)
+            tokens.add_metric(list(key), float(k))
+            info.add_metric([*key, pool], 1.0)
+        yield enabled
+        yield tokens
+        yield info
+        actions = CounterMetricFamily(
+            "specguard_actions",
+            "Guard actions by class, action and reason",
+            labels=["task_type", "temperature_bucket", "action", "reason"],
+        )
+        for labels, value in sorted(counters.actions.items()):
+            actions.add_metric(list(labels), value)
+        yield actions
+        evaluations = CounterMetricFamily(
+            "specguard_evaluations", "Class evaluations by result (ok, act, hold, error)", labels=["result"]
+        )
+        for result in ("ok", "act", "hold", "error"):
+            evaluations.add_metric([result], counters.evaluations.get(result, 0))
+        yield evaluations
+        last = GaugeMetricFamily(
+            "specguard_last_evaluation_timestamp_seconds", "Unix time of the last evaluation"
+        )
+        if view.last_evaluation is not None:
+            last.add_metric([], view.last_evaluation)
+        yield last
+        yield GaugeMetricFamily(
+            "specguard_guard_frozen",
+            "1 when a class is frozen in its safe state",
+            value=1.0 if view.frozen else 0.0,
+        )
+        yield GaugeMetricFamily(
+            "specguard_consecutive_errors",
+            "Most consecutive data-source errors of any class",
+            value=float(view.consecutive_errors),
+        )
+        alerts = CounterMetricFamily(
+            "specguard_webhook_alerts",
+            "Alertmanager alerts received by status and outcome",
+            labels=["status", "outcome"],
+        )
+        for labels, value in sorted(counters.webhook_alerts.items()):
+            alerts.add_metric(list(labels), value)
+        yield alerts
+        yield CounterMetricFamily(
+            "specguard_audit_write_errors", "Audit log appends that failed", value=view.audit_write_errors
+        )
+        errors = CounterMetricFamily(
+            "specguard_actuation_errors", "Actuator applications that failed", labels=["actuator"]
+        )
+        for name, value in sorted(counters.actuation_errors.items()):
+            errors.add_metric([name], value)
+        yield errors
+        yield CounterMetricFamily(
+            "specguard_plan_write_errors", "Plan file writes that failed", value=counters.plan_write_errors
+        )
+        yield GaugeMetricFamily(
+            "specguard_plan_version", "Version of the plan the guard holds", value=float(view.plan_version)
+        )
+        yield InfoMetricFamily(
+            "specguard_config", "Digest of the guard policy in use", value={"version": view.config_version}
+        )

@@ -1,0 +1,168 @@
+"""Wire the guard into ``specguard run``: config sections, the daemon, its endpoints and metrics.
+
+``register_sections`` adds the ``guard:``, ``server:``, ``actuators:`` and ``alertmanager:``
+parsers to ``monitor.config.SECTIONS``; ``configure(monitor, cfg)`` (a ``run.CONFIGURERS``
+hook) builds the Guard over the Monitor's statistics and router, mounts ``/status`` and the
+``/api/v1/*`` endpoints, registers the guard's collector and attaches the scheduler.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import MutableMapping
+from typing import Any
+
+from specguard import configfile
+from specguard.monitor import actuators as actuators_mod
+from specguard.monitor import audit as audit_mod
+from specguard.monitor import daemon, guard_config, receiver
+from specguard.monitor import state as state_mod
+from specguard.monitor.guard_metrics import GuardCollector
+from specguard.monitor.promql import PromQL
+from specguard.rules import policy as policy_mod
+
+log = logging.getLogger("specguard.guard")
+
+
+def parse_guard(root: configfile.Section) -> policy_mod.Policy:
+    """The ``guard:`` policy; pool names it mentions must be configured pools."""
+    policy = policy_mod.from_root(root)
+    pools = root.data.get("pools")
+    names = {p.get("name") for p in pools if isinstance(p, dict)} if isinstance(pools, list) else set()
+    section = configfile.Section(root.doc, "guard", root.data.get("guard") or {})
+    for key in ("default_pool", "nospec_pool"):
+        value = getattr(policy, key)
+        if value is not None and names:
+            section.check(
+                value in names, key, f"({value!r}) is not a configured pool ({', '.join(sorted(names))})"
+            )
+    return policy
+
+
+def register_sections(sections: MutableMapping[str, Any]) -> None:
+    sections["guard"] = parse_guard
+    sections["server"] = guard_config.parse_server
+    sections["actuators"] = guard_config.parse_actuators
+    sections["alertmanager"] = guard_config.parse_alertmanager
+
+
+def build(monitor: Any, cfg: Any) -> tuple[daemon.Guard, receiver.Api]:
+    """The Guard and its Api for one Monitor (the tap's standalone app) and its config."""
+    ex = cfg.exporter
+    sections = cfg.sections
+    pools = {p.name: p.num_speculative_tokens for p in ex.pools}
+    default_pool = ex.tap.default_pool or ex.pools[0].name
+    policy = (sections.get("guard") or policy_mod.load_default()).with_pools(
+        pools, default_pool, ex.tap.nospec_pool
+    )
+    server = sections.get("server") or guard_config.ServerSettings()
+    acts = sections.get("actuators") or guard_config.ActuatorSettings()
+    alertmanager = sections.get("alertmanager") or guard_config.AlertmanagerSettings()
+
+    sources: list[Any] = []
+    if policy.local:
+        sources.append(
+            daemon.LocalSource(
+                monitor.stats,
+                ex.pools,
+                _cost_settings(cfg),
+                profile=_profile(cfg),
+                window_seconds=policy.window_seconds,
+            )
+        )
+    if policy.prometheus_url and any(r.query for r in policy.rules):
+        promql = PromQL(policy.prometheus_url, timeout=policy.prometheus_timeout_seconds)
+        sources.append(daemon.PromQLSource(promql, policy))
+
+    actuators: list[Any] = []
+    if acts.router:
+        actuators.append(actuators_mod.RouterActuator(monitor.router))
+    if acts.webhook is not None:
+        hook = acts.webhook
+        actuators.append(
+            actuators_mod.WebhookActuator(hook.url, timeout=hook.timeout_seconds, retries=hook.retries)
+        )
+    follow = None
+    if acts.configmap is not None:
+        cm = acts.configmap
+        configmap = actuators_mod.ConfigMapActuator(
+            cm.namespace,
+            cm.name,
+            key=cm.key,
+            timeout=cm.timeout_seconds,
+            conflict_retries=cm.conflict_retries,
+            kubeconfig=cm.kubeconfig,
+            api_server=cm.api_server,
+        )
+        if acts.follow:
+            follow = configmap
+        else:
+            actuators.append(configmap)
+
+    classes = ex.classes
+    temps = [b.name for b in classes.temperature_buckets]
+    loads = [b.name for b in classes.load_buckets]
+    guard = daemon.Guard(
+        policy,
+        sources=sources,
+        actuators=actuators,
+        store=state_mod.PlanStore(acts.plan_file) if acts.plan_file else None,
+        audit=audit_mod.AuditLog(acts.audit_log),
+        keys=list(itertools.product(classes.task_labels, temps, loads)),
+        temperature_buckets=temps,
+        load_buckets=loads,
+        follow=follow,
+    )
+    token = server.token()
+    guard_config.check_listen(server, ex.tap.host)
+    api = receiver.Api(
+        guard,
+        token=token,
+        insecure=server.insecure_loopback,
+        max_body_bytes=server.max_body_bytes,
+        status_decisions=server.status_decisions,
+        alerts_enabled=alertmanager.enabled,
+    )
+    if token is None and not server.insecure_loopback:
+        log.warning("no server token configured: /api/v1/alerts and /api/v1/overrides answer 403")
+    if acts.plan_file is None:
+        log.warning("actuators.plan_file not set: the plan is not persisted across restarts")
+    return guard, api
+
+
+def configure(monitor: Any, cfg: Any) -> daemon.Guard:
+    """``run.CONFIGURERS`` hook: mount the guard on a Monitor before it starts."""
+    guard, api = build(monitor, cfg)
+    monitor.add_routes(api.routes(healthz=False))
+    monitor.registry.register(GuardCollector(guard.counters, guard.view))
+    if guard.policy.enabled:
+        monitor.attach("guard", guard.start, guard.stop)
+    else:
+        log.warning("guard.enabled is false: no evaluations; the persisted plan is still applied")
+
+        async def apply_only() -> None:
+            await guard._actuate([])
+
+        async def nothing() -> None:
+            return None
+
+        monitor.attach("guard (disabled)", apply_only, nothing)
+    monitor.guard = guard
+    return guard
+
+
+def _cost_settings(cfg: Any) -> Any:
+    from specguard.rules.cost_config import CostSettings
+
+    settings = cfg.sections.get("cost") or CostSettings()
+    ex = cfg.exporter
+    return settings.with_traffic(ex.classes.load_buckets, ex.tap.full_rollback_request_threshold)
+
+
+def _profile(cfg: Any) -> Any:
+    from specguard.rules import cost_config, profile
+
+    settings = cfg.sections.get("cost")
+    path = cost_config.resolve_profile_path(settings, cfg.file) if settings is not None else None
+    return profile.load_profile(path) if path is not None else None

@@ -1,0 +1,230 @@
+"""HTTP endpoints of the guard: Alertmanager receiver, operator overrides, ``/status``.
+
+* ``POST /api/v1/alerts`` takes Alertmanager webhook payloads (version 4; unknown fields are
+  ignored). Each alert is stored by fingerprint in the alert book and becomes evidence at the
+  next evaluation: never a direct toggle; repeats and HA duplicates change nothing.
+  2xx once accepted, 400 with the reason for a malformed payload (Alertmanager does not retry
+  4xx), 503 while the guard is not running (Alertmanager retries 5xx), 413 past the size limit.
+* ``POST /api/v1/overrides`` pins, unpins, pauses or resumes a class; ``GET`` lists them.
+* ``GET /status`` (JSON) and ``GET /healthz``.
+
+Mutating endpoints need ``Authorization: Bearer <token>`` (compared in constant time). With no
+token configured they answer 403, unless ``server.insecure_loopback`` is set (loopback only).
+The token is never logged or echoed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from specguard.errors import InputError
+from specguard.monitor.daemon import Guard
+from specguard.rules.evidence import AlertRecord
+
+log = logging.getLogger("specguard.receiver")
+
+STATUSES = ("firing", "resolved")
+
+
+def parse_alertmanager(payload: Any, now: float) -> list[AlertRecord]:
+    """Alert records from a decoded webhook payload; InputError names the first bad field."""
+    if not isinstance(payload, dict):
+        raise InputError(f"payload must be a JSON object, got {type(payload).__name__}")
+    version = payload.get("version")
+    if version is None:
+        raise InputError("version: is required (Alertmanager webhook payload)")
+    if str(version) != "4":
+        raise InputError(f"version ({version!r}) is not supported (expected '4')")
+    alerts = payload.get("alerts")
+    if not isinstance(alerts, list):
+        raise InputError("alerts: must be a list")
+    out = []
+    for index, alert in enumerate(alerts):
+        where = f"alerts[{index}]"
+        if not isinstance(alert, dict):
+            raise InputError(f"{where}: must be an object")
+        status = alert.get("status")
+        if status not in STATUSES:
+            raise InputError(f"{where}.status ({status!r}) must be 'firing' or 'resolved'")
+        labels = alert.get("labels", {})
+        if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+            raise InputError(f"{where}.labels: must be an object of strings")
+        fingerprint = alert.get("fingerprint")
+        if fingerprint is not None and not isinstance(fingerprint, str):
+            raise InputError(f"{where}.fingerprint: must be a string")
+        if not fingerprint:  # Alertmanager always sends one; a hand-made payload may not
+            fingerprint = hashlib.sha256(json.dumps(labels, sort_keys=True).encode()).hexdigest()[:16]
+        starts_at = alert.get("startsAt", "")
+        out.append(
+            AlertRecord(
+                fingerprint=fingerprint,
+                alertname=str(labels.get("alertname", "")),
+                status=status,
+                labels=dict(labels),
+                starts_at=str(starts_at),
+                received_at=now,
+            )
+        )
+    return out
+
+
+class Api:
+    """aiohttp handlers over a Guard; ``routes()`` is what the app mounts."""
+
+    def __init__(
+        self,
+        guard: Guard,
+        *,
+        token: str | None,
+        insecure: bool = False,
+        max_body_bytes: int = 1 << 20,
+        status_decisions: int = 50,
+        alerts_enabled: bool = True,
+        clock: Callable[[], float] | None = None,
+    ):
+        self.guard = guard
+        self._token = token.encode() if token else None
+        self._insecure = insecure
+        self.max_body_bytes = max_body_bytes
+        self.status_decisions = status_decisions
+        self.alerts_enabled = alerts_enabled
+        self._clock = clock or guard.clock
+
+    def __repr__(self) -> str:
+        return f"Api(token={'*****' if self._token else None}, insecure={self._insecure})"
+
+    def routes(self, *, healthz: bool = True) -> list[web.RouteDef]:
+        routes = [
+            web.get("/status", self.status),
+            web.post("/api/v1/overrides", self.post_override),
+            web.get("/api/v1/overrides", self.get_overrides),
+        ]
+        if self.alerts_enabled:
+            routes.append(web.post("/api/v1/alerts", self.post_alerts))
+        if healthz:
+            routes.append(web.get("/healthz", self.healthz))
+        return routes
+
+    # -- the framework-free core -------------------------------------------------------------
+    def authorize(self, header: str | None) -> tuple[int, str] | None:
+        """None when allowed, else (status, message)."""
+        if self._token is None:
+            if self._insecure:
+                return None
+            return 403, "disabled: no token configured (set server.token_file or server.token_env)"
+        scheme, _, given = (header or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self._token):
+            return 401, "missing or wrong bearer token"
+        return None
+
+    def ingest(self, payload: Any) -> dict[str, Any]:
+        now = self._clock()
+        records = parse_alertmanager(payload, now)
+        outcomes: dict[str, int] = {}
+        for record in records:
+            # an alert that names no class (no task_type label) is no evidence about any class
+            outcome = self.guard.alerts.ingest(record) if record.labels.get("task_type") else "ignored"
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+            self.guard.counters.webhook_alerts[(record.status, outcome)] += 1
+        return {"accepted": len(records), "outcomes": outcomes}
+
+    # -- handlers ----------------------------------------------------------------------------
+    async def _body(self, request: web.Request) -> Any:
+        if request.content_length is not None and request.content_length > self.max_body_bytes:
+            raise _error(413, f"body larger than {self.max_body_bytes} bytes")
+        raw = await request.content.read(self.max_body_bytes + 1)
+        if len(raw) > self.max_body_bytes:
+            raise _error(413, f"body larger than {self.max_body_bytes} bytes")
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise _error(400, f"body is not JSON: {exc}") from exc
+
+    def _check(self, request: web.Request) -> None:
+        denied = self.authorize(request.headers.get("Authorization"))
+        if denied is not None:
+            status, message = denied
+            log.warning("%s %s from %s: %s", request.method, request.path, request.remote, message)
+            headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+            raise _error(status, message, headers)
+
+    async def post_alerts(self, request: web.Request) -> web.Response:
+        self._check(request)
+        if not self.guard.running:
+            raise _error(503, "guard not running yet; retry")
+        payload = await self._body(request)
+        try:
+            result = self.ingest(payload)
+        except InputError as exc:
+            self.guard.counters.webhook_alerts[("invalid", "rejected")] += 1
+            raise _error(400, str(exc)) from exc
+        return web.json_response(result)
+
+    async def post_override(self, request: web.Request) -> web.Response:
+        self._check(request)
+        body = await self._body(request)
+        if not isinstance(body, dict):
+            raise _error(400, "body must be a JSON object")
+        unknown = sorted(
+            set(body) - {"action", "task_type", "temperature_bucket", "load_bucket", "pool", "reason"}
+        )
+        if unknown:
+            raise _error(400, f"unknown field(s): {', '.join(unknown)}")
+        for field in ("action", "task_type"):
+            if not isinstance(body.get(field), str) or not body[field]:
+                raise _error(400, f"{field}: is required (a string)")
+        try:
+            decisions = await self.guard.override(
+                body["action"],
+                body["task_type"],
+                body.get("temperature_bucket"),
+                body.get("load_bucket"),
+                pool=body.get("pool"),
+                reason=str(body.get("reason", ""))[:200],
+            )
+        except InputError as exc:
+            raise _error(400, str(exc)) from exc
+        return web.json_response({"decisions": [d.to_json() for d in decisions]})
+
+    async def get_overrides(self, request: web.Request) -> web.Response:
+        rows = [
+            {
+                "task_type": k[0],
+                "temperature_bucket": k[1],
+                "load_bucket": k[2],
+                "pin": s.pin,
+                "paused": s.paused,
+            }
+            for k, s in sorted(self.guard.states.items())
+            if s.pin is not None or s.paused
+        ]
+        return web.json_response({"overrides": rows})
+
+    async def status(self, request: web.Request) -> web.Response:
+        return web.json_response(self.guard.status(self.status_decisions))
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "guard_running": self.guard.running})
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.HTTPException:
+    body = json.dumps({"error": message})
+    kinds = {
+        400: web.HTTPBadRequest,
+        401: web.HTTPUnauthorized,
+        403: web.HTTPForbidden,
+        413: web.HTTPRequestEntityTooLarge,
+        503: web.HTTPServiceUnavailable,
+    }
+    if status == 413:
+        return web.HTTPRequestEntityTooLarge(
+            max_size=0, actual_size=0, text=body, content_type="application/json", headers=headers
+        )
+    return kinds[status](text=body, content_type="application/json", headers=headers)

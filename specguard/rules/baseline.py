@@ -1,0 +1,159 @@
+"""Where T_base comes from: a real non-speculative path, never a guess.
+
+Order, per load bucket (RC compares the same operating point, CONCEPTS.md section 2):
+
+1. ``live``: requests served by a no-speculation pool (K = 0) in the same load bucket, if at
+   least ``cost.baseline_min_samples`` of them are in the window. With ``baseline_scope:
+   class_then_load`` the class's own no-spec requests are used first when there are enough.
+2. ``profile``: the K = 0 pool of the calibration profile at the bucket's concurrency.
+3. ``none``: RC is unknown (``None``), never 1.0; the guard holds.
+
+Route labels (set by the tap's router; the shares are tap config, this module only reads them):
+
+- ``plan``: the request went where the routing plan sends its class.
+- ``holdout``: a class planned on a speculative pool, but this request was sent to the no-spec
+  pool (``tap.holdout_share`` of every class) so the live baseline keeps being measured.
+- ``probe``: a class planned away from speculation (or to a shorter K), but this request was kept
+  on a speculative pool (``tap.probe_share``) so the class's acceptance stays measured and
+  re-enabling is decided on evidence.
+
+So the baseline is every request on a no-spec pool (plan of disabled classes plus holdouts), and
+the spec side of a (class, pool) is every request of that class on that pool (plan plus probes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from specguard.exporters.records import RequestRecord
+from specguard.rules import confidence
+from specguard.rules import profile as profile_mod
+from specguard.rules.cost_config import CostSettings
+
+ROUTE_PLAN = "plan"
+ROUTE_HOLDOUT = "holdout"
+ROUTE_PROBE = "probe"
+ROUTES = (ROUTE_PLAN, ROUTE_HOLDOUT, ROUTE_PROBE)
+
+SOURCE_LIVE = "live"
+SOURCE_PROFILE = "profile"
+SOURCE_NONE = "none"
+
+
+def usable_for_tpot(record: RequestRecord) -> bool:
+    """A finished, successful request with a decode phase: at least 2 output tokens and a duration."""
+    return (
+        200 <= record.status < 300
+        and record.output_tokens >= 2
+        and record.decode_seconds is not None
+        and record.decode_seconds >= 0
+    )
+
+
+def tpot_arrays(records: Sequence[RequestRecord]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-request decode seconds and decode tokens (output tokens - 1), for ratio-of-sums TPOT."""
+    seconds = np.fromiter((r.decode_seconds or 0.0 for r in records), dtype=float, count=len(records))
+    tokens = np.fromiter((r.output_tokens - 1 for r in records), dtype=float, count=len(records))
+    return seconds, tokens
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """T_base for one load bucket (and class, with class scope), and what stands behind it."""
+
+    source: str  # "live" | "profile" | "none"
+    tpot_seconds: float | None
+    samples: int  # requests behind tpot_seconds (live or the profile's count); 0 for none
+    detail: str  # human-readable provenance, e.g. "pool nospec, 412 requests in load bucket low"
+    log_variance: float | None = None  # Var(log T_base); 0 for a profile without a standard error
+    live_samples: int = 0  # live no-spec requests seen in the bucket, even when too few to use
+    seconds: tuple[float, ...] = ()  # per-request samples (live only), for the bootstrap
+    tokens: tuple[float, ...] = ()
+
+
+def choose(
+    live: Sequence[RequestRecord],
+    *,
+    task_type: str,
+    temperature_bucket: str,
+    load_bucket: str,
+    profile: profile_mod.Profile | None,
+    nospec_pools: Sequence[str],
+    settings: CostSettings,
+) -> Baseline:
+    """Pick the baseline for one (class, load bucket) from usable no-spec records of that bucket."""
+    candidates: list[tuple[str, list[RequestRecord]]] = []
+    if settings.baseline_scope == "class_then_load":
+        own = [r for r in live if r.task_type == task_type and r.temperature_bucket == temperature_bucket]
+        candidates.append((f"class {task_type}/{temperature_bucket}", own))
+    candidates.append(("all classes", list(live)))
+    pools = ",".join(sorted({r.pool for r in live})) or ",".join(nospec_pools) or "-"
+    for scope, records in candidates:
+        if len(records) >= settings.baseline_min_samples:
+            seconds, tokens = tpot_arrays(records)
+            estimate = confidence.ratio_of_sums(seconds, tokens)
+            if estimate is not None and estimate.value > 0:
+                return Baseline(
+                    source=SOURCE_LIVE,
+                    tpot_seconds=estimate.value,
+                    samples=estimate.n,
+                    detail=f"pool {pools}, {estimate.n} requests ({scope}) in load bucket {load_bucket}",
+                    log_variance=estimate.variance(settings.interval_method),
+                    live_samples=len(live),
+                    seconds=tuple(seconds.tolist()),
+                    tokens=tuple(tokens.tolist()),
+                )
+    why_not_live = (
+        f"{len(live)} live no-spec requests in load bucket {load_bucket} "
+        f"(< baseline_min_samples {settings.baseline_min_samples})"
+    )
+    from_profile = profile_baseline(profile, load_bucket, nospec_pools, settings)
+    if isinstance(from_profile, profile_mod.LevelValue):
+        sd = (from_profile.stderr / from_profile.value) if from_profile.stderr else 0.0
+        return Baseline(
+            source=SOURCE_PROFILE,
+            tpot_seconds=from_profile.value,
+            samples=from_profile.samples,
+            detail=f"{from_profile.detail}; {why_not_live}",
+            log_variance=sd**2,
+            live_samples=len(live),
+        )
+    return Baseline(
+        source=SOURCE_NONE,
+        tpot_seconds=None,
+        samples=0,
+        detail=f"{why_not_live}; {from_profile}",
+        live_samples=len(live),
+    )
+
+
+def profile_baseline(
+    profile: profile_mod.Profile | None,
+    load_bucket: str,
+    nospec_pools: Sequence[str],
+    settings: CostSettings,
+) -> profile_mod.LevelValue | str:
+    """The profile's no-spec TPOT for the bucket, or the reason there is none."""
+    if profile is None:
+        return "no calibration profile"
+    pool = None
+    for name in nospec_pools:
+        pool = profile.pool(name=name)
+        if pool is not None and pool.num_speculative_tokens == 0:
+            break
+        pool = None
+    pool = pool or profile.pool(k=0)
+    if pool is None:
+        return f"calibration profile {profile.source} has no pool with num_speculative_tokens 0"
+    bucket = settings.bucket_range(load_bucket)
+    if bucket is None:
+        return f"load bucket {load_bucket!r} is not configured, so its concurrency is unknown"
+    value = profile_mod.lookup(pool, bucket[0], bucket[1], "tpot_seconds", profile.source)
+    if value is None:
+        return (
+            f"calibration profile {profile.source} pool {pool.name} does not cover load bucket {load_bucket}"
+        )
+    return value

@@ -1,0 +1,590 @@
+"""The per-class guard: a pure state machine ``step(state, evidence, now, policy) -> (state, Decision)``.
+
+One class (task_type x temperature_bucket x load_bucket) at a time. Each evaluation yields
+one phase of ``ok / act / hold / error``, combined with one precedence (error > act > hold > ok):
+
+* the rules look at the class's current pool ("watch": is speculation hurting?) and, when the
+  class is not on its default pool, at the best pool to go back to ("recover");
+* too little data is hold (counts neither way); a failing source is error, and consecutive
+  errors beyond the limit freeze the class in the declared safe state;
+* breached failure limits move the class down: to a shorter-K pool whose predicted rc is good
+  (pending confirmation by measurement; reverted to no-spec if the measurement disagrees), else
+  to the no-spec pool; restoring needs a success streak, hysteresis and a stabilisation window;
+* every action respects the cooldown, the cap per hour, dry-run and operator pins/pauses.
+
+No clock, no I/O, no logging: the daemon does all of that.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+from specguard.rules import policy as policy_mod
+from specguard.rules.evidence import ClassKey, Evidence, PoolEvidence
+
+
+class Phase(StrEnum):
+    OK = "ok"
+    HOLD = "hold"
+    ACT = "act"
+    ERROR = "error"
+
+
+PRECEDENCE = (Phase.OK, Phase.HOLD, Phase.ACT, Phase.ERROR)  # best to worst; the worst wins
+ACTIONS = ("none", "off", "shorten", "revert", "restore", "confirm", "freeze", "unfreeze")
+OPERATOR_ACTIONS = ("pin", "unpin", "pause", "resume")
+
+
+def worst(phases: Iterable[Phase]) -> Phase:
+    return max(phases, key=PRECEDENCE.index, default=Phase.OK)
+
+
+@dataclass(frozen=True)
+class RuleState:
+    """Counters of one rule for one class (Argo semantics: errors never count as failures)."""
+
+    consecutive_failures: int = 0
+    failure_times: tuple[float, ...] = ()
+    consecutive_successes: int = 0
+    good_since: float | None = None
+    last_evaluated_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A shorten-K move made on a prediction, waiting to be confirmed by measurement."""
+
+    from_pool: str
+    to_pool: str
+    predicted_rc: float
+    at: float
+
+
+@dataclass(frozen=True)
+class ClassState:
+    key: ClassKey
+    pool: str
+    rules: Mapping[str, RuleState] = field(default_factory=dict)
+    consecutive_errors: int = 0
+    frozen: bool = False
+    last_action_at: float | None = None
+    action_times: tuple[float, ...] = ()
+    pending: Pending | None = None
+    confirm_successes: int = 0
+    candidate: str | None = None
+    pin: str | None = None
+    paused: bool = False
+
+    def rule(self, name: str) -> RuleState:
+        return self.rules.get(name, RuleState())
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """One rule's verdict on one pool at one evaluation."""
+
+    rule: policy_mod.Rule
+    pool: str
+    phase: Phase
+    reason: str
+    value: float | None = None
+    samples: int | None = None
+    predicted: bool = False
+
+    def numbers(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"pool": self.pool, "phase": self.phase.value}
+        if self.value is not None:
+            out["value"] = round(self.value, 6)
+        if self.samples is not None:
+            out["samples"] = self.samples
+        if self.predicted:
+            out["predicted"] = True
+        if self.rule.dry_run:
+            out["dry_run"] = True
+        return out
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one evaluation (or operator override) decided, why, and the numbers behind it."""
+
+    key: ClassKey
+    at: float
+    phase: Phase
+    action: str
+    from_pool: str
+    to_pool: str
+    reason: str
+    numbers: Mapping[str, Any] = field(default_factory=dict)
+    dry_run: bool = False
+    cause: str = ""
+    """Bounded code for metrics: the rule that breached, "recovered", "source_errors", "operator"..."""
+
+    @property
+    def changes_plan(self) -> bool:
+        return self.from_pool != self.to_pool and not self.dry_run
+
+    def to_json(self) -> dict[str, Any]:
+        task_type, temperature_bucket, load_bucket = self.key
+        return {
+            "time": self.at,
+            "task_type": task_type,
+            "temperature_bucket": temperature_bucket,
+            "load_bucket": load_bucket,
+            "class": f"{task_type}/{temperature_bucket}",
+            "phase": self.phase.value,
+            "action": self.action,
+            "cause": self.cause,
+            "from": self.from_pool,
+            "to": self.to_pool,
+            "reason": self.reason,
+            "dry_run": self.dry_run,
+            "numbers": dict(self.numbers),
+        }
+
+
+def initial_state(key: ClassKey, policy: policy_mod.Policy) -> ClassState:
+    return ClassState(key=key, pool=policy.default_pool or "")
+
+
+def k_of(policy: policy_mod.Policy, pool: str) -> int:
+    return policy.pools.get(pool, 0)
+
+
+# ---------------------------------------------------------------- assessing one rule
+
+
+def assess(
+    rule: policy_mod.Rule,
+    pool: str,
+    evidence: Evidence,
+    policy: policy_mod.Policy,
+    *,
+    restoring: bool,
+) -> Assessment | None:
+    """A rule's verdict on ``pool``; None when the rule has no opinion (no alert applies)."""
+    if rule.name == "alertmanager":
+        relevant = [a for a in evidence.alerts if a.pool in (None, pool)]
+        if not relevant:
+            return None
+        firing = sorted(a.alertname for a in relevant if a.firing)
+        if firing:
+            return Assessment(rule, pool, Phase.ACT, f"alert {', '.join(firing)} firing")
+        names = ", ".join(sorted({a.alertname for a in relevant}))
+        return Assessment(rule, pool, Phase.OK, f"alert {names} resolved")
+    if evidence.error is not None:
+        return Assessment(rule, pool, Phase.ERROR, f"data source error: {evidence.error}")
+    found: PoolEvidence | None = evidence.pools.get(pool)
+    if found is None:
+        return Assessment(rule, pool, Phase.HOLD, f"no data for pool {pool}")
+    if rule.name in found.errors:
+        return Assessment(rule, pool, Phase.ERROR, f"query failed: {found.errors[rule.name]}")
+    if found.predicted and restoring and not policy.restore_on_prediction:
+        return Assessment(rule, pool, Phase.HOLD, f"only a prediction for pool {pool}", predicted=True)
+    measure = (rule.restore_measure or rule.measure) if restoring else rule.measure
+    if rule.query is None and found.samples < rule.limits.min_samples:
+        return Assessment(
+            rule,
+            pool,
+            Phase.HOLD,
+            f"samples ({found.samples}) < min_samples ({rule.limits.min_samples})",
+            samples=found.samples,
+            predicted=found.predicted,
+        )
+    value = found.values.get(measure or rule.name)
+    if value is None or math.isnan(value):
+        why = " (no baseline yet)" if found.baseline_source == "none" else ""
+        return Assessment(
+            rule, pool, Phase.HOLD, f"no value for {measure or rule.name}{why}", samples=found.samples
+        )
+    name = measure or rule.name
+    side = "<" if rule.direction == "above" else ">"
+    if restoring:
+        if rule.is_good(value):
+            reason = f"{name} ({value:.3f}) {side} restore_threshold ({rule.restore_threshold})"
+            phase = Phase.OK
+        else:
+            reason = f"{name} ({value:.3f}) not {side} restore_threshold ({rule.restore_threshold})"
+            phase = Phase.ACT
+    elif rule.is_bad(value):
+        reason = (
+            f"{name} ({value:.3f}) {'>' if rule.direction == 'above' else '<'} threshold ({rule.threshold})"
+        )
+        phase = Phase.ACT
+    else:
+        reason = f"{name} ({value:.3f}) within threshold ({rule.threshold})"
+        phase = Phase.OK
+    return Assessment(
+        rule, pool, phase, reason, value=value, samples=found.samples, predicted=found.predicted
+    )
+
+
+# ---------------------------------------------------------------- counters
+
+
+def _count_watch(rs: RuleState, a: Assessment, now: float) -> RuleState:
+    window = a.rule.limits.failure_window_seconds
+    times = tuple(t for t in rs.failure_times if now - t < window)
+    if a.phase is Phase.ACT:
+        return replace(rs, consecutive_failures=rs.consecutive_failures + 1, failure_times=times + (now,))
+    if a.phase is Phase.OK:
+        return replace(rs, consecutive_failures=0, failure_times=times)
+    return replace(rs, failure_times=times)
+
+
+def _count_recover(rs: RuleState, a: Assessment, now: float) -> RuleState:
+    if a.phase is Phase.OK:
+        return replace(
+            rs, consecutive_successes=rs.consecutive_successes + 1, good_since=rs.good_since or now
+        )
+    if a.phase is Phase.ACT:
+        return replace(rs, consecutive_successes=0, good_since=None)
+    return rs
+
+
+def failure_breach(rs: RuleState, limits: policy_mod.Limits) -> str | None:
+    """The reason a rule's failure limits are breached, or None."""
+    if limits.consecutive_failure_limit >= 0 and rs.consecutive_failures > limits.consecutive_failure_limit:
+        return f"consecutive_failures ({rs.consecutive_failures}) > consecutive_failure_limit " + (
+            f"({limits.consecutive_failure_limit})"
+        )
+    if limits.failure_limit >= 0 and len(rs.failure_times) > limits.failure_limit:
+        return (
+            f"failures in {limits.failure_window_seconds:.0f} s ({len(rs.failure_times)}) > failure_limit "
+            f"({limits.failure_limit})"
+        )
+    return None
+
+
+def _reset_counters(state: ClassState) -> ClassState:
+    rules = {name: RuleState(last_evaluated_at=rs.last_evaluated_at) for name, rs in state.rules.items()}
+    return replace(state, rules=rules, confirm_successes=0, candidate=None)
+
+
+def rate_gate(state: ClassState, now: float, policy: policy_mod.Policy) -> str | None:
+    """Why an automatic action must wait (pause, cooldown, cap per hour), or None."""
+    if state.paused:
+        return "paused by operator"
+    if state.last_action_at is not None and now - state.last_action_at < policy.cooldown_seconds:
+        return (
+            f"cooldown: {now - state.last_action_at:.0f} s since the last action < cooldown_seconds "
+            f"({policy.cooldown_seconds:.0f})"
+        )
+    recent = [t for t in state.action_times if now - t < 3600]
+    if policy.max_actions_per_hour >= 0 and len(recent) >= policy.max_actions_per_hour:
+        cap = policy.max_actions_per_hour
+        return f"actions in the last hour ({len(recent)}) >= max_actions_per_hour ({cap})"
+    return None
+
+
+# ---------------------------------------------------------------- choosing pools
+
+
+def _estimate(evidence: Evidence, pool: str) -> tuple[float, bool, int] | None:
+    found = evidence.pools.get(pool)
+    if found is None or found.values.get("rc") is None or math.isnan(found.values["rc"]):
+        return None
+    return found.values["rc"], found.predicted, found.samples
+
+
+def _lower_target(
+    state: ClassState, evidence: Evidence, policy: policy_mod.Policy
+) -> tuple[str, str, dict[str, Any]] | None:
+    """(action, pool, numbers) when a watched pool must be left; None if there is nowhere to go."""
+    nospec = policy.nospec_pool
+    if state.pending is not None:
+        return ("revert", nospec, {"predicted_rc": state.pending.predicted_rc}) if nospec else None
+    current_k = k_of(policy, state.pool)
+    best: tuple[float, str, bool] | None = None
+    if policy.shorten:
+        min_samples = min((r.limits.min_samples for r in policy.rules), default=0)
+        for pool, k in policy.pools.items():
+            if not 0 < k < current_k:
+                continue
+            estimate = _estimate(evidence, pool)
+            if estimate is None or estimate[2] < min_samples or not estimate[0] < policy.shorten_max_rc:
+                continue
+            if best is None or estimate[0] < best[0]:
+                best = (estimate[0], pool, estimate[1])
+    if best is not None:
+        return "shorten", best[1], {"target_rc": round(best[0], 6), "target_predicted": best[2]}
+    if nospec and nospec != state.pool:
+        return "off", nospec, {}
+    return None
+
+
+def _recover_candidate(state: ClassState, evidence: Evidence, policy: policy_mod.Policy) -> str | None:
+    """The pool to restore towards: the lowest-rc spec pool above the current K, up to the default's K."""
+    default = policy.default_pool
+    if not default or state.pool == default or state.pending is not None:
+        return None
+    current_k, default_k = k_of(policy, state.pool), k_of(policy, default)
+    best: tuple[float, str] | None = None
+    for pool, k in policy.pools.items():
+        if not current_k < k <= default_k:
+            continue
+        estimate = _estimate(evidence, pool)
+        if estimate is None or (estimate[1] and not policy.restore_on_prediction):
+            continue
+        if best is None or estimate[0] < best[0]:
+            best = (estimate[0], pool)
+    return best[1] if best is not None else default
+
+
+# ---------------------------------------------------------------- the step
+
+
+def _due(state: ClassState, rule: policy_mod.Rule, now: float) -> bool:
+    last = state.rule(rule.name).last_evaluated_at
+    # 10% slack: a scheduler tick that fires a little early must not skip a whole interval
+    return last is None or now - last >= rule.limits.interval_seconds * 0.9
+
+
+def step(
+    state: ClassState, evidence: Evidence, now: float, policy: policy_mod.Policy
+) -> tuple[ClassState, Decision]:
+    """One evaluation of one class."""
+
+    def decide(
+        new: ClassState,
+        phase: Phase,
+        reason: str,
+        action: str = "none",
+        to: str | None = None,
+        dry_run: bool = False,
+        cause: str = "",
+        **extra: Any,
+    ) -> tuple[ClassState, Decision]:
+        numbers = {"rules": {f"{a.rule.name}@{a.pool}": a.numbers() for a in assessments}, **extra}
+        numbers.update(_counters(new))
+        to_pool = to or state.pool
+        return new, Decision(
+            state.key, now, phase, action, state.pool, to_pool, reason, numbers, dry_run, cause
+        )
+
+    assessments: list[Assessment] = []
+    if state.pin is not None:
+        return decide(state, Phase.HOLD, f"pinned to {state.pin} by operator")
+    due = [r for r in policy.all_rules if _due(state, r, now)]
+    if not due:
+        return decide(state, Phase.HOLD, "no rule due")
+    rules = dict(state.rules)
+    for rule in due:
+        rules[rule.name] = replace(state.rule(rule.name), last_evaluated_at=now)
+
+    watching = k_of(policy, state.pool) > 0
+    watch = [a for r in due if watching and (a := assess(r, state.pool, evidence, policy, restoring=False))]
+    candidate = _recover_candidate(state, evidence, policy)
+    recover = [a for r in due if candidate and (a := assess(r, candidate, evidence, policy, restoring=True))]
+    assessments = watch + recover
+    acting = [a for a in assessments if not a.rule.dry_run]
+
+    # error: never act on stale or partial data; freeze the safe state past the limit
+    errors = [a for a in acting if a.phase is Phase.ERROR]
+    if errors or (evidence.error is not None and not acting):
+        count = state.consecutive_errors + 1
+        limits = [a.rule.limits.consecutive_error_limit for a in errors] or [
+            min((r.limits.consecutive_error_limit for r in policy.rules), default=4)
+        ]
+        limit = min((x for x in limits if x >= 0), default=-1)
+        first = errors[0].reason if errors else f"data source error: {evidence.error}"
+        new = replace(state, rules=rules, consecutive_errors=count)
+        if limit < 0 or count <= limit:
+            return decide(
+                new,
+                Phase.ERROR,
+                f"{first}; consecutive_errors ({count}) <= consecutive_error_limit ({limit})",
+            )
+        if state.frozen:
+            return decide(new, Phase.ERROR, f"frozen in safe state: {first}")
+        target = {"last": state.pool, "nospec": policy.nospec_pool, "default": policy.default_pool}[
+            policy.safe_state
+        ]
+        target = target or state.pool
+        reason = (
+            f"consecutive_errors ({count}) > consecutive_error_limit ({limit}): "
+            f"freeze in safe state {policy.safe_state}"
+        )
+        frozen = _reset_counters(replace(new, frozen=True, pending=None))
+        if policy.dry_run:
+            return decide(
+                frozen,
+                Phase.ERROR,
+                f"dry-run: {reason}",
+                "freeze",
+                target,
+                dry_run=True,
+                cause="source_errors",
+            )
+        return decide(
+            replace(frozen, pool=target), Phase.ERROR, reason, "freeze", target, cause="source_errors"
+        )
+
+    if state.frozen:
+        new = _reset_counters(replace(state, rules=rules, frozen=False, consecutive_errors=0))
+        return decide(
+            new,
+            Phase.OK,
+            f"data source answers again: unfrozen on {state.pool}",
+            "unfreeze",
+            cause="source_recovered",
+        )
+
+    # count
+    if candidate != state.candidate:
+        rules = {n: replace(rs, consecutive_successes=0, good_since=None) for n, rs in rules.items()}
+    for a in watch:
+        rules[a.rule.name] = _count_watch(rules[a.rule.name], a, now)
+    for a in recover:
+        rules[a.rule.name] = _count_recover(rules[a.rule.name], a, now)
+    watch_phase = worst(a.phase for a in watch if not a.rule.dry_run)
+    confirm = state.confirm_successes
+    if state.pending is not None:
+        confirm = (
+            confirm + 1 if watch_phase is Phase.OK and watch else 0 if watch_phase is Phase.ACT else confirm
+        )
+    new = replace(state, rules=rules, consecutive_errors=0, candidate=candidate, confirm_successes=confirm)
+
+    # act: leave a pool that hurts
+    breaches = [
+        (a, why)
+        for a in watch
+        if not a.rule.dry_run and (why := failure_breach(rules[a.rule.name], a.rule.limits))
+    ]
+    if breaches:
+        a, why = breaches[0]
+        cause = f"{a.rule.name} on {state.pool}: {a.reason}; {why}"
+        target = _lower_target(new, evidence, policy)
+        if target is None:
+            return decide(new, Phase.HOLD, f"{cause}; no lower pool to move to")
+        action, pool, extra = target
+        gate = rate_gate(new, now, policy)
+        if gate is not None:
+            return decide(new, Phase.HOLD, f"{cause}; waiting: {gate}", **extra)
+        if action == "revert" and state.pending is not None:
+            cause = f"measurement disagrees with the prediction ({state.pending.predicted_rc:.3f}): {cause}"
+        pending = None
+        if action == "shorten":
+            pending = Pending(state.pool, pool, extra["target_rc"], now)
+        extra["cause"] = a.rule.name
+        return _act(new, action, pool, cause, now, policy, decide, pending, extra)
+
+    # restore: back towards the default pool on a streak of good evidence, after the window
+    recover_acting = [a for a in recover if not a.rule.dry_run]
+    if recover_acting and worst(a.phase for a in recover_acting) is Phase.OK:
+        waiting = _restore_wait(rules, recover_acting, now)
+        if waiting is None:
+            gate = rate_gate(new, now, policy)
+            if gate is not None:
+                return decide(new, Phase.HOLD, f"{candidate} recovered; waiting: {gate}")
+            reasons = "; ".join(f"{a.rule.name} on {a.pool}: {a.reason}" for a in recover_acting)
+            return _act(new, "restore", candidate, reasons, now, policy, decide, None, {"cause": "recovered"})
+        return decide(new, Phase.HOLD, f"recovering towards {candidate}: {waiting}")
+
+    if state.pending is not None and watch_phase is Phase.OK:
+        needed = max(a.rule.limits.consecutive_success_limit for a in watch if not a.rule.dry_run)
+        if confirm >= needed:
+            reason = f"measured on {state.pool}: " + "; ".join(a.reason for a in watch if not a.rule.dry_run)
+            done = replace(new, pending=None, confirm_successes=0)
+            return decide(
+                done,
+                Phase.OK,
+                f"{reason} (predicted {state.pending.predicted_rc:.3f})",
+                "confirm",
+                cause="measured",
+            )
+        return decide(
+            new, Phase.HOLD, f"confirming {state.pool}: consecutive_successes ({confirm}) < {needed}"
+        )
+
+    if watch_phase is Phase.ACT:
+        a = next(a for a in watch if a.phase is Phase.ACT and not a.rule.dry_run)
+        rs = rules[a.rule.name]
+        return decide(
+            new,
+            Phase.HOLD,
+            f"{a.rule.name} on {state.pool}: {a.reason}; consecutive_failures ({rs.consecutive_failures}) "
+            f"<= consecutive_failure_limit ({a.rule.limits.consecutive_failure_limit})",
+        )
+    if watch_phase is Phase.HOLD:
+        a = next(a for a in watch if a.phase is Phase.HOLD and not a.rule.dry_run)
+        return decide(new, Phase.HOLD, f"{a.rule.name} on {state.pool}: {a.reason}")
+    if recover_acting and worst(a.phase for a in recover_acting) is Phase.HOLD:
+        a = next(a for a in recover_acting if a.phase is Phase.HOLD)
+        return decide(new, Phase.HOLD if not watch else Phase.OK, f"{a.rule.name} on {a.pool}: {a.reason}")
+    if recover_acting:
+        a = next(a for a in recover_acting if a.phase is Phase.ACT)
+        return decide(new, Phase.OK, f"staying on {state.pool}: {a.rule.name} on {a.pool}: {a.reason}")
+    return decide(new, Phase.OK, "; ".join(a.reason for a in watch if not a.rule.dry_run) or "nothing to do")
+
+
+def _restore_wait(rules: Mapping[str, RuleState], recover: list[Assessment], now: float) -> str | None:
+    for a in recover:
+        rs, limits = rules[a.rule.name], a.rule.limits
+        if rs.consecutive_successes < limits.consecutive_success_limit:
+            return (
+                f"{a.rule.name}: consecutive_successes ({rs.consecutive_successes}) "
+                f"< consecutive_success_limit ({limits.consecutive_success_limit})"
+            )
+        good_for = now - (rs.good_since if rs.good_since is not None else now)
+        if good_for < limits.stabilization_window_seconds:
+            return (
+                f"{a.rule.name}: good for {good_for:.0f} s < stabilization_window_seconds "
+                f"({limits.stabilization_window_seconds:.0f})"
+            )
+    return None
+
+
+def _act(new, action, pool, reason, now, policy, decide, pending, extra):
+    moved = _reset_counters(
+        replace(new, last_action_at=now, action_times=_recent(new.action_times, now) + (now,), pending=None)
+    )
+    if policy.dry_run:
+        return decide(moved, Phase.ACT, f"dry-run: {reason}", action, pool, dry_run=True, **extra)
+    return decide(replace(moved, pool=pool, pending=pending), Phase.ACT, reason, action, pool, **extra)
+
+
+def _counters(state: ClassState) -> dict[str, Any]:
+    out: dict[str, Any] = {"consecutive_errors": state.consecutive_errors}
+    for name, rs in sorted(state.rules.items()):
+        if rs.consecutive_failures or rs.failure_times:
+            out[f"{name}.consecutive_failures"] = rs.consecutive_failures
+            out[f"{name}.failures"] = len(rs.failure_times)
+        if rs.consecutive_successes:
+            out[f"{name}.consecutive_successes"] = rs.consecutive_successes
+    return out
+
+
+def _recent(times: tuple[float, ...], now: float) -> tuple[float, ...]:
+    return tuple(t for t in times if now - t < 3600)
+
+
+# ---------------------------------------------------------------- operator overrides
+
+
+def override(
+    state: ClassState, action: str, now: float, *, pool: str | None = None, reason: str = ""
+) -> tuple[ClassState, Decision]:
+    """An operator's pin / unpin / pause / resume: applied at once, never rate-limited."""
+    why = f"operator: {reason}" if reason else "operator"
+    if action == "pin":
+        if pool is None:
+            raise ValueError("pin needs a pool")
+        new = _reset_counters(replace(state, pin=pool, pool=pool, pending=None))
+        return new, Decision(state.key, now, Phase.ACT, "pin", state.pool, pool, why, cause="operator")
+    if action == "unpin":
+        new = _reset_counters(replace(state, pin=None))
+        return new, Decision(state.key, now, Phase.OK, "unpin", state.pool, state.pool, why, cause="operator")
+    if action == "pause":
+        return replace(state, paused=True), Decision(
+            state.key, now, Phase.HOLD, "pause", state.pool, state.pool, why, cause="operator"
+        )
+    if action == "resume":
+        return replace(state, paused=False), Decision(
+            state.key, now, Phase.OK, "resume", state.pool, state.pool, why, cause="operator"
+        )
+    raise ValueError(f"unknown override action {action!r} (known: {', '.join(OPERATOR_ACTIONS)})")

@@ -1,0 +1,218 @@
+"""deploy/kubernetes: kustomize renders, the output validates against the Kubernetes API schemas
+(kubernetes-validate ships them, offline), and the packaging rules of ops-conventions §5 hold."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+from deployhelp import DASHBOARD, DEPLOY, KUSTOMIZE_DIR, RULES, run_promtool
+
+from specguard.monitor import config as specguard_config
+
+NATIVE_SIDECAR_MIN = "1.29.0"
+SCHEMA_VERSIONS = [NATIVE_SIDECAR_MIN, kubernetes_validate.latest_version()]
+CRD_KINDS = {"PodMonitor", "PrometheusRule"}
+
+
+def kustomize(path: Path) -> list[dict]:
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "kubectl (with its built-in kustomize) is needed to render deploy/kubernetes"
+    out = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+BASE = kustomize(KUSTOMIZE_DIR)
+FALLBACK = kustomize(KUSTOMIZE_DIR / "pre-1.29")
+
+
+def by_kind(docs: list[dict], kind: str) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def pod_specs(docs: list[dict]) -> list[dict]:
+    return [d["spec"]["template"]["spec"] for d in by_kind(docs, "Deployment")]
+
+
+def ids(docs: list[dict]) -> list[str]:
+    return [f"{d['kind']}/{d['metadata']['name']}" for d in docs]
+
+
+CORE = [d for d in BASE if d["kind"] not in CRD_KINDS]
+
+
+def load_sync():
+    spec = importlib.util.spec_from_file_location("sync_generated", DEPLOY / "sync_generated.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_render_has_every_piece():
+    kinds = sorted({d["kind"] for d in BASE})
+    assert kinds == sorted(
+        [
+            "ConfigMap",
+            "Deployment",
+            "PodMonitor",
+            "PrometheusRule",
+            "Role",
+            "RoleBinding",
+            "Service",
+            "ServiceAccount",
+        ]
+    )
+    pools = {d["metadata"]["labels"]["specguard.io/pool"] for d in by_kind(BASE, "Deployment")}
+    assert pools == {"spec-k4", "nospec"}
+
+
+@pytest.mark.parametrize("version", SCHEMA_VERSIONS)
+@pytest.mark.parametrize("doc", CORE, ids=ids(CORE))
+def test_rendered_objects_validate_strictly_against_the_api_schema(doc: dict, version: str):
+    kubernetes_validate.validate(doc, version, strict=True)
+
+
+@pytest.mark.parametrize("doc", by_kind(FALLBACK, "Deployment"), ids=ids(by_kind(FALLBACK, "Deployment")))
+def test_fallback_validates_on_a_pre_sidecar_cluster(doc: dict):
+    kubernetes_validate.validate(doc, "1.25.0", strict=True)
+
+
+def test_native_sidecar_is_rejected_by_pre_1_29_schema():
+    # the schema check is real: restartPolicy on an init container does not exist before 1.28/1.29
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(by_kind(BASE, "Deployment")[0], "1.25.0", strict=True)
+
+
+def sidecar(spec: dict) -> dict:
+    return next(c for c in spec.get("initContainers", []) + spec["containers"] if c["name"] == "specguard")
+
+
+@pytest.mark.parametrize("spec", pod_specs(BASE), ids=["spec-k4", "nospec"])
+def test_specguard_is_a_native_sidecar_with_dependency_free_probes(spec: dict):
+    side = sidecar(spec)
+    assert side in spec["initContainers"] and side["restartPolicy"] == "Always"
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        # a readiness probe on a native sidecar gates the pod's readiness: it may only check
+        # specguard's own server, never the engine, Prometheus or the API server
+        assert side[probe]["httpGet"] == {"path": "/healthz", "port": "specguard"}, probe
+    assert {c["name"] for c in spec["containers"]} == {"engine"}
+
+
+def test_healthz_does_not_depend_on_engines_or_prometheus():
+    # what the probes call: specguard's /healthz answers 200 from its own state only
+    from specguard.monitor import app
+
+    source = Path(app.__file__).read_text()
+    body = source.split("async def healthz", 1)[1].split("\n    async def ", 1)[0]
+    assert "web.Response(" in body and "status=" not in body and "await" not in body
+
+
+def test_fallback_moves_the_sidecar_into_containers():
+    for spec in pod_specs(FALLBACK):
+        assert "initContainers" not in spec
+        assert [c["name"] for c in spec["containers"]] == ["engine", "specguard"]
+        assert "restartPolicy" not in sidecar(spec)
+
+
+@pytest.mark.parametrize("spec", pod_specs(BASE), ids=["spec-k4", "nospec"])
+def test_security_context_and_resources(spec: dict):
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    for c in spec["initContainers"] + spec["containers"]:
+        sc = c["securityContext"]
+        assert sc["readOnlyRootFilesystem"] is True, c["name"]
+        assert sc["allowPrivilegeEscalation"] is False, c["name"]
+        assert sc["capabilities"]["drop"] == ["ALL"] and "add" not in sc["capabilities"], c["name"]
+        assert c["resources"]["requests"]["cpu"] and c["resources"]["requests"]["memory"], c["name"]
+
+
+def test_role_is_limited_to_get_and_patch_on_the_plan_configmap():
+    (role,) = by_kind(BASE, "Role")
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": ["specguard-plan"],
+            "verbs": ["get", "patch"],
+        }
+    ]
+    names = {d["metadata"]["name"] for d in by_kind(BASE, "ConfigMap")}
+    assert "specguard-plan" in names, "the plan ConfigMap is created by kustomize (the guard cannot create)"
+    (binding,) = by_kind(BASE, "RoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    sa = binding["subjects"][0]["name"]
+    for spec in pod_specs(BASE):
+        assert spec["serviceAccountName"] == sa
+    assert not by_kind(BASE, "ClusterRole") and not by_kind(BASE, "ClusterRoleBinding")
+
+
+def test_podmonitor_scrapes_a_port_the_pods_declare():
+    (pm,) = by_kind(BASE, "PodMonitor")
+    selector = pm["spec"]["selector"]["matchLabels"]
+    for dep in by_kind(BASE, "Deployment"):
+        labels = dep["spec"]["template"]["metadata"]["labels"]
+        assert selector.items() <= labels.items()
+        spec = dep["spec"]["template"]["spec"]
+        ports = {p["name"] for c in spec["initContainers"] + spec["containers"] for p in c.get("ports", [])}
+        for ep in pm["spec"]["podMetricsEndpoints"]:
+            assert ep["port"] in ports and ep["path"] == "/metrics"
+    assert pm["metadata"]["labels"]["release"], "kube-prometheus-stack selects on `release`"
+
+
+def test_prometheusrule_is_the_rules_file(tmp_path: Path):
+    (rule,) = by_kind(BASE, "PrometheusRule")
+    assert rule["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]
+    assert rule["metadata"]["labels"]["release"]
+    # and what the operator will load passes promtool
+    path = tmp_path / "from-prometheusrule.yaml"
+    path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    out = run_promtool("check", "rules", str(path))
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_dashboard_configmap_is_labelled_for_the_grafana_sidecar():
+    cm = next(d for d in by_kind(BASE, "ConfigMap") if d["metadata"]["name"] == "specguard-dashboard")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(cm["data"]["specguard-overview.json"]) == json.loads(DASHBOARD.read_text())
+
+
+def test_generated_copies_are_in_sync():
+    for path, text in load_sync().outputs().items():
+        assert path.read_text() == text, f"{path} is stale: run python3 deploy/sync_generated.py"
+
+
+def test_sidecar_config_is_a_valid_specguard_config():
+    cm = next(d for d in by_kind(BASE, "ConfigMap") if d["metadata"]["name"].startswith("specguard-config"))
+    text = cm["data"]["specguard.yaml"]
+    cfg = specguard_config.parse_text(text, "specguard.yaml")
+    urls = {p.name: p.url for p in cfg.exporter.pools}
+    services = {d["metadata"]["name"] for d in by_kind(BASE, "Service")}
+    for url in urls.values():
+        assert url.split("//")[1].split(":")[0] in services, url
+    # the volume that mounts it points at the generated (hashed) ConfigMap name
+    for spec in pod_specs(BASE):
+        vols = {v["name"]: v for v in spec["volumes"]}
+        assert vols["specguard-config"]["configMap"]["name"] == cm["metadata"]["name"]
+
+
+def test_guard_patches_exactly_the_configmap_the_role_allows():
+    cm = next(d for d in by_kind(BASE, "ConfigMap") if d["metadata"]["name"].startswith("specguard-config"))
+    cfg = specguard_config.parse_text(cm["data"]["specguard.yaml"], "specguard.yaml")
+    target = cfg.sections["actuators"].configmap
+    (role,) = by_kind(BASE, "Role")
+    assert [target.name] == role["rules"][0]["resourceNames"]
+    assert target.namespace == role["metadata"]["namespace"]
+    token = cfg.sections["server"].token_file
+    for spec in pod_specs(BASE):
+        mounts = {m["mountPath"]: m["name"] for m in sidecar(spec)["volumeMounts"]}
+        volume = mounts[str(Path(token).parent)]
+        secret = next(v for v in spec["volumes"] if v["name"] == volume)["secret"]
+        assert secret["optional"] is True, (
+            "a missing token Secret must not keep the inference pod from starting"
+        )

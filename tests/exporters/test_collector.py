@@ -1,0 +1,145 @@
+"""Collectors: the exposition of per-class counters, histogram and per-pool scrape state."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from specguard.exporters.collector import EngineCollector, TapCollector
+from specguard.exporters.config import PoolConfig
+from specguard.exporters.poolwatch import PoolWatch
+from specguard.exporters.records import RequestRecord, SpecStats
+from specguard.exporters.snapshot import EngineSnapshot
+from specguard.exporters.stats import WindowedStats
+
+
+def record(at, *, hist=(1, 1, 2), out=10, decode=0.9, reason=None):
+    spec = None
+    if hist is not None:
+        rounds = sum(hist)
+        spec = SpecStats(
+            source="vllm",
+            rounds=rounds,
+            draft_tokens=rounds * (len(hist) - 1),
+            accepted_tokens=sum(j * n for j, n in enumerate(hist)),
+            accepted_histogram=hist,
+            full_rollback_rounds=hist[0],
+            output_tokens=out,
+        )
+    return RequestRecord(
+        pool="spec-k2",
+        task_type="code",
+        temperature_bucket="greedy",
+        load_bucket="low",
+        route="plan",
+        started_at=at,
+        status=200,
+        streamed=True,
+        output_tokens=out,
+        decode_seconds=decode,
+        spec=spec,
+        unattributed_reason=reason,
+    )
+
+
+POOL = PoolConfig("spec-k2", "http://x", "vllm", 2)
+
+
+def samples(registry):
+    text = generate_latest(registry).decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def labels(**kw):
+    base = {"pool": "spec-k2", "task_type": "code", "temperature_bucket": "greedy", "load_bucket": "low"}
+    base.update(kw)
+    return tuple(sorted(base.items()))
+
+
+def test_tap_collector_exports_every_numerator_and_denominator():
+    stats = WindowedStats(keys=[("spec-k2", "chat", "greedy", "low")])
+    stats.add(record(0, hist=(1, 1, 2), out=10, decode=0.9))
+    stats.add(record(0, hist=None, reason="n_gt_1"))
+    stats.count_error("spec-k2", "timeout")
+    registry = CollectorRegistry()
+    registry.register(TapCollector(stats, {"spec-k2": 3}))
+    got = samples(registry)
+    assert got[("specguard_requests_total", labels())] == 2
+    assert got[("specguard_requests_total", labels(task_type="chat"))] == 0  # pre-initialised
+    assert got[("specguard_spec_requests_total", labels())] == 1
+    assert got[("specguard_verify_rounds_total", labels())] == 4
+    assert got[("specguard_draft_tokens_total", labels())] == 8
+    assert got[("specguard_accepted_tokens_total", labels())] == 5
+    assert got[("specguard_full_rollback_rounds_total", labels())] == 1
+    assert got[("specguard_decode_tokens_total", labels())] == 18
+    assert got[("specguard_accepted_per_position_total", labels(position="0"))] == 3
+    assert got[("specguard_accepted_per_position_total", labels(position="1"))] == 2
+    assert got[("specguard_time_per_output_token_seconds_bucket", labels(le="0.1"))] == 2
+    assert got[("specguard_time_per_output_token_seconds_bucket", labels(le="0.075"))] == 0
+    assert got[("specguard_time_per_output_token_seconds_count", labels())] == 2
+    assert got[("specguard_unattributed_requests_total", (("pool", "spec-k2"), ("reason", "n_gt_1")))] == 1
+    assert got[("specguard_upstream_errors_total", (("kind", "timeout"), ("pool", "spec-k2")))] == 1
+    assert got[("specguard_pool_in_flight_requests", (("pool", "spec-k2"),))] == 3
+
+
+def test_collect_never_raises():
+    class Broken(WindowedStats):
+        def totals(self):
+            raise RuntimeError("boom")
+
+    registry = CollectorRegistry()
+    registry.register(TapCollector(Broken(), {}))
+    assert b"specguard_requests_total" not in generate_latest(registry)
+
+
+def snap(drafts, accepted, series=None):
+    return EngineSnapshot(engine="vllm", drafts=drafts, draft_tokens=drafts * 2, accepted_tokens=accepted)
+
+
+def test_engine_counters_accumulate_reset_safely():
+    watch = PoolWatch(POOL, clock=lambda: 5.0)
+    registry = CollectorRegistry()
+    registry.register(EngineCollector([watch]))
+    pool = (("pool", "spec-k2"),)
+    assert samples(registry)[("specguard_engine_up", pool)] == 0
+    watch.observe(snap(100, 40), 0.01)  # baseline: nothing accumulated yet
+    watch.observe(snap(130, 50), 0.02)
+    watch.observe(snap(10, 4), 0.02)  # engine restarted: counts from zero again
+    watch.observe(snap(15, 6), 0.03)
+    got = samples(registry)
+    assert got[("specguard_engine_verify_rounds_total", pool)] == 30 + 10 + 5
+    assert got[("specguard_engine_accepted_tokens_total", pool)] == 10 + 4 + 2
+    assert got[("specguard_engine_draft_tokens_total", pool)] == 90
+    assert got[("specguard_engine_counter_resets_total", pool)] == 1
+    assert got[("specguard_engine_up", pool)] == 1
+    assert got[("specguard_scrape_duration_seconds", pool)] == 0.03
+    assert ("specguard_engine_generation_tokens_total", pool) not in got  # the engine does not report it
+    watch.fail("connection refused", 0.5)
+    got = samples(registry)
+    assert got[("specguard_engine_up", pool)] == 0
+    assert got[("specguard_engine_last_scrape_error_timestamp_seconds", pool)] == 5.0
+
+
+def test_describe_does_not_collect():
+    class Exploding(WindowedStats):
+        def totals(self):
+            raise AssertionError("collect() called at registration")
+
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(TapCollector(Exploding(), {}))
+    registry.register(EngineCollector([]))
+
+
+def test_counter_family_appearing_after_the_first_scrape_counts_from_zero():
+    watch = PoolWatch(POOL)
+    watch.observe(EngineSnapshot(engine="sglang", drafts=None), 0.01)  # no traffic yet: no series
+    watch.observe(EngineSnapshot(engine="sglang", drafts=7.0), 0.01)
+    watch.observe(EngineSnapshot(engine="sglang", drafts=9.0), 0.01)
+    assert watch.view()["accumulated"]["drafts"] == 9.0
+    fresh = PoolWatch(POOL)  # the first page ever seen is only the baseline
+    fresh.observe(EngineSnapshot(engine="sglang", drafts=7.0), 0.01)
+    assert fresh.view()["accumulated"]["drafts"] == 0.0

@@ -1,0 +1,87 @@
+"""Routing: plan lookup by class and the chosen pool's load, holdout and probe shares."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from specguard.errors import InputError
+from specguard.exporters.config import PoolConfig
+from specguard.exporters.routing import Router
+
+POOLS = (
+    PoolConfig("spec-k4", "http://a", "vllm", 4),
+    PoolConfig("spec-k2", "http://b", "vllm", 2),
+    PoolConfig("nospec", "http://c", "vllm", 0),
+)
+
+
+def router(holdout=0.0, probe=0.0, seed=1):
+    return Router(
+        POOLS,
+        default_pool="spec-k4",
+        nospec_pool="nospec",
+        holdout_share=holdout,
+        probe_share=probe,
+        rng=random.Random(seed),
+    )
+
+
+def low(_pool):
+    return "low"
+
+
+def test_missing_plan_key_goes_to_default_pool():
+    r = router()
+    assert r.choose("chat", "medium", low).pool == "spec-k4"
+    r.set_plan({("chat", "medium", "low"): "spec-k2"})
+    assert r.choose("chat", "medium", low).pool == "spec-k2"
+    assert r.choose("chat", "high", low).pool == "spec-k4"
+
+
+def test_plan_with_unknown_pool_is_rejected_whole():
+    r = router()
+    r.set_plan({("chat", "medium", "low"): "spec-k2"})
+    with pytest.raises(InputError, match="ghost"):
+        r.set_plan({("code", "greedy", "low"): "ghost", ("chat", "medium", "low"): "nospec"})
+    assert r.plan() == {("chat", "medium", "low"): "spec-k2"}
+
+
+def test_load_bucket_is_that_of_the_target_pool():
+    loads = {"spec-k4": "high", "spec-k2": "low", "nospec": "low"}
+    r = router()
+    r.set_plan({("chat", "medium", "high"): "spec-k2", ("chat", "medium", "low"): "spec-k2"})
+    assert r.choose("chat", "medium", loads.get).pool == "spec-k2"
+    # the plan disagrees with itself once the target's load is known: stay on the default pool
+    r.set_plan({("chat", "medium", "high"): "spec-k2"})
+    assert r.choose("chat", "medium", loads.get).pool == "spec-k4"
+
+
+def test_holdout_share_sends_a_few_percent_of_every_class_to_nospec():
+    r = router(holdout=0.05)
+    choices = [r.choose("code", "greedy", low) for _ in range(20000)]
+    holdout = [c for c in choices if c.route == "holdout"]
+    assert all(c.pool == "nospec" for c in holdout)
+    assert 0.04 < len(holdout) / len(choices) < 0.06
+
+
+def test_probe_share_keeps_a_disabled_class_on_speculation():
+    r = router(holdout=0.05, probe=0.1)
+    r.set_plan({("creative", "high", "low"): "nospec"})
+    choices = [r.choose("creative", "high", low) for _ in range(20000)]
+    probes = [c for c in choices if c.route == "probe"]
+    assert all(c.pool == "spec-k4" for c in probes)
+    assert 0.08 < len(probes) / len(choices) < 0.12
+    assert not any(c.route == "holdout" for c in choices)  # already on the no-spec pool
+    assert sum(c.pool == "nospec" for c in choices) == len(choices) - len(probes)
+
+
+def test_deterministic_with_injected_rng():
+    a, b = router(0.2, 0.2, seed=7), router(0.2, 0.2, seed=7)
+    assert [a.choose("x", "y", low) for _ in range(200)] == [b.choose("x", "y", low) for _ in range(200)]
+
+
+def test_unknown_default_pool_is_an_error():
+    with pytest.raises(InputError):
+        Router(POOLS, default_pool="ghost", nospec_pool=None)

@@ -1,0 +1,110 @@
+"""Windowed statistics: cumulative totals, window pruning, memory bound, quantiles."""
+
+from __future__ import annotations
+
+import pytest
+
+from specguard.exporters.records import RequestRecord, SpecStats
+from specguard.exporters.stats import WindowedStats, quantile
+
+
+class Clock:
+    def __init__(self, now=1000.0):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
+def record(at, *, hist=(1, 1, 2), pool="spec-k2", task="code", out=10, decode=0.9, reason=None):
+    spec = None
+    if hist is not None:
+        rounds = sum(hist)
+        spec = SpecStats(
+            source="vllm",
+            rounds=rounds,
+            draft_tokens=rounds * (len(hist) - 1),
+            accepted_tokens=sum(j * n for j, n in enumerate(hist)),
+            accepted_histogram=hist,
+            full_rollback_rounds=hist[0],
+            output_tokens=out,
+        )
+    return RequestRecord(
+        pool=pool,
+        task_type=task,
+        temperature_bucket="greedy",
+        load_bucket="low",
+        route="plan",
+        started_at=at,
+        status=200,
+        streamed=True,
+        output_tokens=out,
+        decode_seconds=decode,
+        spec=spec,
+        unattributed_reason=reason,
+    )
+
+
+def test_totals_sum_numerators_and_denominators():
+    stats = WindowedStats(clock=Clock(), full_rollback_request_threshold=0.5)
+    stats.add(record(1000, hist=(1, 1, 2)))  # 4 rounds, 1 rollback -> 0.25: not a rollback request
+    stats.add(record(1000, hist=(2, 0, 0)))  # all rollbacks
+    stats.add(record(1000, hist=None, reason="stop_string"))
+    t = stats.totals()[("spec-k2", "code", "greedy", "low")]
+    assert (t.requests, t.spec_requests) == (3, 2)
+    assert t.verify_rounds == 6
+    assert t.draft_tokens == 12
+    assert t.accepted_tokens == 1 + 4
+    assert t.full_rollback_rounds == 3
+    assert t.full_rollback_requests == 1
+    assert t.accepted_per_position == [3, 2]  # rounds with >=1 accepted, >=2 accepted
+    assert t.output_tokens == 30
+    assert t.decode_tokens == 27 and t.decode_seconds == pytest.approx(2.7)
+    assert t.tpot_count == 3 and t.tpot_buckets[-1] == 0
+    assert stats.unattributed() == {("spec-k2", "stop_string"): 1}
+
+
+def test_threshold_is_exclusive_like_the_simulator_truth():
+    stats = WindowedStats(clock=Clock(), full_rollback_request_threshold=0.5)
+    stats.add(record(1000, hist=(1, 1)))  # exactly half: not "mostly"
+    stats.add(record(1000, hist=(2, 1)))
+    assert stats.totals()[("spec-k2", "code", "greedy", "low")].full_rollback_requests == 1
+
+
+def test_window_prunes_old_records_but_counters_keep_counting():
+    clock = Clock(1000.0)
+    stats = WindowedStats(window_seconds=60, clock=clock)
+    stats.add(record(1000))
+    clock.now = 1030
+    stats.add(record(1030))
+    assert len(stats.records()) == 2
+    assert [r.started_at for r in stats.records(since=1010)] == [1030]
+    clock.now = 1070
+    assert [r.started_at for r in stats.records()] == [1030]
+    assert stats.totals()[("spec-k2", "code", "greedy", "low")].requests == 2
+
+
+def test_memory_bound_drops_oldest_first():
+    stats = WindowedStats(window_seconds=1e9, max_records=100, clock=Clock())
+    for i in range(250):
+        stats.add(record(1000 + i * 1e-3))
+    kept = stats.records()
+    assert len(kept) == 100 and kept[0].started_at == pytest.approx(1000 + 150e-3)
+    assert stats.dropped == 150
+
+
+def test_window_aggregates_with_tpot_quantiles():
+    stats = WindowedStats(clock=Clock())
+    for i in range(1, 101):
+        stats.add(record(1000, out=11, decode=i / 100))  # tpot = i/1000
+    stats.add(record(1000, task="chat"))
+    agg = stats.window()
+    code = agg[("spec-k2", "code", "greedy", "low")]
+    assert code.totals.requests == 100
+    assert code.tpot_p50 == pytest.approx(0.050)
+    assert code.tpot_p99 == pytest.approx(0.099)
+    assert agg[("spec-k2", "chat", "greedy", "low")].totals.requests == 1
+
+
+def test_quantile_empty():
+    assert quantile([], 0.5) is None

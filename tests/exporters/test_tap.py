@@ -1,0 +1,399 @@
+"""The tap against a scripted upstream: byte transparency, additions removed, errors, limits.
+
+The upstream here is a small aiohttp app whose answers are fixed bytes, so the tests can
+compare exactly what the client receives through the tap with what the engine sent.
+End-to-end tests against the simulator are in test_tap_sim.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from specguard.exporters import tapstream
+from specguard.monitor import config
+from specguard.monitor.app import Monitor
+
+VLLM_CHUNKS = [
+    b'data: {"id":"c1","object":"text_completion","created":1,"model":"m",'
+    b'"choices":[{"index":0,"text":" a"}]}\n\n',
+    b'data: {"id":"c1","object":"text_completion","created":1,"model":"m",'
+    b'"choices":[{"index":0,"text":" b c"}]}\n\n',
+    b'data: {"id":"c1","object":"text_completion","created":1,"model":"m",'
+    b'"choices":[{"index":0,"text":" d","finish_reason":"length"}]}\n\n',
+]
+USAGE_CHUNK = (
+    b'data: {"id":"c1","object":"text_completion","created":1,"model":"m","choices":[],'
+    b'"usage":{"prompt_tokens":3,"total_tokens":7,"completion_tokens":4},'
+    b'"metrics":{"speculative_decoding":{"num_spec_steps":2,"num_draft_tokens":8,'
+    b'"num_accepted_draft_tokens":2,"acceptance_histogram":[1,0,1,0,0],"num_spec_tokens":4}}}\n\n'
+)
+DONE = b"data: [DONE]\n\n"
+PLAIN = (
+    b'{"id": "c2", "choices": [{"index": 0, "text": "hi there"}], "usage": {"completion_tokens": 2},'
+    b' "metrics": {"speculative_decoding": {"num_spec_steps": 1, "num_draft_tokens": 4,'
+    b' "num_accepted_draft_tokens": 1, "acceptance_histogram": [0, 1, 0, 0, 0]}}}'
+)
+SGL_PLAIN = (
+    b'{"id":"s1","choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}],'
+    b'"usage":{"completion_tokens":5},"sglext":{"spec_tokens_details":{"spec_verify_ct":2,'
+    b'"spec_num_correct_drafts":3,"spec_num_proposed_drafts":6,"spec_correct_drafts_histogram":[0,1,1,0]}},'
+    b'"x":"\\"sglext\\": 1"}'
+)
+
+
+class Upstream:
+    """A scripted engine: records what it received, answers with fixed bytes."""
+
+    def __init__(self):
+        self.bodies: list[dict] = []
+        self.headers: list[dict] = []
+        self.cancelled = asyncio.Event()
+        self.mode = "vllm"
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        self.headers.append(dict(request.headers))
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            self.bodies.append({"raw": raw.decode(errors="replace")})
+            return web.Response(body=b"raw:" + raw, content_type="text/plain")
+        self.bodies.append(body)
+        if self.mode == "hang":
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                self.cancelled.set()
+                raise
+        if self.mode == "llamacpp":
+            data = (
+                b'{"choices":[{"index":0,"text":"ok"}],"usage":{"completion_tokens":4},'
+                b'"timings":{"predicted_n":4,"draft_n":8,"draft_n_accepted":5}}'
+            )
+            return web.Response(body=data, content_type="application/json")
+        if self.mode == "error":
+            return web.json_response({"error": {"message": "bad", "code": 400}}, status=400)
+        if self.mode == "sglang":
+            if body.get("stream"):
+                return await self._stream(request, body, sglang=True)
+            data = SGL_PLAIN
+            if body.get("return_spec_tokens_details") is not True:
+                data = tapstream.remove_key(data, "sglext")
+            return web.Response(body=data, content_type="application/json", headers={"X-Engine": "sgl"})
+        if body.get("stream"):
+            return await self._stream(request, body)
+        return web.Response(body=PLAIN, content_type="application/json", headers={"X-Engine": "v"})
+
+    async def _stream(self, request, body, sglang=False):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "X-Engine": "v"})
+        await resp.prepare(request)
+        for index, chunk in enumerate(VLLM_CHUNKS):
+            if self.mode == "break" and index == 1:
+                request.transport.close()
+                return resp
+            if self.mode == "slowstream" and index == 1:
+                try:
+                    await asyncio.sleep(30)
+                except asyncio.CancelledError:
+                    self.cancelled.set()
+                    raise
+            if sglang and index == len(VLLM_CHUNKS) - 1 and body.get("return_spec_tokens_details"):
+                chunk = chunk.replace(
+                    b'"finish_reason":"length"}]}',
+                    b'"finish_reason":"length"}],"sglext":{"spec_tokens_details":{"spec_verify_ct":2,'
+                    b'"spec_num_correct_drafts":1,"spec_num_proposed_drafts":6}}}',
+                )
+            await resp.write(chunk)
+        if (body.get("stream_options") or {}).get("include_usage"):
+            await resp.write(USAGE_CHUNK)
+        await resp.write(DONE)
+        await resp.write_eof()
+        return resp
+
+
+async def serve(app: web.Application) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+
+
+def tap_config(url: str, engine: str = "vllm", extra: str = "") -> config.SpecguardConfig:
+    return config.parse_text(
+        f"""
+pools:
+  - {{name: spec, url: "{url}", engine: {engine}, num_speculative_tokens: 4}}
+  - {{name: base, url: "{url}", engine: {engine}, num_speculative_tokens: 0}}
+tap: {{holdout_share: 0, probe_share: 0, max_body_bytes: 2048, upstream_timeout_seconds: 0.5{extra}}}
+scrape: {{interval_seconds: 3600}}
+"""
+    )
+
+
+async def no_scrape(pool, timeout):
+    raise OSError("scraping is not part of these tests")
+
+
+@pytest.fixture
+async def env():
+    upstream = Upstream()
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", upstream.handle)
+    up_runner, up_url = await serve(app)
+    monitor = Monitor(tap_config(up_url), fetch=no_scrape)
+    tap_url = await monitor.start("127.0.0.1", 0)
+    session = aiohttp.ClientSession(auto_decompress=False)
+    yield upstream, up_url, monitor, tap_url, session
+    await session.close()
+    await monitor.stop()
+    await up_runner.cleanup()
+
+
+async def fetch(session, url, body=None, *, raw=None, headers=None):
+    data = raw if raw is not None else json.dumps(body).encode()
+    async with session.post(url, data=data, headers=headers or {"Content-Type": "application/json"}) as r:
+        events = []
+        async for chunk in r.content.iter_any():
+            events.append(chunk)
+        return r.status, r.headers, b"".join(events)
+
+
+def strip_transport(headers):
+    return {k: v for k, v in headers.items() if k not in ("Date", "Content-Length", "Transfer-Encoding")}
+
+
+async def test_stream_without_usage_is_byte_identical_and_stats_are_read(env):
+    upstream, up_url, monitor, tap_url, session = env
+    body = {"model": "m", "prompt": "x", "stream": True, "temperature": 0}
+    status, headers, via_tap = await fetch(
+        session, tap_url + "/v1/completions", body, headers={"x-task-type": "code"}
+    )
+    _, direct_headers, direct = await fetch(session, up_url + "/v1/completions", body)
+    assert status == 200
+    assert via_tap == direct == b"".join(VLLM_CHUNKS) + DONE  # the usage chunk the tap asked for is gone
+    assert strip_transport(headers) == strip_transport(direct_headers)
+    assert upstream.bodies[0]["stream_options"] == {"include_usage": True}  # the tap asked for it
+    (record,) = monitor.stats.records()
+    assert (record.task_type, record.temperature_bucket, record.pool) == ("code", "greedy", "spec")
+    assert (
+        record.spec.rounds == 2 and record.spec.accepted_tokens == 2 and record.spec.full_rollback_rounds == 1
+    )
+    assert record.output_tokens == 4 and record.streamed and record.unattributed_reason is None
+    assert record.ttft_seconds is not None and record.decode_seconds is not None
+
+
+async def test_stream_with_usage_requested_keeps_the_usage_chunk(env):
+    upstream, up_url, monitor, tap_url, session = env
+    body = {"prompt": "x", "stream": True, "stream_options": {"include_usage": True}}
+    _, _, via_tap = await fetch(session, tap_url + "/v1/completions", body)
+    _, _, direct = await fetch(session, up_url + "/v1/completions", body)
+    assert via_tap == direct == b"".join(VLLM_CHUNKS) + USAGE_CHUNK + DONE
+    assert upstream.bodies[0] == body  # nothing added, so the bytes went as they came
+    assert monitor.stats.records()[0].spec.draft_tokens == 8
+
+
+async def test_non_streamed_response_is_byte_identical(env):
+    upstream, up_url, monitor, tap_url, session = env
+    status, headers, data = await fetch(session, tap_url + "/v1/completions", {"prompt": "x"})
+    assert (status, data) == (200, PLAIN)
+    assert headers["X-Engine"] == "v" and headers["Content-Type"].startswith("application/json")
+    assert monitor.stats.records()[0].spec.rounds == 1
+    assert upstream.headers[0]["Accept-Encoding"] == "identity"
+
+
+async def test_sglang_spec_details_requested_and_stripped(env):
+    upstream, up_url, monitor, tap_url, session = env
+    monitor.tap.engines["spec"] = "sglang"
+    upstream.mode = "sglang"
+    _, _, data = await fetch(session, tap_url + "/v1/chat/completions", {"messages": []})
+    assert upstream.bodies[0]["return_spec_tokens_details"] is True
+    assert data == tapstream.remove_key(SGL_PLAIN, "sglext")
+    assert b'"x":"\\"sglext\\": 1"' in data  # a look-alike inside a string is untouched
+    spec = monitor.stats.records()[0].spec
+    assert (spec.rounds, spec.accepted_tokens, spec.draft_tokens, spec.full_rollback_rounds) == (2, 3, 6, 0)
+    # the client asked for the details itself: it keeps them
+    _, _, asked = await fetch(session, tap_url + "/v1/chat/completions", {"return_spec_tokens_details": True})
+    assert asked == SGL_PLAIN
+    # streamed: the sglext key is cut out of the one chunk that carries it
+    _, _, streamed = await fetch(session, tap_url + "/v1/chat/completions", {"stream": True})
+    assert streamed == b"".join(VLLM_CHUNKS) + DONE
+    assert monitor.stats.records()[-1].spec.rounds == 2
+
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        (b'{"a":1,"sglext":{"b":[1,2]},"c":2}', b'{"a":1,"c":2}'),
+        (b'{"a": 1, "sglext": {"b": "}"}}', b'{"a": 1}'),
+        (b'{"sglext": null, "a": "x"}', b'{"a": "x"}'),
+        (b'{"a": "\\"sglext\\": 1", "sglext": 2}', b'{"a": "\\"sglext\\": 1"}'),
+        (b'{"a": "\xc3\xa9", "sglext": 1, "b": 2}', b'{"a": "\xc3\xa9", "b": 2}'),
+    ],
+)
+def test_remove_key_keeps_every_other_byte(raw, expected):
+    assert tapstream.remove_key(raw, "sglext") == expected
+
+
+async def test_engine_error_status_passes_through_and_is_unattributed(env):
+    upstream, up_url, monitor, tap_url, session = env
+    upstream.mode = "error"
+    status, _, data = await fetch(session, tap_url + "/v1/completions", {"prompt": "x"})
+    assert status == 400 and json.loads(data)["error"]["message"] == "bad"
+    assert monitor.stats.unattributed() == {("spec", "error_status"): 1}
+
+
+async def test_upstream_timeout_is_504_and_cancels_upstream(env):
+    upstream, up_url, monitor, tap_url, session = env
+    upstream.mode = "hang"
+    status, headers, data = await fetch(session, tap_url + "/v1/completions", {"prompt": "x"})
+    assert status == 504
+    error = json.loads(data)["error"]
+    assert error["type"] == "upstream_timeout" and error["code"] == 504
+    await asyncio.wait_for(upstream.cancelled.wait(), 5)
+    assert monitor.stats.upstream_errors() == {("spec", "timeout"): 1}
+    assert monitor.stats.records()[0].status == 504
+
+
+async def test_unreachable_pool_is_502_in_openai_shape():
+    monitor = Monitor(tap_config("http://127.0.0.1:9"), fetch=no_scrape)
+    tap_url = await monitor.start("127.0.0.1", 0)
+    try:
+        async with aiohttp.ClientSession() as session:
+            status, _, data = await fetch(session, tap_url + "/v1/chat/completions", {"messages": []})
+            assert status == 502
+            assert json.loads(data)["error"]["type"] == "upstream_error"
+            status, _, _ = await fetch(session, tap_url + "/v1/models", {})
+            assert status == 502
+        assert monitor.stats.upstream_errors()[("spec", "connect")] == 2
+        assert monitor.stats.unattributed()[("spec", "upstream_error")] == 1
+    finally:
+        await monitor.stop()
+
+
+async def test_broken_stream_closes_the_client_connection(env):
+    upstream, up_url, monitor, tap_url, session = env
+    upstream.mode = "break"
+    with pytest.raises(aiohttp.ClientPayloadError):
+        await fetch(session, tap_url + "/v1/completions", {"prompt": "x", "stream": True})
+    await asyncio.sleep(0.05)
+    assert monitor.stats.unattributed() == {("spec", "upstream_error"): 1}
+    assert monitor.stats.upstream_errors() == {("spec", "broken"): 1}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_client_disconnect_cancels_the_upstream_request(env, stream):
+    upstream, up_url, monitor, tap_url, session = env
+    upstream.mode = "slowstream" if stream else "hang"
+    monitor.tap._timeout = aiohttp.ClientTimeout(total=None, sock_read=20)
+
+    async def client():
+        async with session.post(tap_url + "/v1/completions", json={"prompt": "x", "stream": stream}) as r:
+            await r.content.read(10)
+            await asyncio.sleep(30)
+
+    task = asyncio.create_task(
+        client() if stream else fetch(session, tap_url + "/v1/completions", {"prompt": "x"})
+    )
+    while not upstream.bodies:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.wait_for(upstream.cancelled.wait(), 5)
+    for _ in range(100):
+        if monitor.stats.records():
+            break
+        await asyncio.sleep(0.02)
+    assert monitor.stats.unattributed() == {("spec", "client_disconnected"): 1}
+    assert monitor.tap.in_flight["spec"] == 0
+
+
+async def test_non_json_body_is_forwarded_untouched_and_counted_unclassified(env):
+    upstream, up_url, monitor, tap_url, session = env
+    status, _, data = await fetch(
+        session, tap_url + "/v1/completions", raw=b"not json {", headers={"x-task-type": "code"}
+    )
+    assert (status, data) == (200, b"raw:not json {")
+    assert upstream.bodies == [{"raw": "not json {"}]
+    assert monitor.stats.unclassified() == {"spec": 1}
+    assert monitor.stats.unattributed() == {("spec", "not_json"): 1}
+
+
+async def test_oversized_body_is_413_by_length_and_by_stream(env):
+    upstream, up_url, monitor, tap_url, session = env
+    big = {"prompt": "x" * 5000}
+    status, _, data = await fetch(session, tap_url + "/v1/completions", big)
+    assert status == 413 and json.loads(data)["error"]["type"] == "invalid_request_error"
+
+    async def chunks():
+        for _ in range(10):
+            yield b"x" * 500
+
+    async with session.post(tap_url + "/v1/completions", data=chunks()) as r:
+        assert r.status == 413
+    assert upstream.bodies == []
+
+
+async def test_other_paths_pass_through_and_unattributed_posts_are_counted(env):
+    upstream, up_url, monitor, tap_url, session = env
+    async with session.get(tap_url + "/v1/models?x=1") as r:
+        assert r.status == 200 and await r.read() == b"raw:"
+    status, _, data = await fetch(session, tap_url + "/generate", {"text": "x"})
+    assert status == 200 and data == PLAIN
+    assert monitor.stats.unattributed() == {("spec", "other_path"): 1}
+    assert monitor.stats.records() == []
+
+
+async def test_unattributed_reasons_and_metrics_endpoint(env):
+    upstream, up_url, monitor, tap_url, session = env
+    upstream.mode = "sglang"  # answers without vLLM metrics
+    await fetch(session, tap_url + "/v1/chat/completions", {"messages": [], "n": 2})
+    await fetch(session, tap_url + "/v1/chat/completions", {"messages": [], "stop": ["\n"]})
+    await fetch(session, tap_url + "/v1/chat/completions", {"messages": []})
+    assert monitor.stats.unattributed() == {
+        ("spec", "n_gt_1"): 1,
+        ("spec", "stop_string"): 1,
+        ("spec", "no_spec_stats"): 1,
+    }
+    async with session.get(tap_url + "/metrics") as r:
+        assert r.headers["Content-Type"].startswith("text/plain")
+        text = (await r.read()).decode()
+    assert 'specguard_unattributed_requests_total{pool="spec",reason="n_gt_1"} 1.0' in text
+    assert 'specguard_engine_up{pool="spec"} 0.0' in text
+    other = 'load_bucket="low",pool="spec",task_type="other",temperature_bucket="high"'
+    assert f"specguard_requests_total{{{other}}} 3.0" in text
+    unseen = 'load_bucket="high",pool="base",task_type="creative",temperature_bucket="greedy"'
+    assert f"specguard_requests_total{{{unseen}}} 0.0" in text  # configured label sets start at 0
+    async with session.get(tap_url + "/healthz") as r:
+        assert r.status == 200 and (await r.json())["status"] == "ok"
+
+
+async def test_llamacpp_timings_give_drafts_and_accepted(env):
+    upstream, up_url, monitor, tap_url, session = env
+    monitor.tap.engines["spec"] = "llamacpp"
+    upstream.mode = "llamacpp"
+    _, _, data = await fetch(session, tap_url + "/v1/completions", {"prompt": "x"})
+    assert b'"draft_n_accepted":5' in data  # llama.cpp's own field: nothing to hide
+    spec = monitor.stats.records()[0].spec
+    assert (spec.source, spec.draft_tokens, spec.accepted_tokens, spec.rounds) == ("llamacpp", 8, 5, None)
+    assert spec.num_speculative_tokens == 4  # from the pool config
+
+
+async def test_engine_without_per_request_stats_falls_back_to_chunks_marked_approximate(env):
+    upstream, up_url, monitor, tap_url, session = env
+    monitor.tap.engines["spec"] = "tgi"
+    body = {"prompt": "x", "stream": True, "stream_options": {"include_usage": True}}
+    _, _, data = await fetch(session, tap_url + "/v1/completions", body)
+    assert data == b"".join(VLLM_CHUNKS) + USAGE_CHUNK + DONE
+    assert upstream.bodies[0] == body
+    (record,) = monitor.stats.records()
+    assert record.spec.source == "chunks" and record.spec.approximate
+    assert (record.spec.rounds, record.spec.output_tokens, record.spec.accepted_tokens) == (3, 4, 1)
+    assert monitor.stats.totals()[("spec", "other", "high", "low")].approximate_requests == 1

@@ -1,0 +1,214 @@
+"""The guard daemon on a fake clock: evidence in, plan + audit + actuators + metrics out."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+from prometheus_client import CollectorRegistry
+
+from specguard.errors import SourceError
+from specguard.exporters.config import PoolConfig
+from specguard.exporters.routing import Router
+from specguard.monitor import audit as audit_mod
+from specguard.monitor import daemon
+from specguard.monitor import state as state_mod
+from specguard.monitor.actuators import RouterActuator
+from specguard.monitor.guard_metrics import GuardCollector
+from specguard.rules import policy as policy_mod
+from specguard.rules.evidence import Evidence, PoolEvidence
+
+POOLS = [
+    PoolConfig("spec-k4", "http://127.0.0.1:1", num_speculative_tokens=4),
+    PoolConfig("spec-k2", "http://127.0.0.1:2", num_speculative_tokens=2),
+    PoolConfig("nospec", "http://127.0.0.1:3", num_speculative_tokens=0),
+]
+LIMITS = policy_mod.Limits(
+    consecutive_failure_limit=1,
+    failure_limit=-1,
+    consecutive_success_limit=2,
+    consecutive_error_limit=2,
+    stabilization_window_seconds=60,
+    min_samples=10,
+    interval_seconds=10,
+)
+POLICY = policy_mod.Policy(
+    rules=(policy_mod.Rule("relative-cost", "rc", threshold=1.0, restore_threshold=0.95, limits=LIMITS),),
+    cooldown_seconds=0,
+    alerts=policy_mod.AlertsPolicy(limits=replace(LIMITS, consecutive_failure_limit=0, min_samples=0)),
+    version="test",
+).with_pools({p.name: p.num_speculative_tokens for p in POOLS}, "spec-k4", "nospec")
+CREATIVE = ("creative", "high", "low")
+CODE = ("code", "greedy", "low")
+
+
+class Clock:
+    def __init__(self, now=1000.0):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
+class ScriptedSource:
+    """Returns ``rc`` per class for spec-k4 from a mutable table; raises while ``down``."""
+
+    def __init__(self, rcs):
+        self.rcs = dict(rcs)
+        self.down = False
+
+    async def collect(self, now, keys):
+        if self.down:
+            raise SourceError("Prometheus at http://127.0.0.1:9 unreachable: ConnectionError")
+        return {
+            key: Evidence(pools={"spec-k4": PoolEvidence("spec-k4", {"rc": rc}, samples=100)})
+            for key, rc in self.rcs.items()
+        }
+
+
+def make_guard(tmp_path, source, clock, policy=POLICY):
+    router = Router(POOLS, default_pool="spec-k4", nospec_pool="nospec")
+    guard = daemon.Guard(
+        policy,
+        sources=[source],
+        actuators=[RouterActuator(router)],
+        store=state_mod.PlanStore(tmp_path / "plan.json"),
+        audit=audit_mod.AuditLog(tmp_path / "audit.jsonl"),
+        clock=clock,
+        temperature_buckets=["greedy", "high"],
+        load_buckets=["low", "high"],
+    )
+    return guard, router
+
+
+async def run_rounds(guard, clock, rounds, step=10.0):
+    decisions = []
+    for _ in range(rounds):
+        decisions += await guard.evaluate()
+        clock.now += step
+    return decisions
+
+
+async def test_bad_class_goes_off_and_everything_records_it(tmp_path):
+    clock, source = Clock(), ScriptedSource({CREATIVE: 1.4, CODE: 0.6})
+    guard, router = make_guard(tmp_path, source, clock)
+    registry = CollectorRegistry()
+    registry.register(GuardCollector(guard.counters, guard.view))
+    await run_rounds(guard, clock, 2)
+    assert router.plan()[CREATIVE] == "nospec" and router.plan()[CODE] == "spec-k4"
+    labels = dict(zip(("task_type", "temperature_bucket", "load_bucket"), CREATIVE, strict=True))
+    assert registry.get_sample_value("specguard_speculation_enabled", labels) == 0.0
+    assert registry.get_sample_value("specguard_num_speculative_tokens", labels) == 0.0
+    action = {
+        "task_type": "creative",
+        "temperature_bucket": "high",
+        "action": "off",
+        "reason": "relative-cost",
+    }
+    assert registry.get_sample_value("specguard_actions_total", action) == 1.0
+    assert registry.get_sample_value("specguard_evaluations_total", {"result": "hold"}) == 1.0
+    assert registry.get_sample_value("specguard_evaluations_total", {"result": "act"}) == 1.0
+    assert registry.get_sample_value("specguard_evaluations_total", {"result": "ok"}) == 2.0
+    assert registry.get_sample_value("specguard_last_evaluation_timestamp_seconds") == 1010.0
+    assert registry.get_sample_value("specguard_config_info", {"version": "test"}) == 1.0
+    records, _ = audit_mod.read(tmp_path / "audit.jsonl")
+    assert [(r["class"], r["load_bucket"], r["from"], r["to"], r["action"]) for r in records] == [
+        ("creative/high", "low", "spec-k4", "nospec", "off")
+    ]
+    assert records[0]["numbers"]["rules"]["relative-cost@spec-k4"]["value"] == 1.4
+    assert "rc (1.400) > threshold (1.0)" in records[0]["reason"]
+
+
+async def test_restart_keeps_the_plan(tmp_path):
+    clock, source = Clock(), ScriptedSource({CREATIVE: 1.4})
+    guard, _ = make_guard(tmp_path, source, clock)
+    await run_rounds(guard, clock, 2)
+    await guard.override("pin", "code", "greedy", "low", pool="spec-k2", reason="canary")
+    restarted, router = make_guard(tmp_path, source, clock)
+    assert router.plan() == {}
+    await restarted._actuate([])  # what start() does first
+    assert router.plan()[CREATIVE] == "nospec" and router.plan()[CODE] == "spec-k2"
+    assert restarted.states[CODE].pin == "spec-k2" and restarted.version == guard.version
+    assert [d["action"] for d in restarted.status()["decisions"]] == ["off", "pin"]  # from the audit log
+
+
+async def test_recovering_class_is_restored_after_the_stabilisation_window(tmp_path):
+    clock, source = Clock(), ScriptedSource({CREATIVE: 1.4})
+    guard, router = make_guard(tmp_path, source, clock)
+    await run_rounds(guard, clock, 2)
+    assert router.plan()[CREATIVE] == "nospec"
+    source.rcs[CREATIVE] = 0.8
+    decisions = await run_rounds(guard, clock, 10)
+    restore = [d for d in decisions if d.action == "restore"]
+    assert len(restore) == 1 and restore[0].at == 1080.0  # first good at 1020, window 60 s
+    assert router.plan()[CREATIVE] == "spec-k4"
+
+
+async def test_source_errors_freeze_the_safe_state_and_never_flap(tmp_path):
+    clock, source = Clock(), ScriptedSource({CREATIVE: 1.4, CODE: 0.6})
+    policy = replace(POLICY, safe_state="nospec")
+    guard, router = make_guard(tmp_path, source, clock, policy)
+    await run_rounds(guard, clock, 1)
+    source.down = True
+    decisions = await run_rounds(guard, clock, 6)
+    freezes = [d for d in decisions if d.action == "freeze"]
+    assert {d.key for d in freezes} == {CREATIVE, CODE}
+    assert all("consecutive_errors (3) > consecutive_error_limit (2)" in d.reason for d in freezes)
+    assert router.plan()[CODE] == "nospec" and guard.view().frozen
+    source.down = False
+    decisions = await run_rounds(guard, clock, 1)
+    assert {d.action for d in decisions} == {"unfreeze"} and not guard.view().frozen
+    assert router.plan()[CODE] == "nospec"  # back on only through the restore rules
+
+
+async def test_actuator_failure_is_counted_and_retried(tmp_path):
+    clock, source = Clock(), ScriptedSource({CREATIVE: 1.4})
+    guard, router = make_guard(tmp_path, source, clock)
+
+    class Flaky:
+        name = "flaky"
+        calls = 0
+
+        async def apply(self, plan, decisions):
+            Flaky.calls += 1
+            if Flaky.calls == 1:
+                raise SourceError("boom")
+
+    guard.actuators.append(Flaky())
+    await run_rounds(guard, clock, 3)
+    assert guard.counters.actuation_errors["flaky"] == 1
+    assert Flaky.calls == 2  # failed on the change, re-applied on the next round, then up to date
+
+
+async def test_plan_write_failure_keeps_routing(tmp_path):
+    clock, source = Clock(), ScriptedSource({CREATIVE: 1.4})
+    guard, router = make_guard(tmp_path, source, clock)
+    guard.store.path = tmp_path / "plan.json" / "not-a-dir"  # every save fails
+    (tmp_path / "plan.json").write_text("{}")
+    await run_rounds(guard, clock, 2)
+    assert router.plan()[CREATIVE] == "nospec"
+    assert guard.counters.plan_write_errors == 1
+
+
+async def test_scheduler_runs_named_job_with_one_instance(tmp_path):
+    clock, source = Clock(), ScriptedSource({CREATIVE: 0.5})
+    policy = replace(POLICY, rules=(replace(POLICY.rules[0], limits=replace(LIMITS, interval_seconds=1)),))
+    guard, _ = make_guard(tmp_path, source, clock, policy)
+    await guard.start()
+    try:
+        job = guard._scheduler.get_job("guard-evaluation")
+        assert (job.name, job.coalesce, job.max_instances, job.misfire_grace_time) == (
+            "guard evaluation",
+            True,
+            1,
+            1,
+        )
+        for _ in range(100):
+            if guard.last_evaluation is not None:
+                break
+            await asyncio.sleep(0.05)
+        assert guard.last_evaluation == clock.now
+        assert guard.status()["running"] is True
+    finally:
+        await guard.stop()
+    assert guard.status()["running"] is False

@@ -1,0 +1,175 @@
+"""``specguard run`` with the guard, over real HTTP on loopback: the simulator as the engines, the
+tap in front, an Alertmanager payload in, the plan out to the router, /status, ``specguard
+status``, /metrics, and a restart that keeps the plan."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import random
+
+import aiohttp
+
+from specguard.monitor import cli, config, guard_wiring, loadgen
+from specguard.monitor.app import Monitor
+from specguard.monitor.sim import cluster
+
+K = {"spec-k4": 4, "spec-k2": 2, "nospec": 0}
+TOKEN = "tok-3f9a"
+CREATIVE_KEYS = [("creative", "high", load) for load in ("low", "medium", "high")]
+
+
+def config_text(sim, tmp_path):
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    pools = "\n".join(
+        f'  - {{name: {name}, url: "{url}", engine: vllm, num_speculative_tokens: {K[name]}}}'
+        for name, url in sim.urls.items()
+    )
+    return f"""
+pools:
+{pools}
+tap: {{listen: "127.0.0.1:0", holdout_share: 0, probe_share: 0, default_pool: spec-k4, nospec_pool: nospec}}
+scrape: {{interval_seconds: 3600}}
+guard:
+  interval_seconds: 1
+  alerts: {{consecutive_failure_limit: 0, interval_seconds: 1}}
+  rules:
+    - {{name: relative-cost, measure: rc_lower, threshold: 1.0, restore_measure: rc, restore_threshold: 0.95}}
+server: {{token_file: "{tmp_path / "token"}"}}
+actuators: {{plan_file: "{tmp_path / "plan.json"}", audit_log: "{tmp_path / "audit.jsonl"}"}}
+"""
+
+
+async def start(cfg):
+    monitor = Monitor(cfg, rng=random.Random(0))
+    guard = guard_wiring.configure(monitor, cfg)
+    url = await monitor.start("127.0.0.1", 0)
+    return monitor, guard, url
+
+
+ALERT = {
+    "version": "4",
+    "status": "firing",
+    "receiver": "specguard",
+    "groupLabels": {},
+    "commonLabels": {},
+    "commonAnnotations": {},
+    "externalURL": "http://alertmanager:9093",
+    "groupKey": '{}:{alertname="SpecGuardRelativeCostAboveOne"}',
+    "truncatedAlerts": 0,
+    "alerts": [
+        {
+            "status": "firing",
+            "labels": {"alertname": "SpecGuardRelativeCostAboveOne", "task_type": "creative"},
+            "annotations": {},
+            "startsAt": "2026-11-29T10:00:00Z",
+            "endsAt": "0001-01-01T00:00:00Z",
+            "generatorURL": "",
+            "fingerprint": "c0ffee",
+        }
+    ],
+}
+
+
+async def wait_for(predicate, seconds=20.0):
+    for _ in range(int(seconds / 0.05)):
+        if predicate():
+            return True
+        await asyncio.sleep(0.05)
+    return predicate()
+
+
+def status_cli(url):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(["status", "--url", url, "--json"])
+    return code, json.loads(out.getvalue())
+
+
+async def test_run_with_guard_end_to_end(tmp_path):
+    async with cluster.SimCluster.from_config(None, seed=0, dialect="vllm", time_scale=0.02) as sim:
+        cfg = config.parse_text(config_text(sim, tmp_path), "specguard.yaml")
+        monitor, guard, url = await start(cfg)
+        try:
+            async with aiohttp.ClientSession() as session:
+                async with session.post(f"{url}/api/v1/alerts", json=ALERT) as response:
+                    assert response.status == 401  # no token
+                headers = {"Authorization": f"Bearer {TOKEN}"}
+                async with session.post(f"{url}/api/v1/alerts", json=ALERT, headers=headers) as response:
+                    assert response.status == 200 and (await response.json())["outcomes"] == {"new": 1}
+                # the alert is evidence: creative goes off at the next scheduled evaluation
+                assert await wait_for(lambda: monitor.router.plan().get(CREATIVE_KEYS[0]) == "nospec")
+                mix = [loadgen.RequestClass("creative", temperature=1.0), loadgen.RequestClass("code")]
+                results = await loadgen.run_load(url, mix, 2, requests=6, seed=1)
+                assert {r.status for r in results} == {200}
+                pools = {(r.task_type, r.pool) for r in monitor.stats.records()}
+                assert pools == {("creative", "nospec"), ("code", "spec-k4")}
+                async with session.get(f"{url}/metrics") as response:
+                    metrics = await response.text()
+            labels = 'load_bucket="low",task_type="creative",temperature_bucket="high"'
+            line = f"specguard_speculation_enabled{{{labels}}} 0.0"
+            assert line in metrics
+            assert 'specguard_webhook_alerts_total{outcome="new",status="firing"} 1.0' in metrics
+            code, status = await asyncio.to_thread(status_cli, url)
+            assert code == 0 and status["plan_version"] >= 1
+            rows = {(c["task_type"], c["load_bucket"]): c for c in status["classes"]}
+            assert rows[("creative", "low")]["pool"] == "nospec"
+            assert status["decisions"][0]["action"] == "off" and "alert" in status["decisions"][0]["reason"]
+        finally:
+            await monitor.stop()
+        assert guard.running is False
+
+        # restart: the persisted plan is applied before any evaluation
+        monitor, guard, url = await start(cfg)
+        try:
+            assert monitor.router.plan()[CREATIVE_KEYS[0]] == "nospec"
+        finally:
+            await monitor.stop()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert (
+            cli.main(
+                [
+                    "status",
+                    "--plan-file",
+                    str(tmp_path / "plan.json"),
+                    "--audit-log",
+                    str(tmp_path / "audit.jsonl"),
+                ]
+            )
+            == 0
+        )
+    text = out.getvalue()
+    assert "creative/high" in text and "nospec" in text and "off" in text
+
+
+def test_check_config_reports_guard_errors_with_positions(tmp_path):
+    bad = """
+pools:
+  - {name: spec-k4, url: "http://127.0.0.1:1", num_speculative_tokens: 4}
+  - {name: nospec, url: "http://127.0.0.1:2", num_speculative_tokens: 0}
+guard:
+  nospec_pool: nope
+  cooldown_seconds: -1
+  rules:
+    - {name: rc, measure: rc, threshold: 1.0, restore_threshold: 1.1}
+server: {insecure_loopback: true, token_env: X}
+actuators: {webhook: {url: "ftp://x"}, follow: true}
+"""
+    path = tmp_path / "bad.yaml"
+    path.write_text(bad)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert cli.main(["check-config", str(path)]) == 2
+    text = err.getvalue()
+    for expected in (
+        f"{path}:6:3: guard.nospec_pool: ('nope') is not a configured pool (nospec, spec-k4)",
+        f"{path}:7:3: guard.cooldown_seconds: (-1.0) must be >= 0",
+        "guard.rules[0].restore_threshold: (1.1) must be <= threshold (1.0) when direction is above",
+        "server.insecure_loopback: a token is configured: insecure_loopback must be false",
+        "actuators.webhook.url: ('ftp://x') must be an http(s) URL",
+        "actuators.follow: follow: true needs actuators.configmap",
+    ):
+        assert expected in text, text

@@ -1,0 +1,89 @@
+"""The persisted plan: atomic writes, reload after a restart, a corrupt file moved aside."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from specguard.errors import InputError
+from specguard.monitor import state as state_mod
+from specguard.rules.guard import ClassState, Pending
+
+POOLS = {"spec-k4": 4, "spec-k2": 2, "nospec": 0}
+
+
+def doc(version=3):
+    states = {
+        ("chat", "low", "high"): ClassState(
+            key=("chat", "low", "high"),
+            pool="spec-k2",
+            last_action_at=100.0,
+            action_times=(40.0, 100.0),
+            pending=Pending("spec-k4", "spec-k2", 0.91, 100.0),
+        ),
+        ("creative", "high", "low"): ClassState(key=("creative", "high", "low"), pool="nospec", pin="nospec"),
+        ("code", "greedy", "low"): ClassState(
+            key=("code", "greedy", "low"), pool="spec-k4", paused=True, frozen=True
+        ),
+    }
+    return state_mod.PlanDocument(version, 123.0, states, POOLS)
+
+
+def test_plan_survives_a_restart(tmp_path):
+    path = tmp_path / "state" / "plan.json"
+    state_mod.PlanStore(path).save(doc())
+    loaded = state_mod.PlanStore(path).load()
+    assert loaded.version == 3
+    assert loaded.states == doc().states
+    assert loaded.routing() == {
+        ("chat", "low", "high"): "spec-k2",
+        ("creative", "high", "low"): "nospec",
+        ("code", "greedy", "low"): "spec-k4",
+    }
+    stored = json.loads(path.read_text())
+    entry = next(e for e in stored["entries"] if e["task_type"] == "chat")
+    assert entry["num_speculative_tokens"] == 2
+    assert [p.name for p in path.parent.iterdir()] == ["plan.json"]  # no temp file left behind
+
+
+def test_missing_file_is_no_plan(tmp_path):
+    assert state_mod.PlanStore(tmp_path / "absent.json").load() is None
+
+
+def test_corrupt_file_is_moved_aside_and_reported(tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_text('{"entries": [{"task_type": "chat"')
+    store = state_mod.PlanStore(path)
+    assert store.load() is None
+    assert "unreadable" in store.recovered and (tmp_path / "plan.json.corrupt").exists()
+    assert not path.exists()
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ([], "not a specguard plan"),
+        ({"format": 9, "entries": []}, "plan format 9 is not supported"),
+        ({"entries": [{"task_type": "chat"}]}, "entries[0]: malformed entry"),
+    ],
+)
+def test_malformed_plan_names_the_place(data, message):
+    with pytest.raises(InputError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        state_mod.decode(data, "plan.json")
+
+
+def test_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
+    path = tmp_path / "plan.json"
+    store = state_mod.PlanStore(path)
+    store.save(doc(version=1))
+
+    def full(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError):
+        store.save(doc(version=2))
+    assert state_mod.PlanStore(path).load().version == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]

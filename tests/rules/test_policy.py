@@ -1,0 +1,121 @@
+"""The policy file: the shipped default loads, every error is reported at once with its position."""
+
+from __future__ import annotations
+
+import pytest
+
+from specguard.errors import ConfigError
+from specguard.rules import policy
+
+
+def test_shipped_default_is_valid_and_documented():
+    p = policy.load_default()
+    assert [r.name for r in p.all_rules] == ["relative-cost", "full-rollback-requests", "alertmanager"]
+    rc = p.rules[0]
+    assert (rc.measure, rc.threshold, rc.restore_measure, rc.restore_threshold) == (
+        "rc_lower",
+        1.0,
+        "rc",
+        0.95,
+    )
+    assert rc.limits.stabilization_window_seconds == 300 and rc.limits.consecutive_error_limit == 4
+    assert p.rules[1].dry_run is True
+    assert p.interval_seconds == 30 and len(p.version) == 12
+    text = policy.DEFAULT_POLICY_PATH.read_text()
+    for key in (
+        "consecutive_failure_limit",
+        "stabilization_window_seconds",
+        "cooldown_seconds",
+        "safe_state",
+    ):
+        line = next(line for line in text.splitlines() if line.strip().startswith(key))
+        assert "#" in line, f"{key} is not documented"
+
+
+def test_rule_overrides_global_limits():
+    p = policy.parse_text(
+        """
+guard:
+  min_samples: 50
+  consecutive_failure_limit: 1
+  rules:
+    - {name: a, measure: rc, threshold: 1.0}
+    - {name: b, measure: strict_accept_rate, direction: below, threshold: 0.2, restore_threshold: 0.3,
+       min_samples: 10, interval_seconds: 60}
+"""
+    )
+    a, b = p.rules
+    assert (a.limits.min_samples, a.limits.consecutive_failure_limit, a.restore_threshold) == (50, 1, 1.0)
+    assert (b.limits.min_samples, b.limits.consecutive_failure_limit, b.limits.interval_seconds) == (
+        10,
+        1,
+        60,
+    )
+    assert b.is_bad(0.1) and not b.is_bad(0.25) and b.is_good(0.31) and not b.is_good(0.25)
+
+
+def test_every_error_at_once_with_file_line_col():
+    text = """guard:
+  interval_seconds: 0
+  safe_state: off
+  failure_limit: -1
+  consecutive_failure_limit: -1
+  rules:
+    - name: a
+      measure: rcc
+      threshold: 1.0
+    - name: a
+      query: 'x{a="{{ foo }}"}'
+      threshold: 2
+      bogus: 1
+    - name: c
+      threshold: 1.0
+      restore_threshold: 1.2
+  colour: blue
+"""
+    with pytest.raises(ConfigError) as info:
+        policy.parse_text(text, "g.yaml")
+    known_rule = (
+        "consecutive_error_limit, consecutive_failure_limit, consecutive_success_limit, direction, dry_run, "
+        "failure_limit, failure_window_seconds, interval_seconds, measure, min_samples, name, query, "
+        "restore_measure, restore_threshold, stabilization_window_seconds, threshold"
+    )
+    known_guard = (
+        "alerts, consecutive_error_limit, consecutive_failure_limit, consecutive_success_limit, "
+        "cooldown_seconds, default_pool, dry_run, enabled, failure_limit, failure_window_seconds, "
+        "interval_seconds, local, max_actions_per_hour, min_samples, nospec_pool, prometheus, "
+        "restore_on_prediction, rules, safe_state, shorten, shorten_max_rc, stabilization_window_seconds, "
+        "window_seconds"
+    )
+    measures = ", ".join(repr(m) for m in policy.MEASURES)
+    assert [str(i) for i in info.value.issues] == [
+        "g.yaml:2:3: guard.interval_seconds: (0.0) must be >= 1",
+        "g.yaml:4:3: guard.failure_limit: "
+        "failure_limit and consecutive_failure_limit cannot both be disabled (-1)",
+        f"g.yaml:8:7: guard.rules[0].measure: ('rcc') must be one of {measures}",
+        f"g.yaml:13:7: guard.rules[1].bogus: unknown key (known: {known_rule})",
+        "g.yaml:10:7: guard.rules[1].name: duplicate rule name 'a'",
+        "g.yaml:11:7: guard.rules[1].query: a rule with a query needs guard.prometheus.url",
+        "g.yaml:11:7: guard.rules[1].query: unknown template variable {{ foo }} "
+        "(known: task_type, temperature_bucket, load_bucket, pool, window)",
+        "g.yaml:16:7: guard.rules[2].restore_threshold: "
+        "(1.2) must be <= threshold (1.0) when direction is above",
+        "g.yaml:3:3: guard.safe_state: must be a string, got bool False",  # YAML reads a bare `off` as false
+        f"g.yaml:17:3: guard.colour: unknown key (known: {known_guard})",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("variables", "expected"),
+    [
+        ({"task_type": "code", "window": "5m"}, 'rate(x{task_type="code"}[5m])'),
+        ({"task_type": 'a"b', "window": "1h"}, 'rate(x{task_type="a\\"b"}[1h])'),
+    ],
+)
+def test_query_templating_escapes_label_values(variables, expected):
+    assert policy.render_query('rate(x{task_type="{{ task_type }}"}[{{window}}])', variables) == expected
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(300, "5m"), (3600, "1h"), (45, "45s"), (90, "90s")])
+def test_window_text(seconds, text):
+    assert policy.window_text(seconds) == text

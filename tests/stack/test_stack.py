@@ -1,0 +1,341 @@
+"""End to end on a real stack, loopback only, bounded: the engine simulator's pools,
+`specguard run` (tap + exporter + guard), Debian's Prometheus scraping it with the shipped rules,
+and Debian's Alertmanager with the shipped routing delivering to specguard's own receiver
+(POST /api/v1/alerts, bearer token) and to a recorder that keeps the raw payloads.
+
+Traffic mixes a class that speculation hurts (creative at temperature 1: almost every round
+rolls back, it costs more than it saves) with classes it helps (code and extraction at
+temperature 0). The guard's local rules are dry-run here, so only the alert path can move a
+class. Asserted: the exporter exposes the contract's metric families; Prometheus evaluates every
+shipped rule without error; the recording rules produce the per-class series and separate the
+losing class from the winning ones; SpecGuardFullRollbackRatioHigh fires for the losing class
+only; Alertmanager delivers it (v4 payload, bearer token) and specguard accepts it; the guard
+moves the losing class off speculation and keeps the others on it; the decision shows in
+/metrics and in Prometheus; every dashboard expression parses on this Prometheus and every one
+whose inputs the running specguard exports returns data.
+
+The RC-alert variant (SpecGuardRelativeCostAboveOne as the trigger) is guard_e2e.py: it needs
+specguard's RC families (monitor/cost_metrics.py) registered by `specguard run`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+from stackhelp import (
+    RULES,
+    TOKEN,
+    Stack,
+    dashboard_exprs,
+    dashboard_variables,
+    http_get,
+    metric_names,
+    specguard_config,
+    substitute,
+    wait_until,
+)
+
+from specguard.monitor import loadgen
+
+pytestmark = pytest.mark.stack
+
+# tap/exporter metric families of the team contract (issue 4), `_total` stripped as the parser does
+EXPORTER_FAMILIES = {
+    "specguard_requests",
+    "specguard_spec_requests",
+    "specguard_output_tokens",
+    "specguard_verify_rounds",
+    "specguard_draft_tokens",
+    "specguard_accepted_tokens",
+    "specguard_full_rollback_rounds",
+    "specguard_full_rollback_requests",
+    "specguard_decode_seconds",
+    "specguard_decode_tokens",
+    "specguard_time_per_output_token_seconds",
+    "specguard_accepted_per_position",
+    "specguard_unattributed_requests",
+    "specguard_unclassified_requests",
+    "specguard_upstream_errors",
+    "specguard_pool_in_flight_requests",
+    "specguard_engine_up",
+    "specguard_scrape_duration_seconds",
+    "specguard_engine_counter_resets",
+    "specguard_engine_verify_rounds",
+    "specguard_engine_draft_tokens",
+    "specguard_engine_accepted_tokens",
+    "specguard_engine_generation_tokens",
+}
+# guard families (issue 6): exported once `specguard run` wires the guard in
+GUARD_FAMILIES = {
+    "specguard_speculation_enabled", "specguard_num_speculative_tokens", "specguard_plan_info",
+    "specguard_actions", "specguard_evaluations", "specguard_last_evaluation_timestamp_seconds",
+    "specguard_guard_frozen", "specguard_consecutive_errors", "specguard_webhook_alerts",
+    "specguard_audit_write_errors", "specguard_config_info",
+}  # fmt: skip
+MIX = [
+    loadgen.RequestClass("creative", weight=2, temperature=1.0, max_tokens=96),
+    loadgen.RequestClass("code", weight=1, temperature=0.0, max_tokens=96),
+    loadgen.RequestClass("extraction", weight=1, temperature=0.0, max_tokens=64),
+]
+CREATIVE = 'task_type="creative",temperature_bucket="high",pool="spec-k4"'
+CODE = 'task_type="code",temperature_bucket="greedy",pool="spec-k4"'
+
+
+class Receiver:
+    """A webhook endpoint on loopback that records what Alertmanager posts."""
+
+    def __init__(self):
+        received = self.received = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server's naming
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                received.append((self.path, self.headers.get("Authorization"), json.loads(body)))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/api/v1/alerts"
+        self.thread = threading.Thread(target=self.server.serve_forever, name="webhook-receiver", daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+
+def drive_load(url: str, seconds: float, results: list) -> threading.Thread:
+    def run():
+        results.extend(
+            asyncio.run(loadgen.run_load(url, MIX, concurrency=6, duration_s=seconds, seed=1, stream=True))
+        )
+
+    thread = threading.Thread(target=run, name="loadgen", daemon=True)
+    thread.start()
+    return thread
+
+
+def scrape(url: str) -> list:
+    status, body = http_get(url + "/metrics")
+    assert status == 200
+    return [s for f in text_string_to_metric_families(body.decode()) for s in f.samples]
+
+
+def http_post(url: str, payload: dict, headers: dict | None = None) -> tuple[int, bytes]:
+    data = json.dumps(payload).encode()
+    req = urllib.request.Request(
+        url, data=data, headers={"Content-Type": "application/json", **(headers or {})}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def recorded_inputs() -> dict[str, set[str]]:
+    """recording rule -> the raw metric names it needs (transitively)."""
+    rules = {
+        r["record"]: r["expr"]
+        for g in yaml.safe_load(RULES.read_text())["groups"]
+        for r in g["rules"]
+        if "record" in r
+    }
+
+    def raw(name: str, seen=()) -> set[str]:
+        if name not in rules:
+            return {name}
+        return set().union(*(raw(n, (*seen, name)) for n in metric_names(rules[name]) if n not in seen))
+
+    return {name: raw(name) for name in rules}
+
+
+def test_stack_end_to_end(tmp_path: Path):
+    results: list = []
+    with Stack(tmp_path) as stack, Receiver() as receiver:
+        pools = stack.start_sim(time_scale=0.05)
+        config = specguard_config(pools, tmp_path)
+        for rule in config["guard"]["rules"]:
+            rule["dry_run"] = True  # only an alert may move a class in this test
+        specguard = stack.start_specguard(config)
+        am_url = stack.start_alertmanager(specguard + "/api/v1/alerts", receiver.url)
+        prom = stack.start_prometheus(specguard, am_url)
+        load = drive_load(specguard, 30, results)
+        t0 = time.monotonic()
+        timings = {}
+
+        # the exporter exposes the contract's families
+        status, body = http_get(specguard + "/metrics")
+        assert status == 200
+        families = {f.name for f in text_string_to_metric_families(body.decode())}
+        assert EXPORTER_FAMILIES | GUARD_FAMILIES <= families, sorted(
+            (EXPORTER_FAMILIES | GUARD_FAMILIES) - families
+        )
+
+        # Prometheus scrapes specguard and every shipped rule evaluates cleanly
+        wait_until(
+            "specguard scraped",
+            lambda: (
+                prom.value('up{job="specguard"}')
+                and list(prom.value('up{job="specguard"}').values()) == [1.0]
+            ),
+            20,
+            stack.procs,
+        )
+        groups = wait_until(
+            "rules evaluated",
+            lambda: [
+                g
+                for g in prom.api("rules")["groups"]
+                if all(r.get("lastEvaluation", "0001")[:4] != "0001" for r in g["rules"])
+            ],
+            20,
+            stack.procs,
+        )
+        assert {g["name"] for g in groups} == {"specguard.rules", "specguard.alerts"}
+        for group in groups:
+            for rule in group["rules"]:
+                assert rule["health"] == "ok", (rule["name"], rule.get("lastError"))
+
+        # recording rules separate the losing class from the winning one
+        def both(expr: str):
+            got = prom.value(f"{expr}{{{CREATIVE}}}"), prom.value(f"{expr}{{{CODE}}}")
+            return got if all(got) else None
+
+        alpha = wait_until(
+            "accept-rate series for creative and code",
+            lambda: both("pool_class_load:specguard_accepted_tokens_per_draft_tokens:ratio_rate5m"),
+            30,
+            stack.procs,
+        )
+        creative_alpha, code_alpha = (max(v.values()) for v in alpha)
+        assert creative_alpha < 0.15 < 0.5 < code_alpha, (creative_alpha, code_alpha)
+        creative_len, code_len = (
+            max(v.values()) for v in both("pool_class_load:specguard_accept_length:ratio_rate5m")
+        )
+        assert 1.0 <= creative_len < 1.5 and code_len > 2.5, (creative_len, code_len)
+        rollback = both("pool_class_load:specguard_full_rollback_rounds_per_verify_rounds:ratio_rate5m")
+        creative_fr, code_fr = (max(v.values()) for v in rollback)
+        assert creative_fr > 0.8 and code_fr < 0.4, (creative_fr, code_fr)
+        tpot = prom.value('pool_load:specguard_decode_seconds_per_decode_tokens:ratio_rate5m{pool="spec-k4"}')
+        assert tpot and all(v > 0 for v in tpot.values())
+        positions = prom.value(
+            "pool_class:specguard_accepted_per_position_per_verify_rounds:ratio_rate5m"
+            '{task_type="code",temperature_bucket="greedy",pool="spec-k4"}'
+        )
+        by_pos = {dict(k)["position"]: v for k, v in positions.items()}
+        assert by_pos["0"] >= by_pos["1"] >= by_pos["3"] > 0, by_pos
+
+        # the full-rollback alert fires for the losing class and Alertmanager delivers it
+        firing = 'ALERTS{alertname="SpecGuardFullRollbackRatioHigh",alertstate="firing"}'
+        alerts = wait_until(
+            "SpecGuardFullRollbackRatioHigh firing", lambda: prom.value(firing), 30, stack.procs
+        )
+        timings["alert firing"] = time.monotonic() - t0
+        classes = {dict(k)["task_type"] for k in alerts}
+        assert "creative" in classes and "code" not in classes, classes
+
+        def delivered():
+            return [
+                (auth, a)
+                for _, auth, payload in receiver.received
+                for a in payload["alerts"]
+                if a["labels"]["alertname"] == "SpecGuardFullRollbackRatioHigh" and a["status"] == "firing"
+            ]
+
+        auth, alert = wait_until("webhook delivery", delivered, 20, stack.procs)[0]
+        timings["delivered"] = time.monotonic() - t0
+        assert auth == f"Bearer {TOKEN}"
+        assert alert["labels"]["task_type"] == "creative" and alert["labels"]["severity"] == "warning"
+        assert alert["annotations"]["runbook_url"].endswith("#specguardfullrollbackratiohigh")
+        assert receiver.received[0][2]["version"] == "4"
+
+        # specguard's receiver refuses a post without the token ...
+        status, _ = http_post(specguard + "/api/v1/alerts", receiver.received[0][2])
+        assert status in (401, 403), status
+
+        # ... accepted Alertmanager's, and the guard moved the losing class off speculation
+        def moved():
+            samples = scrape(specguard)
+            delivered = sum(
+                s.value
+                for s in samples
+                if s.name == "specguard_webhook_alerts_total" and s.labels["status"] == "firing"
+            )
+            plan = {
+                (s.labels["task_type"], s.labels["temperature_bucket"], s.labels["load_bucket"]): s.labels[
+                    "pool"
+                ]
+                for s in samples
+                if s.name == "specguard_plan_info" and s.value == 1
+            }
+            creative = [pool for key, pool in plan.items() if key[:2] == ("creative", "high")]
+            off = creative and all(pool == "nospec" for pool in creative)
+            return (plan, samples) if delivered > 0 and off else None
+
+        plan, samples = wait_until("creative moved off speculation", moved, 30, stack.procs)
+        timings["class moved"] = time.monotonic() - t0
+        code = [pool for key, pool in plan.items() if key[:2] == ("code", "greedy")]
+        assert code and "nospec" not in code, plan
+        enabled = {
+            (s.labels["task_type"], s.labels["temperature_bucket"], s.labels["load_bucket"]): s.value
+            for s in samples
+            if s.name == "specguard_speculation_enabled"
+        }
+        assert {v for k, v in enabled.items() if k[:2] == ("creative", "high")} == {0.0}, enabled
+        assert {v for k, v in enabled.items() if k[:2] == ("code", "greedy")} == {1.0}, enabled
+        actions = [
+            s for s in samples if s.name == "specguard_actions_total" and s.labels["task_type"] == "creative"
+        ]
+        assert sum(s.value for s in actions) >= 1, actions
+        wait_until(
+            "decision scraped by Prometheus",
+            lambda: prom.value(
+                "class_load:specguard_speculation_enabled:max"
+                '{task_type="creative",temperature_bucket="high"} == 0'
+            ),
+            15,
+            stack.procs,
+        )
+
+        # every dashboard expression parses here; those whose inputs specguard exports return data
+        exposed = {s.name for s in scrape(specguard)} | {"ALERTS"}
+        needs = recorded_inputs()
+        without_data = []
+        for where, expr in dashboard_exprs():
+            inputs = set().union(*(needs.get(n, {n}) for n in metric_names(expr)))
+            result = prom.query_range(substitute(expr, interval="5s"))  # raises unless it parses and runs
+            if inputs <= exposed:
+                assert result, f"{where}: no data for {expr!r}"
+            else:
+                without_data.append((where, sorted(inputs - exposed)))
+        # every template variable finds values (Grafana's label_values -> /api/v1/label/<name>/values)
+        for name, label, selector in dashboard_variables():
+            values = prom.api(f"label/{label}/values", **{"match[]": selector})
+            assert values, f"variable {name}: no values for {label} of {selector}"
+        assert {"creative", "code"} <= set(
+            prom.api("label/task_type/values", **{"match[]": "specguard_requests_total"})
+        )
+
+        print("seconds after load start:", {k: round(v, 1) for k, v in timings.items()})
+        print("dashboard expressions waiting for metrics not exported yet:", *without_data, sep="\n  ")
+
+        load.join(timeout=60)
+    assert results and sum(r.status == 200 for r in results) / len(results) > 0.95

