@@ -67,9 +67,14 @@ def openai_error(status: int, message: str, kind: str) -> web.Response:
 
 
 def forward_headers(headers: Any, *, identity: bool) -> CIMultiDict[str]:
+    """Headers minus hop-by-hop ones (the fixed set plus any named in ``Connection``)."""
+    drop = HOP_BY_HOP
+    connection = headers.get("Connection")
+    if connection:
+        drop = drop | {token.strip().lower() for token in connection.split(",")}
     out: CIMultiDict[str] = CIMultiDict()
     for name, value in headers.items():
-        if name.lower() not in HOP_BY_HOP:
+        if name.lower() not in drop:
             out.add(name, value)
     if identity:
         out["Accept-Encoding"] = "identity"  # the tap must read what it measures

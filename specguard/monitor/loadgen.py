@@ -39,6 +39,7 @@ class RequestClass:
     prompt_tokens: int = 64  # approximate prompt length (4 characters per token)
     chat: bool = True  # /v1/chat/completions (else /v1/completions)
     stream: bool | None = None  # None: the run's default
+    ignore_eos: bool = False  # vLLM/SGLang extension: always generate max_tokens tokens
 
 
 @dataclass(frozen=True)
@@ -112,8 +113,13 @@ async def run_load(
     session: aiohttp.ClientSession | None = None,
     include_usage: bool = True,
     keep_body: bool = False,
+    extra_body: Mapping[str, Any] | None = None,
 ) -> list[LoadResult]:
-    """Run the mix; returns one result per request sent, in send order."""
+    """Run the mix; returns one result per request sent, in send order.
+
+    ``extra_body`` is merged into every request body (e.g. ``{"return_spec_tokens_details": True}``
+    for SGLang); ``keep_body`` keeps each non-streamed response JSON on its result.
+    """
     if concurrency < 1:
         raise ConfigError(f"concurrency ({concurrency}) must be >= 1")
     if duration_s is None and requests is None:
@@ -152,7 +158,19 @@ async def run_load(
         while (job := next_job()) is not None:
             index, cls, url = job
             results.append(
-                await _one(client, url, cls, index, seed, stream, model, headers, include_usage, keep_body)
+                await _one(
+                    client,
+                    url,
+                    cls,
+                    index,
+                    seed,
+                    stream,
+                    model,
+                    headers,
+                    include_usage,
+                    keep_body,
+                    extra_body,
+                )
             )
 
     try:
@@ -174,6 +192,7 @@ async def _one(
     extra_headers: Mapping[str, str] | None,
     include_usage: bool,
     keep_body: bool,
+    extra_body: Mapping[str, Any] | None = None,
 ) -> LoadResult:
     streaming = default_stream if cls.stream is None else cls.stream
     prompt = prompt_for(cls, index, seed)
@@ -188,8 +207,11 @@ async def _one(
         body["max_tokens"] = cls.max_tokens
     if cls.temperature is not None:
         body["temperature"] = cls.temperature
+    if cls.ignore_eos:
+        body["ignore_eos"] = True
     if streaming and include_usage:
         body["stream_options"] = {"include_usage": True}
+    body.update(extra_body or {})
     headers = {TASK_HEADER: cls.task_type, **(extra_headers or {})}
     url = base.rstrip("/") + ("/v1/chat/completions" if cls.chat else "/v1/completions")
     common = {"index": index, "url": base, "task_type": cls.task_type, "temperature": cls.temperature}

@@ -122,17 +122,17 @@ def default_scenario() -> Scenario:
     return Scenario(
         name="default",
         description=(
-            "four task types; total concurrency 8 -> 32 -> 96 -> 160 -> 32 -> 8; "
+            "four task types; total concurrency 16 -> 32 -> 96 -> 160 -> 32 -> 16; "
             "then code's temperature mix shifts from 0.0 to mostly 0.7"
         ),
         phases=(
-            Phase("low", 90.0, _loads(2, 2, 2, 2)),
+            Phase("low", 90.0, _loads(4, 4, 4, 4)),
             Phase("rising", 60.0, _loads(8, 8, 8, 8)),
             Phase("busy", 60.0, _loads(24, 24, 24, 24)),
             Phase("saturated", 90.0, _loads(40, 40, 40, 40)),
             Phase("falling", 60.0, _loads(8, 8, 8, 8)),
-            Phase("low-again", 90.0, _loads(2, 2, 2, 2)),
-            Phase("code-shift", 120.0, _loads(2, 2, 2, 2, code_mix=SHIFTED_CODE_MIX)),
+            Phase("low-again", 90.0, _loads(4, 4, 4, 4)),
+            Phase("code-shift", 120.0, _loads(4, 4, 4, 4, code_mix=SHIFTED_CODE_MIX)),
         ),
     )
 

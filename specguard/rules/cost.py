@@ -139,18 +139,22 @@ def evaluate(
             by_cell[(key, record.pool)].append(record)
             by_pool_load[(record.pool, record.load_bucket)].append(record)
     step_cache: dict[tuple[str, str], whatif.StepTime | None] = {}
+    base_cache: dict[tuple[str, ...], baseline_mod.Baseline] = {}
     results: list[ClassCost] = []
     for key in sorted(keys):
         task_type, temperature_bucket, load_bucket = key
-        base = baseline_mod.choose(
-            base_by_load.get(load_bucket, []),
-            task_type=task_type,
-            temperature_bucket=temperature_bucket,
-            load_bucket=load_bucket,
-            profile=profile,
-            nospec_pools=nospec,
-            settings=settings,
-        )
+        base_key = key if settings.baseline_scope == "class_then_load" else (load_bucket,)
+        base = base_cache.get(base_key)
+        if base is None:
+            base = base_cache[base_key] = baseline_mod.choose(
+                base_by_load.get(load_bucket, []),
+                task_type=task_type,
+                temperature_bucket=temperature_bucket,
+                load_bucket=load_bucket,
+                profile=profile,
+                nospec_pools=nospec,
+                settings=settings,
+            )
         present = [p for p in spec_pools if by_cell.get((key, p))]
         for pool in present or spec_pools:
             steps = {

@@ -18,29 +18,18 @@ No clock, no I/O, no logging: the daemon does all of that.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from typing import Any
 
 from specguard.rules import policy as policy_mod
-from specguard.rules.evidence import ClassKey, Evidence, PoolEvidence
+from specguard.rules.assess import PRECEDENCE, Assessment, Phase, assess, worst
+from specguard.rules.evidence import ClassKey, Evidence
 
+__all__ = ["PRECEDENCE", "Assessment", "Phase", "assess", "worst"]  # re-exported: one vocabulary
 
-class Phase(StrEnum):
-    OK = "ok"
-    HOLD = "hold"
-    ACT = "act"
-    ERROR = "error"
-
-
-PRECEDENCE = (Phase.OK, Phase.HOLD, Phase.ACT, Phase.ERROR)  # best to worst; the worst wins
 ACTIONS = ("none", "off", "shorten", "revert", "restore", "confirm", "freeze", "unfreeze")
 OPERATOR_ACTIONS = ("pin", "unpin", "pause", "resume")
-
-
-def worst(phases: Iterable[Phase]) -> Phase:
-    return max(phases, key=PRECEDENCE.index, default=Phase.OK)
 
 
 @dataclass(frozen=True)
@@ -81,31 +70,6 @@ class ClassState:
 
     def rule(self, name: str) -> RuleState:
         return self.rules.get(name, RuleState())
-
-
-@dataclass(frozen=True)
-class Assessment:
-    """One rule's verdict on one pool at one evaluation."""
-
-    rule: policy_mod.Rule
-    pool: str
-    phase: Phase
-    reason: str
-    value: float | None = None
-    samples: int | None = None
-    predicted: bool = False
-
-    def numbers(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"pool": self.pool, "phase": self.phase.value}
-        if self.value is not None:
-            out["value"] = round(self.value, 6)
-        if self.samples is not None:
-            out["samples"] = self.samples
-        if self.predicted:
-            out["predicted"] = True
-        if self.rule.dry_run:
-            out["dry_run"] = True
-        return out
 
 
 @dataclass(frozen=True)
@@ -153,74 +117,6 @@ def initial_state(key: ClassKey, policy: policy_mod.Policy) -> ClassState:
 
 def k_of(policy: policy_mod.Policy, pool: str) -> int:
     return policy.pools.get(pool, 0)
-
-
-# ---------------------------------------------------------------- assessing one rule
-
-
-def assess(
-    rule: policy_mod.Rule,
-    pool: str,
-    evidence: Evidence,
-    policy: policy_mod.Policy,
-    *,
-    restoring: bool,
-) -> Assessment | None:
-    """A rule's verdict on ``pool``; None when the rule has no opinion (no alert applies)."""
-    if rule.name == "alertmanager":
-        relevant = [a for a in evidence.alerts if a.pool in (None, pool)]
-        if not relevant:
-            return None
-        firing = sorted(a.alertname for a in relevant if a.firing)
-        if firing:
-            return Assessment(rule, pool, Phase.ACT, f"alert {', '.join(firing)} firing")
-        names = ", ".join(sorted({a.alertname for a in relevant}))
-        return Assessment(rule, pool, Phase.OK, f"alert {names} resolved")
-    if evidence.error is not None:
-        return Assessment(rule, pool, Phase.ERROR, f"data source error: {evidence.error}")
-    found: PoolEvidence | None = evidence.pools.get(pool)
-    if found is None:
-        return Assessment(rule, pool, Phase.HOLD, f"no data for pool {pool}")
-    if rule.name in found.errors:
-        return Assessment(rule, pool, Phase.ERROR, f"query failed: {found.errors[rule.name]}")
-    if found.predicted and restoring and not policy.restore_on_prediction:
-        return Assessment(rule, pool, Phase.HOLD, f"only a prediction for pool {pool}", predicted=True)
-    measure = (rule.restore_measure or rule.measure) if restoring else rule.measure
-    if rule.query is None and found.samples < rule.limits.min_samples:
-        return Assessment(
-            rule,
-            pool,
-            Phase.HOLD,
-            f"samples ({found.samples}) < min_samples ({rule.limits.min_samples})",
-            samples=found.samples,
-            predicted=found.predicted,
-        )
-    value = found.values.get(measure or rule.name)
-    if value is None or math.isnan(value):
-        why = " (no baseline yet)" if found.baseline_source == "none" else ""
-        return Assessment(
-            rule, pool, Phase.HOLD, f"no value for {measure or rule.name}{why}", samples=found.samples
-        )
-    name = measure or rule.name
-    side = "<" if rule.direction == "above" else ">"
-    if restoring:
-        if rule.is_good(value):
-            reason = f"{name} ({value:.3f}) {side} restore_threshold ({rule.restore_threshold})"
-            phase = Phase.OK
-        else:
-            reason = f"{name} ({value:.3f}) not {side} restore_threshold ({rule.restore_threshold})"
-            phase = Phase.ACT
-    elif rule.is_bad(value):
-        reason = (
-            f"{name} ({value:.3f}) {'>' if rule.direction == 'above' else '<'} threshold ({rule.threshold})"
-        )
-        phase = Phase.ACT
-    else:
-        reason = f"{name} ({value:.3f}) within threshold ({rule.threshold})"
-        phase = Phase.OK
-    return Assessment(
-        rule, pool, phase, reason, value=value, samples=found.samples, predicted=found.predicted
-    )
 
 
 # ---------------------------------------------------------------- counters

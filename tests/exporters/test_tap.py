@@ -13,8 +13,11 @@ import json
 import aiohttp
 import pytest
 from aiohttp import web
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from multidict import CIMultiDict
 
-from specguard.exporters import tapstream
+from specguard.exporters import tap, tapstream
 from specguard.monitor import config
 from specguard.monitor.app import Monitor
 
@@ -397,3 +400,50 @@ async def test_engine_without_per_request_stats_falls_back_to_chunks_marked_appr
     assert record.spec.source == "chunks" and record.spec.approximate
     assert (record.spec.rounds, record.spec.output_tokens, record.spec.accepted_tokens) == (3, 4, 1)
     assert monitor.stats.totals()[("spec", "other", "high", "low")].approximate_requests == 1
+
+
+def test_hop_by_hop_headers_are_dropped_including_those_named_in_connection():
+    headers = CIMultiDict(
+        [
+            ("Connection", "keep-alive, X-Private"),
+            ("X-Private", "1"),
+            ("Keep-Alive", "timeout=5"),
+            ("Transfer-Encoding", "chunked"),
+            ("Host", "tap"),
+            ("Authorization", "Bearer t"),
+            ("X-Task-Type", "code"),
+            ("X-Task-Type", "twice"),
+        ]
+    )
+    out = tap.forward_headers(headers, identity=True)
+    assert list(out.items()) == [
+        ("Authorization", "Bearer t"),
+        ("X-Task-Type", "code"),
+        ("X-Task-Type", "twice"),
+        ("Accept-Encoding", "identity"),
+    ]
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    before=st.dictionaries(st.text(max_size=6).filter(lambda k: k != "sglext"), _json, max_size=3),
+    after=st.dictionaries(st.text(max_size=6).filter(lambda k: k != "sglext"), _json, max_size=3),
+    value=_json,
+    compact=st.booleans(),
+    ascii_only=st.booleans(),
+)
+def test_remove_key_equals_serialising_without_the_key(before, after, value, compact, ascii_only):
+    after = {k: v for k, v in after.items() if k not in before}
+    separators = (",", ":") if compact else (", ", ": ")
+    whole = {**before, "sglext": value, **after}
+    rest = {**before, **after}
+    raw = json.dumps(whole, separators=separators, ensure_ascii=ascii_only).encode()
+    expected = json.dumps(rest, separators=separators, ensure_ascii=ascii_only).encode()
+    assert tapstream.remove_key(raw, "sglext") == expected

@@ -23,7 +23,7 @@ from specguard.monitor.sim import cluster
 
 DIALECTS = ["vllm", "sglang"]
 K = {"spec-k4": 4, "spec-k2": 2, "nospec": 0}
-TIME_SCALE = 0.02
+TIME_SCALE = 0.005
 MIX = [
     loadgen.RequestClass("code", temperature=0.0),
     loadgen.RequestClass("creative", temperature=1.0, chat=False),

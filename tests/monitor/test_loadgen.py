@@ -91,3 +91,12 @@ async def test_same_seed_same_prompts():
         await loadgen.run_load("http://127.0.0.1:1", mix, concurrency=0, requests=1)
     with pytest.raises(ConfigError):
         await loadgen.run_load("http://127.0.0.1:1", {"code": 0.0}, concurrency=1, requests=1)
+
+
+async def test_ignore_eos_and_extra_body(sim):
+    mix = [loadgen.RequestClass("creative", temperature=1.0, max_tokens=12, ignore_eos=True, chat=False)]
+    results = await loadgen.run_load(
+        sim.urls["spec-k4"], mix, concurrency=2, requests=4, keep_body=True, extra_body={"n": 2}
+    )
+    assert all(r.output_tokens == 24 and r.finish_reason == "length" for r in results)
+    assert all(len(r.body["choices"]) == 2 and r.spec is None for r in results)  # n > 1: metrics null

@@ -69,6 +69,7 @@ async def test_nospec_pool_exposes_no_spec_families(sim):
         await loadgen.run_load(sim.urls["nospec"], MIX, concurrency=2, requests=3, session=session)
         text = await page(session, sim.urls["nospec"])
     assert "spec_decode" not in text
+    assert headers_of(text) == headers_of(FIXTURE.with_name("vllm-0.32-cpu-nospec.metrics.txt").read_text())
     snap = engines.parse_snapshot(text)
     assert snap.engine == "vllm" and snap.speculation_enabled is False and snap.drafts is None
     assert snap.generation_tokens and snap.generation_tokens > 0

@@ -6,7 +6,9 @@ One session starts two engines on 127.0.0.1, in parallel, from the cached virtua
 - ``spec``: n-gram speculation, K = 4, with ``--per-request-spec-decode-metrics summary``;
 - ``nospec``: the same model without speculation (the real no-speculation baseline).
 
-They are always terminated at the end of the session (SIGTERM, then SIGKILL to their process
+For development, ``SPECGUARD_VLLM_SPEC_URL`` and ``SPECGUARD_VLLM_NOSPEC_URL`` point the tier at
+engines already running with the same flags (``server_command``) instead of starting new ones.
+Engines started here are always terminated at the end of the session (SIGTERM, then SIGKILL to their process
 group). A start failure fails the tests with the tail of the server log: CI provisions
 everything, so there is nothing to skip.
 """
@@ -190,8 +192,23 @@ def warm_up(url: str) -> None:
     )
 
 
+def _running_engines() -> Engines | None:
+    """Engines a developer already started (same flags as here), to iterate without restarts."""
+    spec, nospec = os.environ.get("SPECGUARD_VLLM_SPEC_URL"), os.environ.get("SPECGUARD_VLLM_NOSPEC_URL")
+    if not (spec and nospec):
+        return None
+    return Engines(
+        spec=Engine("spec", spec.rstrip("/"), Path("/dev/null"), NUM_SPECULATIVE_TOKENS, 0),
+        nospec=Engine("nospec", nospec.rstrip("/"), Path("/dev/null"), 0, 0),
+    )
+
+
 @pytest.fixture(scope="session")
 def vllm_engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
+    running = _running_engines()
+    if running is not None:
+        yield running
+        return
     venv, model = provision()
     logdir = tmp_path_factory.mktemp("vllm-logs")
     procs: dict[str, subprocess.Popen] = {}

@@ -7,7 +7,7 @@ async with SimCluster.from_config(None, seed=0, dialect="vllm", time_scale=0.1) 
 
 from __future__ import annotations
 
-import socket
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +62,6 @@ class SimCluster:
                 raise ConfigError(ConfigIssue("--pools", None, None, "", message))
             config = config.with_overrides(pools=tuple(known[name] for name in pools))
         if port_base:
-            from dataclasses import replace
-
             config = config.with_overrides(
                 pools=tuple(replace(p, port=port_base + i) for i, p in enumerate(config.pools))
             )
@@ -100,7 +98,7 @@ class SimCluster:
                     raise ConfigError(
                         f"pool {pool.name}: cannot listen on {self.config.host}:{pool.port}: {exc.strerror}"
                     ) from exc
-                port = _bound_port(site)
+                port = _bound_port(runner, len(self.urls))
                 self.urls[pool.name] = f"http://{self.config.host}:{port}"
         except BaseException:
             await self.stop()
@@ -130,9 +128,9 @@ class SimCluster:
         }
 
 
-def _bound_port(site: web.TCPSite) -> int:
-    server = site._server  # aiohttp keeps the asyncio server here; public API has no accessor
-    for sock in getattr(server, "sockets", None) or ():
-        if sock.family in (socket.AF_INET, socket.AF_INET6):
-            return int(sock.getsockname()[1])
-    raise RuntimeError("the simulator's listening socket has no port")
+def _bound_port(runner: web.AppRunner, index: int) -> int:
+    """The port the pool's runner actually bound (the configured one, or the ephemeral one)."""
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            return int(address[1])
+    raise RuntimeError(f"pool #{index}: the simulator's listening socket has no port")

@@ -25,6 +25,7 @@ from specguard.monitor.sim.openai_request import ApiError, GenerationSpec, parse
 from specguard.monitor.sim.runtime import PoolRuntime
 from specguard.monitor.sim.sglang_metrics import SglangMetrics
 from specguard.monitor.sim.text import count_tokens
+from specguard.monitor.sim.vllm_http import fastapi_errors
 
 SGLANG_VERSION = "0.5.23"
 TASK_HEADER = "x-task-type"
@@ -71,7 +72,7 @@ class SglangServer:
         self.created = int(time.time())
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=16 * 1024 * 1024)
+        app = web.Application(middlewares=[fastapi_errors], client_max_size=16 * 1024 * 1024)
         for path, handler in (
             ("/health", self.health),
             ("/health_generate", self.health),

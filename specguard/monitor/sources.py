@@ -1,0 +1,111 @@
+"""Where the guard's evidence comes from: this process's tap + cost model, and PromQL.
+
+Each source returns ``{class key: Evidence}`` for one evaluation; ``merge`` joins them pool by
+pool. A source that fails outright raises (the daemon turns that into an error evaluation for
+every class); a single failing PromQL query is kept as that rule's error on that pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any, Protocol
+
+from specguard.errors import SourceError
+from specguard.monitor.promql import PromQL
+from specguard.rules import policy as policy_mod
+from specguard.rules.evidence import ClassKey, Evidence, PoolEvidence, evidence_from_costs
+
+
+class EvidenceSource(Protocol):
+    async def collect(self, now: float, keys: Sequence[ClassKey]) -> dict[ClassKey, Evidence]: ...
+
+
+class LocalSource:
+    """Per-class numbers from this process: the tap's window of records through the cost model."""
+
+    def __init__(
+        self, stats: Any, pools: Any, settings: Any, *, profile: Any = None, window_seconds: float = 300
+    ):
+        self._stats, self._pools, self._settings = stats, pools, settings
+        self._profile = profile
+        self._window = window_seconds
+
+    async def collect(self, now: float, keys: Sequence[ClassKey]) -> dict[ClassKey, Evidence]:
+        from specguard.rules import cost
+
+        records = self._stats.records(since=now - self._window)
+        costs = await asyncio.to_thread(
+            cost.evaluate, records, self._pools, self._profile, now, self._settings
+        )
+        return evidence_from_costs(costs)
+
+
+class PromQLSource:
+    """Values of the policy's PromQL rules per class and speculative pool; errors kept per rule."""
+
+    def __init__(self, promql: PromQL, policy: policy_mod.Policy, *, concurrency: int = 4):
+        self._promql = promql
+        self._policy = policy
+        self._limit = asyncio.Semaphore(concurrency)
+
+    async def collect(self, now: float, keys: Sequence[ClassKey]) -> dict[ClassKey, Evidence]:
+        rules = [r for r in self._policy.rules if r.query]
+        pools = [name for name, k in self._policy.pools.items() if k > 0]
+        down: list[str] = []  # once Prometheus is unreachable, fail the rest of the round at once
+        window = policy_mod.window_text(self._policy.window_seconds)
+
+        async def one(key: ClassKey, pool: str, rule: policy_mod.Rule) -> tuple[ClassKey, str, str, Any]:
+            if down:
+                return key, pool, rule.name, SourceError(down[0])
+            variables = dict(zip(("task_type", "temperature_bucket", "load_bucket"), key, strict=True))
+            query = policy_mod.render_query(rule.query or "", {**variables, "pool": pool, "window": window})
+            async with self._limit:
+                try:
+                    return key, pool, rule.name, await self._promql.scalar(query)
+                except SourceError as exc:
+                    if "unreachable" in str(exc) or "timed out" in str(exc):
+                        down.append(str(exc))
+                    return key, pool, rule.name, exc
+
+        results = await asyncio.gather(*(one(k, p, r) for k in keys for p in pools for r in rules))
+        values: dict[tuple[ClassKey, str], dict[str, float]] = {}
+        errors: dict[tuple[ClassKey, str], dict[str, str]] = {}
+        for key, pool, name, result in results:
+            if isinstance(result, SourceError):
+                errors.setdefault((key, pool), {})[name] = str(result)
+            elif result is not None:
+                values.setdefault((key, pool), {})[name] = result
+        out: dict[ClassKey, Evidence] = {}
+        for key in keys:
+            found = {
+                pool: PoolEvidence(pool, values.get((key, pool), {}), errors=errors.get((key, pool), {}))
+                for pool in pools
+                if (key, pool) in values or (key, pool) in errors
+            }
+            out[key] = Evidence(pools=found)
+        return out
+
+
+def merge(
+    first: Mapping[ClassKey, Evidence], second: Mapping[ClassKey, Evidence]
+) -> dict[ClassKey, Evidence]:
+    """Evidence of two sources (local cost-model numbers, PromQL rule values), pool by pool."""
+    out = dict(first)
+    for key, ev in second.items():
+        if key not in out:
+            out[key] = ev
+            continue
+        pools = dict(out[key].pools)
+        for name, extra in ev.pools.items():
+            base = pools.get(name)
+            pools[name] = (
+                extra
+                if base is None
+                else replace(
+                    base, values={**base.values, **extra.values}, errors={**base.errors, **extra.errors}
+                )
+            )
+        out[key] = replace(out[key], pools=pools)
+    return out
