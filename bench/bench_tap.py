@@ -2,10 +2,11 @@
 
 Four processes: two identically seeded upstreams, the tap (``specguard`` Monitor) in front of
 the second, and this load generator. At each concurrency (1, 16, 128 streams) the same
-streamed chat requests are sent directly and through the tap, alternating in rounds so that
-drift hits both sides equally. Reported per concurrency: p50/p99 of TTFT and end-to-end
-latency on each side, their differences (the added latency), request throughput of each side,
-and the tap process's resident memory (current and peak) after the run.
+streamed chat requests are sent directly and through the tap *at the same time*, so the
+machine's contention hits both sides alike. Reported per concurrency: p50/p99 of TTFT and
+end-to-end latency on each side; the added latency as p50/p99 of the per-request difference
+(request (worker, i) is the same request on both sides); request throughput of each side; the
+tap's CPU time per request; and the tap process's resident memory (start, end, peak).
 
     python3 bench/bench_tap.py [--seconds 4] [--rounds 2] [--json]
 
@@ -135,7 +136,7 @@ async def one(session: aiohttp.ClientSession, url: str, body: bytes) -> tuple[fl
 
 async def run_side(url: str, model: str, concurrency: int, seconds: float, tag: str) -> dict:
     """Closed-loop streams for ``seconds``; worker w sends prompts "tag w i" (same on both sides)."""
-    latencies: list[tuple[float, float]] = []
+    latencies: dict[tuple[int, int], tuple[float, float]] = {}
     errors = 0
     deadline = time.perf_counter() + seconds
 
@@ -156,7 +157,7 @@ async def run_side(url: str, model: str, concurrency: int, seconds: float, tag: 
             ttft, e2e, status = await one(session, url, body)
             if status != 200:
                 errors += 1
-            latencies.append((ttft, e2e))
+            latencies[(w, i)] = (ttft, e2e)
 
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -171,50 +172,68 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
 
 
+def summary(latencies: list[tuple[float, float]], errors: int, seconds: float) -> dict:
+    ttft = [t for t, _ in latencies]
+    e2e = [e for _, e in latencies]
+    return {
+        "requests": len(e2e),
+        "errors": errors,
+        "requests_per_second": len(e2e) / seconds,
+        "ttft_p50_ms": 1e3 * pct(ttft, 0.5),
+        "ttft_p99_ms": 1e3 * pct(ttft, 0.99),
+        "e2e_p50_ms": 1e3 * pct(e2e, 0.5),
+        "e2e_p99_ms": 1e3 * pct(e2e, 0.99),
+        "e2e_mean_ms": 1e3 * statistics.fmean(e2e),
+    }
+
+
 async def measure(direct: str, tap: str, model: str, seconds: float, rounds: int, tap_pid: int) -> list[dict]:
-    """``direct`` and the tap's upstream are twins (same seed), fed the same prompts."""
+    """Both sides run at the same time with the same prompts against twin upstreams.
+
+    The machine's contention then hits both sides alike, and request (worker, i) on one side
+    is the same request as (worker, i) on the other, so the per-request difference of their
+    latencies is the tap's added latency for that request.
+    """
     out = []
-    cpu = 0.0
     for level in LEVELS:
-        sides = {name: {"latencies": [], "errors": 0, "seconds": 0.0} for name in ("direct", "tap")}
-        await run_side(direct, model, level, 0.5, tag=f"warm{level}")  # warm-up both paths
-        await run_side(tap, model, level, 0.5, tag=f"warm{level}")
+        await asyncio.gather(
+            run_side(direct, model, level, 0.5, tag=f"warm{level}"),
+            run_side(tap, model, level, 0.5, tag=f"warm{level}"),
+        )
+        sides: dict[str, dict] = {
+            name: {"latencies": [], "errors": 0, "seconds": 0.0} for name in ("direct", "tap")
+        }
+        pairs: list[tuple[float, float]] = []
+        cpu = 0.0
         for r in range(rounds):
-            order = (("direct", direct), ("tap", tap)) if r % 2 == 0 else (("tap", tap), ("direct", direct))
-            for name, url in order:
-                before = cpu_seconds(tap_pid)
-                got = await run_side(url, model, level, seconds, tag=f"c{level}r{r}")
-                if name == "tap":
-                    cpu += cpu_seconds(tap_pid) - before
+            before = cpu_seconds(tap_pid)
+            got_direct, got_tap = await asyncio.gather(
+                run_side(direct, model, level, seconds, tag=f"c{level}r{r}"),
+                run_side(tap, model, level, seconds, tag=f"c{level}r{r}"),
+            )
+            cpu += cpu_seconds(tap_pid) - before
+            for name, got in (("direct", got_direct), ("tap", got_tap)):
                 side = sides[name]
-                side["latencies"] += got["latencies"]
+                side["latencies"] += list(got["latencies"].values())
                 side["errors"] += got["errors"]
                 side["seconds"] += got["seconds"]
+            for key, (ttft, e2e) in got_tap["latencies"].items():
+                if key in got_direct["latencies"]:
+                    d_ttft, d_e2e = got_direct["latencies"][key]
+                    pairs.append((ttft - d_ttft, e2e - d_e2e))
         row: dict = {
             "concurrency": level,
-            "tap_cpu_ms_per_request": 1e3 * cpu / len(sides["tap"]["latencies"]),
+            "tap_cpu_ms_per_request": 1e3 * cpu / max(1, len(sides["tap"]["latencies"])),
         }
-        cpu = 0.0
         for name, side in sides.items():
-            ttft = [t for t, _ in side["latencies"]]
-            e2e = [e for _, e in side["latencies"]]
-            row[name] = {
-                "requests": len(e2e),
-                "errors": side["errors"],
-                "requests_per_second": len(e2e) / side["seconds"],
-                "ttft_p50_ms": 1e3 * pct(ttft, 0.5),
-                "ttft_p99_ms": 1e3 * pct(ttft, 0.99),
-                "e2e_p50_ms": 1e3 * pct(e2e, 0.5),
-                "e2e_p99_ms": 1e3 * pct(e2e, 0.99),
-                "e2e_mean_ms": 1e3 * statistics.fmean(e2e),
-            }
-        d, t = row["direct"], row["tap"]
+            row[name] = summary(side["latencies"], side["errors"], side["seconds"])
         row["added"] = {
-            "ttft_p50_ms": t["ttft_p50_ms"] - d["ttft_p50_ms"],
-            "ttft_p99_ms": t["ttft_p99_ms"] - d["ttft_p99_ms"],
-            "e2e_p50_ms": t["e2e_p50_ms"] - d["e2e_p50_ms"],
-            "e2e_p99_ms": t["e2e_p99_ms"] - d["e2e_p99_ms"],
-            "throughput_ratio": t["requests_per_second"] / d["requests_per_second"],
+            "pairs": len(pairs),
+            "ttft_p50_ms": 1e3 * pct([p[0] for p in pairs], 0.5),
+            "ttft_p99_ms": 1e3 * pct([p[0] for p in pairs], 0.99),
+            "e2e_p50_ms": 1e3 * pct([p[1] for p in pairs], 0.5),
+            "e2e_p99_ms": 1e3 * pct([p[1] for p in pairs], 0.99),
+            "throughput_ratio": row["tap"]["requests_per_second"] / row["direct"]["requests_per_second"],
         }
         out.append(row)
     return out
@@ -294,7 +313,8 @@ def main() -> int:
             )
         a = row["added"]
         print(
-            f"{'':>7}  added  e2e p50 {a['e2e_p50_ms']:+.2f} ms, p99 {a['e2e_p99_ms']:+.2f} ms; "
+            f"{'':>7}  added per request ({a['pairs']} pairs): "
+            f"e2e p50 {a['e2e_p50_ms']:+.2f} ms, p99 {a['e2e_p99_ms']:+.2f} ms; "
             f"TTFT p50 {a['ttft_p50_ms']:+.2f} ms, p99 {a['ttft_p99_ms']:+.2f} ms; "
             f"throughput x{a['throughput_ratio']:.3f}; tap CPU {row['tap_cpu_ms_per_request']:.2f} ms/request"
         )

@@ -131,29 +131,35 @@ class ScrapeLoop:
         self._stop = asyncio.Event()
 
     async def scrape_once(self) -> bool:
-        """One scrape now; True when the pool answered with a page the adapters understood."""
+        """One scrape now; True when the pool answered with a page the adapters understood.
+
+        A failure is logged as a warning when the pool goes down, then at debug level while it
+        stays down (``specguard_engine_up`` says it anyway); recovery is logged once.
+        """
         pool = self.watch.pool
+        first = self.watch.scrapes == 0
+        was_up = self.watch.up
         start = self._mono()
         try:
             snapshot = await asyncio.wait_for(self._fetch(pool, self.timeout), self.timeout)
         except asyncio.CancelledError:
             raise
         except TimeoutError:
-            self.watch.fail(f"timed out after {self.timeout}s", self._mono() - start)
-            log.warning("%s: %s%s timed out after %ss", self.name, pool.url, pool.metrics_path, self.timeout)
-            return False
+            error = f"{pool.url}{pool.metrics_path}: timed out after {self.timeout}s"
         except SpecguardError as exc:
-            self.watch.fail(str(exc), self._mono() - start)
-            log.warning("%s: %s", self.name, exc)
-            return False
+            error = str(exc)
         except Exception as exc:  # a bad page or a socket error must not stop the loop
-            self.watch.fail(f"{type(exc).__name__}: {exc}", self._mono() - start)
-            log.warning("%s: %s: %s", self.name, type(exc).__name__, exc)
-            return False
-        self.watch.observe(snapshot, self._mono() - start)
-        if self._on_snapshot is not None:
-            self._on_snapshot(pool, snapshot)
-        return True
+            error = f"{type(exc).__name__}: {exc}"
+        else:
+            self.watch.observe(snapshot, self._mono() - start)
+            if not was_up and not first:
+                log.info("%s: engine answers again", self.name)
+            if self._on_snapshot is not None:
+                self._on_snapshot(pool, snapshot)
+            return True
+        self.watch.fail(error, self._mono() - start)
+        log.log(logging.WARNING if (was_up or first) else logging.DEBUG, "%s: %s", self.name, error)
+        return False
 
     async def _run(self) -> None:
         log.info("%s: started (every %ss)", self.name, self.interval)

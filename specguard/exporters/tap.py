@@ -10,23 +10,20 @@ becomes one ``RequestRecord`` in the ``WindowedStats``.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from specguard.exporters import tapstream
-from specguard.exporters.classify import Classifier, RequestClass
-from specguard.exporters.config import ExporterConfig, PoolConfig
-from specguard.exporters.records import RequestRecord, SpecStats
+from specguard.exporters import tapflow, tapstream
+from specguard.exporters.classify import Classifier
+from specguard.exporters.config import ExporterConfig
 from specguard.exporters.routing import Router
 from specguard.exporters.stats import WindowedStats
 
@@ -79,28 +76,6 @@ def forward_headers(headers: Any, *, identity: bool) -> CIMultiDict[str]:
     if identity:
         out["Accept-Encoding"] = "identity"  # the tap must read what it measures
     return out
-
-
-@dataclass
-class _Flow:
-    """What the tap learns about one request while it is in flight."""
-
-    pool: PoolConfig
-    cls: RequestClass
-    route: str
-    load_bucket: str
-    started_at: float
-    t0: float
-    body: dict[str, Any] | None
-    additions: tapstream.Additions = field(default_factory=tapstream.Additions)
-    status: int = 0
-    streamed: bool = False
-    first_at: float | None = None
-    last_at: float | None = None
-    chunks: int = 0
-    usage_tokens: int | None = None
-    spec: SpecStats | None = None
-    failure: str | None = None  # unattributed reason forced by an error
 
 
 class Tap:
@@ -234,7 +209,7 @@ class Tap:
         choice = self.router.choose(cls.task_type, cls.temperature_bucket, self._load_bucket_of)
         pool = self._pools[choice.pool]
         self.in_flight[pool.name] += 1
-        flow = _Flow(
+        flow = tapflow.Flow(
             pool=pool,
             cls=cls,
             route=choice.route,
@@ -256,10 +231,10 @@ class Tap:
             raise
         finally:
             self.in_flight[pool.name] -= 1
-            self.stats.add(self._record(flow))
+            self.stats.add(tapflow.to_record(flow, self.engines[pool.name], self._mono()))
 
     async def _forward(
-        self, request: web.Request, flow: _Flow, payload: bytes, headers: CIMultiDict[str]
+        self, request: web.Request, flow: tapflow.Flow, payload: bytes, headers: CIMultiDict[str]
     ) -> web.StreamResponse:
         pool = flow.pool
         out: web.StreamResponse | None = None
@@ -315,7 +290,7 @@ class Tap:
             request.transport.close()
         return out
 
-    def _inspect_body(self, data: bytes, flow: _Flow) -> bytes:
+    def _inspect_body(self, data: bytes, flow: tapflow.Flow) -> bytes:
         """Read spec stats from a whole JSON response; strip what the tap added."""
         flow.last_at = self._mono()
         try:
@@ -329,7 +304,7 @@ class Tap:
             data = tapstream.remove_key(data, "sglext")
         return data
 
-    def _absorb(self, obj: dict[str, Any], flow: _Flow) -> None:
+    def _absorb(self, obj: dict[str, Any], flow: tapflow.Flow) -> None:
         usage = obj.get("usage")
         if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
             flow.usage_tokens = usage["completion_tokens"]
@@ -337,7 +312,9 @@ class Tap:
         if spec is not None:
             flow.spec = spec
 
-    async def _relay_stream(self, resp: aiohttp.ClientResponse, out: web.StreamResponse, flow: _Flow) -> None:
+    async def _relay_stream(
+        self, resp: aiohttp.ClientResponse, out: web.StreamResponse, flow: tapflow.Flow
+    ) -> None:
         """Forward SSE events as they complete; drop or trim only the tap's own additions."""
         buffer = b""
         async for data in resp.content.iter_any():
@@ -362,7 +339,7 @@ class Tap:
             if kept is not None:
                 await out.write(kept)
 
-    def _inspect_event(self, event: bytes, flow: _Flow) -> bytes | None:
+    def _inspect_event(self, event: bytes, flow: tapflow.Flow) -> bytes | None:
         start = event.find(b"data:")
         if start < 0:
             return event
@@ -393,87 +370,11 @@ class Tap:
         return event
 
     @staticmethod
-    def _saw_content(flow: _Flow, now: float) -> None:
+    def _saw_content(flow: tapflow.Flow, now: float) -> None:
         flow.chunks += 1
         if flow.first_at is None:
             flow.first_at = now
         flow.last_at = now
-
-    # -- the record --------------------------------------------------------------------------
-    def _unattributed_reason(self, flow: _Flow) -> str | None:
-        if flow.failure is not None:
-            return flow.failure
-        if flow.body is None:
-            return "not_json"
-        if flow.status != 200:
-            return "error_status"
-        if flow.spec is not None or not flow.pool.speculative:
-            return None
-        body = flow.body
-        n = body.get("n", 1)
-        if (isinstance(n, int) and n > 1) or (isinstance(body.get("best_of"), int) and body["best_of"] > 1):
-            return "n_gt_1"
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) and len(prompt) > 1:
-            return "prompt_list"
-        if body.get("stop"):
-            return "stop_string"
-        if flow.streamed and flow.usage_tokens is None:
-            return "no_usage"
-        return "no_spec_stats"
-
-    def _record(self, flow: _Flow) -> RequestRecord:
-        end = self._mono()
-        output = flow.usage_tokens
-        if output is None and flow.spec is not None and flow.spec.output_tokens is not None:
-            output = flow.spec.output_tokens
-        approximate = output is None and flow.chunks > 0
-        if output is None:
-            output = flow.chunks
-        spec = flow.spec
-        if (
-            spec is None
-            and flow.failure is None
-            and flow.status == 200
-            and flow.pool.speculative
-            and flow.streamed
-            and self.engines[flow.pool.name] in ("trtllm", "tgi")
-            and flow.chunks
-            and flow.usage_tokens
-        ):  # no engine-reported stats: one stream chunk ~ one verify round
-            k = flow.pool.num_speculative_tokens
-            spec = SpecStats(
-                source="chunks",
-                rounds=flow.chunks,
-                draft_tokens=flow.chunks * k,
-                accepted_tokens=max(0, flow.usage_tokens - flow.chunks),
-                output_tokens=flow.usage_tokens,
-                num_speculative_tokens=k,
-                approximate=True,
-            )
-        elif spec is not None and approximate:
-            spec = dataclasses.replace(spec, approximate=True)
-        ttft = flow.first_at - flow.t0 if flow.first_at is not None else None
-        decode = flow.last_at - flow.first_at if flow.first_at is not None and flow.last_at else None
-        return RequestRecord(
-            pool=flow.pool.name,
-            task_type=flow.cls.task_type,
-            temperature_bucket=flow.cls.temperature_bucket,
-            load_bucket=flow.load_bucket,
-            route=flow.route,
-            started_at=flow.started_at,
-            status=flow.status,
-            streamed=flow.streamed,
-            temperature=flow.cls.temperature,
-            top_p=flow.cls.top_p,
-            output_tokens=output,
-            ttft_seconds=ttft,
-            decode_seconds=decode,
-            e2e_seconds=end - flow.t0,
-            spec=spec,
-            unattributed_reason=None if spec is not None else self._unattributed_reason(flow),
-            classified=flow.cls.classified,
-        )
 
     def routes(self) -> list[web.RouteDef]:
         """Catch-all route; mount after the app's own endpoints (/metrics, /healthz)."""

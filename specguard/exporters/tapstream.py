@@ -42,7 +42,11 @@ def prepare(engine: str, body: dict[str, Any]) -> tuple[dict[str, Any] | None, A
     asked_usage = isinstance(options, Mapping) and options.get("include_usage") is True
     if engine in ("vllm", "sglang") and stream and not asked_usage:
         new = dict(body)
-        new["stream_options"] = {**(options if isinstance(options, Mapping) else {}), "include_usage": True}
+        extra: dict[str, Any] = {"include_usage": True}
+        if isinstance(options, Mapping) and "continuous_usage_stats" in options:
+            # without include_usage the client's continuous_usage_stats had no effect: keep it so
+            extra["continuous_usage_stats"] = False
+        new["stream_options"] = {**(options if isinstance(options, Mapping) else {}), **extra}
         usage = True
     if engine == "sglang" and body.get("return_spec_tokens_details") is not True:
         new = dict(new or body)

@@ -6,7 +6,9 @@ actuator has seen the current plan version). Network calls all carry timeouts.
 
 The ConfigMap is written with optimistic concurrency: read, change only our key, patch with
 the ``resourceVersion`` that was read; a 409 Conflict means someone else wrote in between, so
-the map is read again and the change re-applied, never written blindly. Fleet replicas read
+the map is read again and the change re-applied, never written blindly. Inside our key, only
+the classes this guard just decided about replace the stored entries (several replicas that
+decide never clobber each other's classes). Fleet replicas read
 the plan back with ``ConfigMapActuator.read_plan``. The ``kubernetes`` package is an optional
 extra, imported only when a ConfigMap is configured.
 """
@@ -22,7 +24,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from specguard.errors import ConfigError, SourceError
+from specguard.errors import ConfigError, InputError, SourceError
 from specguard.monitor import state as state_mod
 from specguard.rules.guard import Decision
 
@@ -128,6 +130,7 @@ class ConfigMapActuator:
         self._factory = api_factory or (lambda: core_api(kubeconfig=kubeconfig, api_server=api_server))
         self._api: Any = None
         self.conflicts = 0  # 409s seen (each was re-read and retried)
+        self._pending: set = set()
 
     def _core(self) -> Any:
         if self._api is None:
@@ -135,12 +138,43 @@ class ConfigMapActuator:
         return self._api
 
     async def apply(self, plan: state_mod.PlanDocument, decisions: Sequence[Decision]) -> None:
-        text = json.dumps(state_mod.encode(plan), indent=1, sort_keys=True)
+        # classes decided here and not yet written survive a failed write until one succeeds
+        self._pending |= {d.key for d in decisions if d.action != "none" and not d.dry_run}
         await asyncio.wait_for(
-            asyncio.to_thread(self._write, text), self.timeout * (self.conflict_retries + 2)
+            asyncio.to_thread(self._write, plan, set(self._pending)),
+            self.timeout * (self.conflict_retries + 2),
         )
+        self._pending.clear()
 
-    def _write(self, text: str) -> None:
+    def _merge(self, stored_text: str | None, plan: state_mod.PlanDocument, changed: set) -> str:
+        """Our plan laid over the stored one: only the classes we decided about replace stored entries.
+
+        With no (readable) stored plan, ours is written whole. Another writer's entries for classes
+        we did not act on are kept, so replicas never clobber each other's decisions.
+        """
+        stored = None
+        if stored_text is not None:
+            try:
+                stored = state_mod.decode(json.loads(stored_text), f"configmap key {self.key}")
+            except (ValueError, InputError) as exc:
+                log.warning(
+                    "configmap %s/%s: stored plan unreadable (%s); writing ours whole",
+                    self.namespace,
+                    self.configmap,
+                    exc,
+                )
+        if stored is None:
+            merged = plan
+        else:
+            states = dict(stored.states)
+            states.update({k: plan.states[k] for k in changed if k in plan.states})
+            version = max(stored.version + (1 if changed else 0), plan.version)
+            merged = state_mod.PlanDocument(version, plan.updated_at, states, {**stored.pools, **plan.pools})
+            if not changed:
+                return stored_text  # nothing decided here: leave the stored plan as it is
+        return json.dumps(state_mod.encode(merged), indent=1, sort_keys=True)
+
+    def _write(self, plan: state_mod.PlanDocument, changed: set) -> None:
         from kubernetes.client.exceptions import ApiException
 
         api = self._core()
@@ -154,7 +188,9 @@ class ConfigMapActuator:
                 raise SourceError(f"{where}: read failed: HTTP {exc.status} {exc.reason}") from exc
             except Exception as exc:  # urllib3 connection and timeout errors
                 raise SourceError(f"{where}: read failed: {type(exc).__name__}") from exc
-            if (current.data or {}).get(self.key) == text:
+            stored_text = (current.data or {}).get(self.key)
+            text = self._merge(stored_text, plan, changed)
+            if stored_text == text:
                 return
             body = {
                 "metadata": {"resourceVersion": current.metadata.resource_version},

@@ -55,6 +55,8 @@ class Guard:
         evaluation_timeout: float | None = None,
         keep_decisions: int = 200,
         follow: Any = None,
+        reloader: Callable[[], policy_mod.Policy | None] | None = None,
+        reload_interval: float = 10.0,
     ):
         self.policy = policy
         self.sources = list(sources)
@@ -69,6 +71,9 @@ class Guard:
         self.load_buckets = list(load_buckets)
         self.evaluation_timeout = evaluation_timeout or max(5.0, policy.interval_seconds * 0.8)
         self.follow = follow  # ConfigMapActuator to read the plan from (fleet replica), or None
+        self.reloader = reloader  # returns a new policy when the config file changed (ConfigError if bad)
+        self.reload_interval = reload_interval
+        self.reload_error: str | None = None
         self.states: dict[ClassKey, guard.ClassState] = {}
         self.last_decisions: dict[ClassKey, guard.Decision] = {}
         self.decisions: deque[dict[str, Any]] = deque(maxlen=keep_decisions)
@@ -169,7 +174,8 @@ class Guard:
         if acted:
             self.version += 1
             for d in acted:
-                self.counters.actions[(d.key[0], d.key[1], d.action, d.cause or "none")] += 1
+                reason = ("dry_run:" if d.dry_run else "") + (d.cause or "none")
+                self.counters.actions[(d.key[0], d.key[1], d.action, reason)] += 1
                 log.info(
                     "%s %s: %s %s -> %s: %s",
                     "/".join(d.key),
@@ -321,6 +327,7 @@ class Guard:
             "audit_write_errors": self.audit.write_errors,
             "audit_torn_lines": self.audit.torn_lines,
             "plan_file_recovered": self.store.recovered if self.store else None,
+            "policy_reload_error": self.reload_error,
         }
 
     # -- scheduling ----------------------------------------------------------------------------
@@ -343,6 +350,17 @@ class Guard:
             misfire_grace_time=max(1, int(interval)),
             next_run_time=datetime.now(UTC) + timedelta(seconds=min(interval, 5.0)),
         )
+        if self.reloader is not None:
+            self._scheduler.add_job(
+                self._reload,
+                "interval",
+                seconds=self.reload_interval,
+                id="policy-reload",
+                name="policy reload",
+                coalesce=True,
+                max_instances=1,
+                misfire_grace_time=max(1, int(self.reload_interval)),
+            )
         self._scheduler.add_listener(
             self._on_job_event, EVENT_JOB_ERROR | EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES
         )
@@ -365,6 +383,41 @@ class Guard:
             log.error("guard evaluation: timed out after %g s", self.evaluation_timeout * 2)
         except Exception:
             log.exception("guard evaluation has failed")
+
+    async def set_policy(self, policy: policy_mod.Policy) -> None:
+        """Swap the policy between evaluations; class states (plan, counters, pins) are kept."""
+        async with self._lock:
+            old = self.policy
+            self.policy = policy
+            self.evaluation_timeout = max(5.0, policy.interval_seconds * 0.8)
+            for source in self.sources:
+                if hasattr(source, "policy"):
+                    source.policy = policy
+            if self._scheduler is not None and policy.interval_seconds != old.interval_seconds:
+                self._scheduler.reschedule_job(
+                    "guard-evaluation", trigger="interval", seconds=policy.interval_seconds
+                )
+        log.info("policy %s -> %s applied", old.version, policy.version)
+
+    async def _reload(self) -> None:
+        """The "policy reload" job: a bad file keeps the old policy and says why."""
+        from specguard.errors import ConfigError
+
+        try:
+            policy = await asyncio.to_thread(self.reloader)
+        except ConfigError as exc:
+            if str(exc) != self.reload_error:
+                log.error("policy reload failed, keeping version %s:\n%s", self.policy.version, exc)
+                self.counters.reloads["error"] += 1
+            self.reload_error = str(exc)
+            return
+        except Exception:
+            log.exception("policy reload has failed")
+            return
+        self.reload_error = None
+        if policy is not None and policy.version != self.policy.version:
+            await self.set_policy(policy)
+            self.counters.reloads["ok"] += 1
 
     def _on_job_event(self, event: Any) -> None:
         log.warning(

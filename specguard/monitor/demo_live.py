@@ -63,7 +63,6 @@ async def run_live(
     status_every_s: float = 1.0,
 ) -> dict:
     """Run the scenario live; returns throughput and TPOT in model units plus the decisions."""
-    scen = setup.scenario
     policy = scaled_policy(setup.policy, setup.timer_scale * time_scale)
     with tempfile.TemporaryDirectory(prefix="specguard-demo-") as tmp:
         work = Path(tmp)

@@ -29,6 +29,7 @@ class GuardCounters:
     webhook_alerts: Counter[tuple[str, str]] = field(default_factory=Counter)  # (status, outcome)
     actuation_errors: Counter[str] = field(default_factory=Counter)  # actuator
     plan_write_errors: int = 0
+    reloads: Counter[str] = field(default_factory=Counter)  # result: ok | error
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class GuardCollector(Collector):
         yield CounterMetricFamily("specguard_actuation_errors", "Actuator applications that failed")
         yield CounterMetricFamily("specguard_plan_write_errors", "Plan file writes that failed")
         yield GaugeMetricFamily("specguard_plan_version", "Version of the plan the guard holds")
+        yield CounterMetricFamily("specguard_policy_reloads", "Policy reloads from the config file by result")
         yield InfoMetricFamily("specguard_config", "Digest of the guard policy in use")
 
     def collect(self) -> Iterator:
@@ -157,6 +159,12 @@ class GuardCollector(Collector):
         yield GaugeMetricFamily(
             "specguard_plan_version", "Version of the plan the guard holds", value=float(view.plan_version)
         )
+        reloads = CounterMetricFamily(
+            "specguard_policy_reloads", "Policy reloads from the config file by result", labels=["result"]
+        )
+        for result in ("ok", "error"):
+            reloads.add_metric([result], counters.reloads.get(result, 0))
+        yield reloads
         yield InfoMetricFamily(
             "specguard_config", "Digest of the guard policy in use", value={"version": view.config_version}
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import MutableMapping
+from pathlib import Path
 from typing import Any
 
 from specguard import configfile
@@ -38,6 +39,36 @@ def parse_guard(root: configfile.Section) -> policy_mod.Policy:
                 value in names, key, f"({value!r}) is not a configured pool ({', '.join(sorted(names))})"
             )
     return policy
+
+
+class PolicyReloader:
+    """Re-reads the ``guard:`` section when the config file changes (other sections need a restart).
+
+    Called from the daemon's "policy reload" job; returns None when the file is unchanged and
+    raises ConfigError (with every issue) when the new section is invalid, so the old policy stays.
+    """
+
+    def __init__(self, path: str | Path, pools: dict[str, int], default_pool: str, nospec_pool: str | None):
+        self.path = Path(path)
+        self._pools, self._default, self._nospec = pools, default_pool, nospec_pool
+        self._seen = self._stamp()
+
+    def _stamp(self) -> tuple[int, int] | None:
+        try:
+            stat = self.path.stat()
+        except OSError:
+            return None
+        return stat.st_mtime_ns, stat.st_size
+
+    def __call__(self) -> policy_mod.Policy | None:
+        stamp = self._stamp()
+        if stamp is None or stamp == self._seen:
+            return None
+        doc = configfile.load_file(self.path)
+        policy = parse_guard(doc.root())
+        doc.raise_if_issues()
+        self._seen = stamp
+        return policy.with_pools(self._pools, self._default, self._nospec)
 
 
 def register_sections(sections: MutableMapping[str, Any]) -> None:
@@ -113,6 +144,9 @@ def build(monitor: Any, cfg: Any) -> tuple[daemon.Guard, receiver.Api]:
         temperature_buckets=temps,
         load_buckets=loads,
         follow=follow,
+        reloader=PolicyReloader(cfg.file, pools, default_pool, ex.tap.nospec_pool)
+        if Path(cfg.file).is_file()
+        else None,
     )
     token = server.token()
     guard_config.check_listen(server, ex.tap.host)

@@ -106,8 +106,8 @@ class Api:
             web.post("/api/v1/overrides", self.post_override),
             web.get("/api/v1/overrides", self.get_overrides),
         ]
-        if self.alerts_enabled:
-            routes.append(web.post("/api/v1/alerts", self.post_alerts))
+        # mounted even when disabled: the tap's catch-all proxy must never forward it to an engine
+        routes.append(web.post("/api/v1/alerts", self.post_alerts if self.alerts_enabled else self.disabled))
         if healthz:
             routes.append(web.get("/healthz", self.healthz))
         return routes
@@ -167,6 +167,9 @@ class Api:
             raise _error(400, str(exc)) from exc
         return web.json_response(result)
 
+    async def disabled(self, request: web.Request) -> web.Response:
+        raise _error(404, "the Alertmanager receiver is disabled (alertmanager.enabled: false)")
+
     async def post_override(self, request: web.Request) -> web.Response:
         self._check(request)
         body = await self._body(request)
@@ -220,6 +223,7 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
         400: web.HTTPBadRequest,
         401: web.HTTPUnauthorized,
         403: web.HTTPForbidden,
+        404: web.HTTPNotFound,
         413: web.HTTPRequestEntityTooLarge,
         503: web.HTTPServiceUnavailable,
     }

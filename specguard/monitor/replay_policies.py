@@ -124,6 +124,46 @@ def oracle_plans(
     return plans
 
 
+def rule_plans(
+    sim: SimConfig,
+    scenario: Scenario,
+    buckets: Buckets,
+    default_pool: str,
+    nospec_pool: str,
+    fleet: int = 3,
+    shorten_max_rc: float = 0.95,
+) -> list[ClassPlan]:
+    """What the default policy's rule would pick with perfect, instant knowledge of the true RC.
+
+    Per phase and class: stay on the default pool while its true RC < 1; else the shorter-K pool
+    with the lowest true RC below ``shorten_max_rc``; else no speculation. The gap between this
+    and the oracle is the rule's; the gap between specguard and this is measurement and delay.
+    """
+    nospec_step = sim.cost.step_seconds
+    plans = []
+    for phase in scenario.phases:
+        batch = math.ceil(phase.clients / fleet)
+        plan: ClassPlan = {}
+        for group in phase_groups(phase, buckets):
+            base = nospec_step(max(1, batch), 0)
+
+            def rc(pool: str, g: Group = group, b: int = batch, t_base: float = base) -> float:
+                return class_tpot(sim, g, pool, b) / t_base
+
+            k_default = sim.pool(default_pool).num_speculative_tokens
+            choice = default_pool
+            if rc(default_pool) >= 1.0:
+                shorter = [
+                    p.name
+                    for p in sim.pools
+                    if 0 < p.num_speculative_tokens < k_default and rc(p.name) < shorten_max_rc
+                ]
+                choice = min(shorter, key=rc) if shorter else nospec_pool
+            plan[(group.task_type, group.temperature_bucket)] = choice
+        plans.append(plan)
+    return plans
+
+
 # ---- specguard itself ---------------------------------------------------------------------------
 
 

@@ -132,6 +132,7 @@ def bootstrap_interval(
     *,
     fixed_base: float | None = None,
     fixed_base_log_sd: float = 0.0,
+    base_ratios: np.ndarray | None = None,
     confidence: float,
     resamples: int,
     seed: int,
@@ -140,12 +141,16 @@ def bootstrap_interval(
 
     With ``fixed_base`` (a profile baseline) only the spec side is resampled, and the baseline
     is jittered log-normally by ``fixed_base_log_sd`` when the profile gave a standard error.
+    ``base_ratios`` are baseline resamples already drawn (``resampled_ratios``), shared by every
+    class of a load bucket so the large no-spec side is resampled once per evaluation.
     """
     rng = np.random.default_rng(seed)
     spec_ratio = _resampled_ratios(rng, spec_seconds, spec_tokens, resamples)
     if spec_ratio is None:
         return None
-    if fixed_base is not None:
+    if base_ratios is not None:
+        base_ratio = base_ratios
+    elif fixed_base is not None:
         base_ratio = fixed_base * np.exp(rng.normal(0.0, fixed_base_log_sd, resamples))
     else:
         if base_seconds is None or base_tokens is None:
@@ -160,6 +165,11 @@ def bootstrap_interval(
     tail = (1.0 - confidence) / 2.0 * 100.0
     low, high = np.percentile(rc, [tail, 100.0 - tail])
     return (float(low), float(high))
+
+
+def resampled_ratios(seed: int, seconds: np.ndarray, tokens: np.ndarray, resamples: int) -> np.ndarray | None:
+    """``resamples`` bootstrap ratio-of-sums values of one side (None with fewer than 2 samples)."""
+    return _resampled_ratios(np.random.default_rng(seed), seconds, tokens, resamples)
 
 
 def _resampled_ratios(

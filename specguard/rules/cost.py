@@ -140,6 +140,7 @@ def evaluate(
             by_pool_load[(record.pool, record.load_bucket)].append(record)
     step_cache: dict[tuple[str, str], whatif.StepTime | None] = {}
     base_cache: dict[tuple[str, ...], baseline_mod.Baseline] = {}
+    boot_cache: dict[int, np.ndarray | None] = {}  # id(baseline) -> its bootstrap resamples
     results: list[ClassCost] = []
     for key in sorted(keys):
         task_type, temperature_bucket, load_bucket = key
@@ -164,9 +165,8 @@ def evaluate(
                 for other in spec_pools
                 if other != pool
             }
-            results.append(
-                _class_cost(key, pool, ks[pool], by_cell.get((key, pool), []), base, steps, ks, settings, now)
-            )
+            cell = by_cell.get((key, pool), [])
+            results.append(_class_cost(key, pool, ks[pool], cell, base, steps, ks, settings, now, boot_cache))
     return results
 
 
@@ -180,6 +180,7 @@ def _class_cost(
     ks: Mapping[str, int],
     settings: CostSettings,
     now: float,
+    boot_cache: dict[int, np.ndarray | None],
 ) -> ClassCost:
     usable = [r for r in records if baseline_mod.usable_for_tpot(r)]
     seconds, tokens = baseline_mod.tpot_arrays(usable)
@@ -187,7 +188,7 @@ def _class_cost(
     rc = lower = upper = None
     if spec is not None and base.tpot_seconds:
         rc = spec.value / base.tpot_seconds
-        bounds = _interval(rc, spec, seconds, tokens, base, settings)
+        bounds = _interval(rc, spec, seconds, tokens, base, settings, boot_cache)
         if bounds is not None:
             lower, upper = bounds
     if not usable:
@@ -244,14 +245,28 @@ def _interval(
     tokens: np.ndarray,
     base: baseline_mod.Baseline,
     settings: CostSettings,
+    boot_cache: dict[int, np.ndarray | None],
 ) -> tuple[float, float] | None:
     if settings.interval_method == "bootstrap":
         live = base.source == baseline_mod.SOURCE_LIVE
+        base_ratios = None
+        if live:
+            if id(base) not in boot_cache:
+                boot_cache[id(base)] = confidence.resampled_ratios(
+                    settings.seed + 1,
+                    np.array(base.seconds),
+                    np.array(base.tokens),
+                    settings.bootstrap_resamples,
+                )
+            base_ratios = boot_cache[id(base)]
+            if base_ratios is None:
+                return None
         return confidence.bootstrap_interval(
             seconds,
             tokens,
-            np.array(base.seconds) if live else None,
-            np.array(base.tokens) if live else None,
+            None,
+            None,
+            base_ratios=base_ratios,
             fixed_base=None if live else base.tpot_seconds,
             fixed_base_log_sd=float(np.sqrt(base.log_variance or 0.0)),
             confidence=settings.confidence,

@@ -228,3 +228,21 @@ def test_prometheusrule_uses_only_fields_the_operator_knows():
                     assert re.fullmatch(DURATION, r[key]), (key, r[key])
             for key in ("labels", "annotations"):
                 assert all(isinstance(v, str) for v in r.get(key, {}).values())
+
+
+def test_seeded_plan_is_a_plan_the_guard_reads():
+    from specguard.monitor import state
+
+    cm = next(d for d in by_kind(BASE, "ConfigMap") if d["metadata"]["name"] == "specguard-plan")
+    key = (
+        specguard_config.parse_text(
+            next(
+                d for d in by_kind(BASE, "ConfigMap") if d["metadata"]["name"].startswith("specguard-config")
+            )["data"]["specguard.yaml"],
+            "specguard.yaml",
+        )
+        .sections["actuators"]
+        .configmap.key
+    )
+    plan = state.decode(json.loads(cm["data"][key]), "specguard-plan")
+    assert plan.version == 0 and not plan.states

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from specguard.exporters.collector import EngineCollector, TapCollector
 from specguard.exporters.config import PoolConfig
-from specguard.exporters.poolwatch import PoolWatch
+from specguard.exporters.poolwatch import PoolWatch, ScrapeLoop
 from specguard.exporters.records import RequestRecord, SpecStats
 from specguard.exporters.snapshot import EngineSnapshot
 from specguard.exporters.stats import WindowedStats
@@ -143,3 +145,30 @@ def test_counter_family_appearing_after_the_first_scrape_counts_from_zero():
     fresh = PoolWatch(POOL)  # the first page ever seen is only the baseline
     fresh.observe(EngineSnapshot(engine="sglang", drafts=7.0), 0.01)
     assert fresh.view()["accumulated"]["drafts"] == 0.0
+
+
+async def test_scrape_loop_is_named_survives_failures_and_stops():
+    watch = PoolWatch(POOL)
+    pages = [OSError("refused"), snap(10, 4), ValueError("garbled"), snap(12, 5)]
+    seen = []
+
+    async def fetch(pool, timeout):
+        page = pages.pop(0) if pages else snap(12, 5)
+        if isinstance(page, Exception):
+            raise page
+        return page
+
+    loop = ScrapeLoop(
+        watch, fetch, interval=0.01, timeout=1.0, on_snapshot=lambda p, s: seen.append(s.drafts)
+    )
+    assert loop.name == "scrape:spec-k2"
+    loop.start()
+    for _ in range(200):
+        if not pages and watch.scrapes >= 5:
+            break
+        await asyncio.sleep(0.01)
+    await loop.stop()
+    assert not any(t.get_name() == "scrape:spec-k2" for t in asyncio.all_tasks())
+    assert seen[:2] == [10, 12] and watch.up
+    assert watch.view()["accumulated"]["drafts"] == 2  # 10 is the baseline
+    assert watch.last_error == "ValueError: garbled"

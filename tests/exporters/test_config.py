@@ -10,7 +10,7 @@ import pytest
 
 from specguard.errors import ConfigError
 from specguard.exporters.config import Bucket
-from specguard.monitor import config
+from specguard.monitor import cli, config
 
 GOOD = """\
 pools:
@@ -151,25 +151,26 @@ def test_section_hooks_run_and_report_errors_with_the_rest():
     assert any("extra: unknown key" in line for line in issues(GOOD + "extra: {}\n"))
 
 
-def test_check_config_command(tmp_path):
+def test_check_config_command(tmp_path, capsys):
     good = tmp_path / "good.yaml"
     good.write_text(GOOD)
     bad = tmp_path / "bad.yaml"
     bad.write_text(GOOD.replace("engine: vllm, num", "engine: vllx, num"))
-    ok = subprocess.run(
-        [sys.executable, "-m", "specguard", "check-config", str(good)], capture_output=True, text=True
-    )
-    assert ok.returncode == 0 and ok.stdout.startswith("OK ")
-    assert "spec-k4 (vllm, K=4)" in ok.stdout
-    fail = subprocess.run(
+    assert cli.main(["check-config", str(good)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("OK ") and "spec-k4 (vllm, K=4)" in out
+    assert cli.main(["check-config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:2:" in err and "pools[0].engine: ('vllx') must be one of" in err
+    assert err.rstrip().endswith("1 error")
+    assert cli.main(["check-config", str(tmp_path / "nope.yaml")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_check_config_as_a_process(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pools:\n  - {name: a, url: nowhere}\n")
+    done = subprocess.run(
         [sys.executable, "-m", "specguard", "check-config", str(bad)], capture_output=True, text=True
     )
-    assert fail.returncode == 2
-    assert f"{bad}:2:" in fail.stderr and "pools[0].engine: ('vllx') must be one of" in fail.stderr
-    assert "Traceback" not in fail.stderr
-    missing = subprocess.run(
-        [sys.executable, "-m", "specguard", "check-config", str(tmp_path / "nope.yaml")],
-        capture_output=True,
-        text=True,
-    )
-    assert missing.returncode == 2 and "cannot read" in missing.stderr
+    assert done.returncode == 2 and f"{bad}:2:" in done.stderr and "Traceback" not in done.stderr

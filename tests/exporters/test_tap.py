@@ -447,3 +447,30 @@ def test_remove_key_equals_serialising_without_the_key(before, after, value, com
     raw = json.dumps(whole, separators=separators, ensure_ascii=ascii_only).encode()
     expected = json.dumps(rest, separators=separators, ensure_ascii=ascii_only).encode()
     assert tapstream.remove_key(raw, "sglext") == expected
+
+
+@pytest.mark.parametrize(
+    "engine, body, sent, additions",
+    [
+        pytest.param(
+            "vllm", {"stream": True}, {"stream": True, "stream_options": {"include_usage": True}}, (1, 0)
+        ),
+        pytest.param(
+            "vllm",
+            {"stream": True, "stream_options": {"continuous_usage_stats": True}},
+            {"stream": True, "stream_options": {"continuous_usage_stats": False, "include_usage": True}},
+            (1, 0),
+            id="continuous-without-usage-stays-off",
+        ),
+        pytest.param("vllm", {"stream": True, "stream_options": {"include_usage": True}}, None, (0, 0)),
+        pytest.param("vllm", {"stream": False}, None, (0, 0)),
+        pytest.param("sglang", {}, {"return_spec_tokens_details": True}, (0, 1)),
+        pytest.param("sglang", {"return_spec_tokens_details": True}, None, (0, 0)),
+        pytest.param("llamacpp", {"stream": True}, None, (0, 0)),
+        pytest.param("auto", {"stream": True}, None, (0, 0)),
+    ],
+)
+def test_prepare_adds_only_what_is_missing(engine, body, sent, additions):
+    new, added = tapstream.prepare(engine, body)
+    assert new == sent
+    assert (int(added.usage), int(added.spec_details)) == additions

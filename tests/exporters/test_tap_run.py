@@ -9,6 +9,7 @@ import sys
 
 import aiohttp
 
+from specguard.monitor import cli
 from specguard.monitor.sim import cluster
 
 K = {"spec-k4": 4, "spec-k2": 2, "nospec": 0}
@@ -61,12 +62,9 @@ async def test_run_serves_the_tap_until_sigterm(tmp_path):
         assert "Traceback" not in rest.decode()
 
 
-async def test_run_with_a_bad_config_exits_2_without_traceback(tmp_path):
+def test_run_with_a_bad_config_exits_2_without_traceback(tmp_path, capsys):
     path = tmp_path / "bad.yaml"
     path.write_text("pools:\n  - {name: a, url: nowhere}\n")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "specguard", "run", "--config", str(path), stderr=asyncio.subprocess.PIPE
-    )
-    _, err = await asyncio.wait_for(proc.communicate(), 30)
-    assert proc.returncode == 2
-    assert f"{path}:2:" in err.decode() and "pools[0].url" in err.decode() and "Traceback" not in err.decode()
+    assert cli.main(["run", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:2:" in err and "pools[0].url" in err and "Traceback" not in err

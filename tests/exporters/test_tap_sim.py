@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import re
@@ -163,3 +164,39 @@ async def test_transparent_to_the_client(dialect):
             await monitor.stop()
     assert len(monitor.stats.records()) == len(BODIES)
     assert all(r.spec is not None and r.spec.rounds for r in monitor.stats.records())
+
+
+async def test_unattributed_requests_are_counted_and_explain_the_cross_check_gap():
+    async with cluster.SimCluster.from_config(None, seed=1, dialect="vllm", time_scale=TIME_SCALE) as sim:
+        monitor = monitor_for(sim, "vllm", "holdout_share: 0, probe_share: 0")
+        url = await monitor.start("127.0.0.1", 0)
+        model = sim.config.model_name
+        try:
+            for loop in monitor.loops:
+                assert await loop.scrape_once()
+            async with aiohttp.ClientSession() as session:
+
+                async def send(i, extra):
+                    body = {"model": model, "prompt": f"p{i}", "max_tokens": 400, "temperature": 0.0, **extra}
+                    async with session.post(url + "/v1/completions", json=body) as r:
+                        assert r.status == 200
+                        return (await r.json())["choices"][0]["finish_reason"]
+
+                plain = await asyncio.gather(*(send(i, {}) for i in range(10)))
+                several = await asyncio.gather(*(send(100 + i, {"n": 2}) for i in range(6)))
+                stopped = await asyncio.gather(*(send(200 + i, {"stop": ["\n\n"]}) for i in range(10)))
+            for loop in monitor.loops:
+                assert await loop.scrape_once()
+        finally:
+            await monitor.stop()
+    assert len(plain) == 10 and len(several) == 6
+    on_stop = stopped.count("stop")
+    assert on_stop > 0  # the simulator ends natural stops on the stop string
+    expected = {("spec-k4", "n_gt_1"): 6, ("spec-k4", "stop_string"): on_stop}
+    assert monitor.stats.unattributed() == expected
+    totals = [t for key, t in monitor.stats.totals().items() if key[0] == "spec-k4"]
+    assert sum(t.requests for t in totals) == 26
+    assert sum(t.spec_requests for t in totals) == 26 - 6 - on_stop
+    engine = monitor.watches["spec-k4"].view()["accumulated"]
+    # the engine counted the unattributed requests' rounds too: the gap is theirs alone
+    assert engine["drafts"] > sum(t.verify_rounds for t in totals) > 0

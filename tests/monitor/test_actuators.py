@@ -202,3 +202,21 @@ async def test_router_actuator_rejects_unknown_pools():
 
     with pytest.raises(SourceError, match="router refused the plan"):
         await actuators.RouterActuator(Router()).apply(plan(), [])
+
+
+async def test_configmap_replicas_never_clobber_each_others_classes():
+    kube = FakeKubeApi()
+    server = await serve(kube.app())
+    other = ("code", "greedy", "high")
+    try:
+        first, second = configmap_actuator(server), configmap_actuator(server)
+        await first.apply(plan(1), [decision()])  # replica 1: creative -> nospec
+        doc2 = state_mod.PlanDocument(1, 11.0, {other: ClassState(key=other, pool="nospec")}, POOLS)
+        decided = Decision(other, 11.0, Phase.ACT, "off", "spec-k4", "nospec", "rc (1.2) > threshold (1.0)")
+        await second.apply(doc2, [decided])  # replica 2 knows nothing about creative
+        await second.apply(doc2, [])  # a re-sync without decisions changes nothing
+        stored = state_mod.decode(json.loads(kube.data["plan.json"]), "cm")
+        assert stored.routing() == {KEY: "nospec", other: "nospec"} and stored.version == 2
+        assert len(kube.patches) == 2
+    finally:
+        await server.close()

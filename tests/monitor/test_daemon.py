@@ -212,3 +212,30 @@ async def test_scheduler_runs_named_job_with_one_instance(tmp_path):
     finally:
         await guard.stop()
     assert guard.status()["running"] is False
+
+
+async def test_fleet_replica_follows_the_stored_plan(tmp_path):
+    leader_clock, source = Clock(), ScriptedSource({CREATIVE: 1.4})
+    leader, _ = make_guard(tmp_path / "leader", source, leader_clock)
+    await run_rounds(leader, leader_clock, 2)
+
+    class Stored:
+        async def read_plan(self):
+            return leader.document()
+
+    router = Router(POOLS, default_pool="spec-k4", nospec_pool="nospec")
+    replica = daemon.Guard(POLICY, actuators=[RouterActuator(router)], follow=Stored(), clock=Clock())
+    assert await replica.evaluate() == []
+    assert router.plan()[CREATIVE] == "nospec" and replica.version == leader.version
+    assert replica.status()["mode"] == "follow"
+
+
+async def test_dry_run_is_audited_and_exported_but_never_routed(tmp_path):
+    clock, source = Clock(), ScriptedSource({CREATIVE: 1.4})
+    guard, router = make_guard(tmp_path, source, clock, replace(POLICY, dry_run=True))
+    await run_rounds(guard, clock, 2)
+    assert router.plan().get(CREATIVE, "spec-k4") == "spec-k4"
+    assert guard.counters.actions[("creative", "high", "off", "dry_run:relative-cost")] == 1
+    records, _ = audit_mod.read(tmp_path / "audit.jsonl")
+    assert [(r["action"], r["to"], r["dry_run"]) for r in records] == [("off", "nospec", True)]
+    assert records[0]["reason"].startswith("dry-run: ")

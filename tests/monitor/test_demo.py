@@ -38,7 +38,7 @@ def result(tmp_path_factory):
 
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        assert cli.main(["demo", "--duration", "0", "--json", "--scenario", str(path), "--seed", "3"]) == 0
+        assert cli.main(["demo", "--duration", "20", "--json", "--scenario", str(path), "--seed", "3"]) == 0
     return json.loads(buf.getvalue())
 
 
@@ -61,6 +61,14 @@ def test_json_has_every_policy_and_field(result):
         "specguard_vs_never_worst_phase_throughput",
     }
     assert result["policies"]["specguard"]["actions"] == len(result["policies"]["specguard"]["decisions"])
+
+
+def test_live_run_went_through_the_tap_and_the_guard(result):
+    live = result["specguard_live"]
+    assert live["requests"] > 100 and live["failed_requests"] == 0
+    assert live["tap_requests"] >= live["requests"]  # every request went through the tap
+    assert live["tpot_mean_ms"] > 0 and live["time_scale"] > 0
+    assert live["final_plan"]  # the guard evaluated classes and holds a plan for them
 
 
 def test_specguard_beats_always_and_never_speculate(result):

@@ -173,3 +173,29 @@ actuators: {webhook: {url: "ftp://x"}, follow: true}
         "actuators.follow: follow: true needs actuators.configmap",
     ):
         assert expected in text, text
+
+
+async def test_policy_reload_applies_good_changes_and_keeps_the_old_on_errors(tmp_path):
+    path = tmp_path / "specguard.yaml"
+    base = """
+pools:
+  - {name: spec-k4, url: "http://127.0.0.1:9", num_speculative_tokens: 4}
+  - {name: nospec, url: "http://127.0.0.1:9", num_speculative_tokens: 0}
+tap: {listen: "127.0.0.1:0", default_pool: spec-k4, nospec_pool: nospec}
+"""
+    path.write_text(base + "guard: {cooldown_seconds: 60}\n")
+    cfg = config.load(path)
+    monitor = Monitor(cfg)
+    guard = guard_wiring.configure(monitor, cfg)
+    assert guard.policy.cooldown_seconds == 60
+    await guard._reload()
+    assert guard.counters.reloads == {}  # unchanged file: nothing to do
+    path.write_text(base + "guard: {cooldown_seconds: 5, interval_seconds: 15}\n")
+    await guard._reload()
+    assert (guard.policy.cooldown_seconds, guard.policy.interval_seconds) == (5, 15)
+    assert guard.policy.pools == {"spec-k4": 4, "nospec": 0} and guard.counters.reloads["ok"] == 1
+    path.write_text(base + "guard: {cooldown_seconds: -3, nospec_pool: nope}\n")
+    await guard._reload()
+    assert guard.policy.cooldown_seconds == 5 and guard.counters.reloads["error"] == 1
+    assert "guard.cooldown_seconds: (-3.0) must be >= 0" in guard.reload_error
+    assert "guard.nospec_pool: ('nope') is not a configured pool" in guard.status()["policy_reload_error"]

@@ -232,3 +232,18 @@ async def test_status_and_healthz(api):
     assert status["last_evaluation"] == clock.now
     health = await (await client.get("/healthz")).json()
     assert health == {"status": "ok", "guard_running": True}
+
+
+async def test_disabled_receiver_answers_404_and_is_never_proxied(tmp_path):
+    guard, _ = make_guard(tmp_path, ScriptedSource({}), Clock())
+    guard.running = True
+    api = receiver.Api(guard, token=TOKEN, alerts_enabled=False)
+    app = web.Application()
+    app.router.add_routes(api.routes())
+    client = TestClient(TestServer(app, host="127.0.0.1"))
+    await client.start_server()
+    try:
+        status, body = await post(client, "/api/v1/alerts", payload())
+        assert status == 404 and "alertmanager.enabled: false" in body["error"]
+    finally:
+        await client.close()

@@ -5,6 +5,8 @@ import dataclasses
 import numpy as np
 import pytest
 from cost_synth import make_records, step_seconds, true_rc
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specguard.exporters.records import RequestRecord, SpecStats
 from specguard.rules import cost, profile
@@ -289,3 +291,48 @@ def test_a_request_counts_as_full_rollback_only_above_the_threshold():
         by_key(cost.evaluate(records, POOLS, None, 0.0, stricter), pool="spec-k2").full_rollback_request_ratio
         == 0.75
     )
+
+
+record_strategy = st.builds(
+    RequestRecord,
+    pool=st.sampled_from(["spec-k4", "spec-k2", "nospec", "unknown"]),
+    task_type=st.sampled_from(["code", "chat"]),
+    temperature_bucket=st.just("greedy"),
+    load_bucket=st.sampled_from(["low", "high", "unconfigured"]),
+    route=st.sampled_from(["plan", "holdout", "probe"]),
+    started_at=st.just(0.0),
+    status=st.sampled_from([200, 200, 200, 500]),
+    streamed=st.booleans(),
+    output_tokens=st.integers(0, 50),
+    decode_seconds=st.one_of(st.none(), st.floats(0.0, 10.0)),
+    spec=st.one_of(
+        st.none(),
+        st.builds(
+            SpecStats,
+            source=st.just("vllm"),
+            rounds=st.one_of(st.none(), st.integers(0, 20)),
+            draft_tokens=st.one_of(st.none(), st.integers(0, 80)),
+            accepted_tokens=st.one_of(st.none(), st.integers(0, 80)),
+            accepted_histogram=st.one_of(st.none(), st.lists(st.integers(0, 5), max_size=7).map(tuple)),
+            full_rollback_rounds=st.one_of(st.none(), st.integers(0, 20)),
+        ),
+    ),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(record_strategy, max_size=40), st.sampled_from(["jackknife", "delta", "bootstrap"]))
+def test_any_records_give_consistent_results_and_never_raise(records, method):
+    config = dataclasses.replace(
+        SETTINGS, min_samples=2, baseline_min_samples=2, interval_method=method, bootstrap_resamples=100
+    )
+    for result in cost.evaluate(records, POOLS, None, 0.0, config):
+        assert result.pool in ("spec-k4", "spec-k2")
+        if result.baseline_source == "none" or result.n_spec == 0:
+            assert result.rc is None and result.lower is None and result.upper is None
+        if result.rc is not None:
+            assert result.rc >= 0 and result.status in ("ok", "few_samples")
+        if result.lower is not None:
+            assert result.lower <= result.upper
+        for ratio in (result.strict_accept_rate, result.full_rollback_request_ratio):
+            assert ratio is None or ratio >= 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import shutil
 import sys
@@ -51,9 +52,9 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--gpu-scale",
         type=float,
-        default=4.0,
+        default=2.0,
         help="simulate a GPU this many times smaller, with the scenario's clients and the load buckets "
-        "scaled alike (same RC curves, fewer requests to drive; default 4)",
+        "scaled alike (same RC curves, fewer requests to drive; default 2)",
     )
     parser.add_argument(
         "--live",
@@ -201,6 +202,9 @@ def run(args: argparse.Namespace) -> int:
 
     started = time.monotonic()
     setup = _setup(args)
+    # the daemon's and the scheduler's warnings would tear the live display; errors still show
+    for name in ("apscheduler", "specguard", "aiohttp"):
+        logging.getLogger(name).setLevel(logging.ERROR)
     out = Display(sys.stdout, quiet=args.json)
     scen = setup.scenario
     ks = {p.name: p.num_speculative_tokens for p in setup.exporter.pools}

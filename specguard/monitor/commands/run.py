@@ -31,10 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    cfg = config.load(args.config)
+    cfg = config.load(args.config)  # a bad file is reported (exit 2) before anything starts
     host = port = None
     if args.listen:
         host, _, raw_port = args.listen.rpartition(":")
@@ -43,6 +40,9 @@ def run(args: argparse.Namespace) -> int:
 
             raise ConfigError(f"--listen ({args.listen!r}) must be host:port")
         port = int(raw_port)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     return asyncio.run(serve(cfg, host, port))
 
 

@@ -183,6 +183,10 @@ def render(status: dict[str, Any]) -> str:
             f"  {when}  {d.get('class', '?')} {d.get('load_bucket', '?')}  {d.get('action')}{dry}  "
             f"{d.get('from')} -> {d.get('to')}  {d.get('reason', '')}"
         )
+    if status.get("policy_reload_error"):
+        lines.append(f"policy reload failed (the previous policy stays): {status['policy_reload_error']}")
+    if status.get("plan_file_recovered"):
+        lines.append(f"note: {status['plan_file_recovered']}")
     if status.get("audit_torn_lines"):
         lines.append(f"note: audit log lines skipped as torn: {status['audit_torn_lines']}")
     return "\n".join(lines)

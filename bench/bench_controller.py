@@ -1,0 +1,141 @@
+"""Controller quality: specguard against the oracle, the best static config and never-speculate.
+
+For several scenarios and seeds, in virtual time through the simulator's engine core (the same
+replays ``specguard demo`` prints), with the shipped default guard policy:
+
+- throughput and mean TPOT of specguard as ratios to the per-phase oracle and to the best static
+  single-pool config (hindsight), and the worst phase's throughput ratio to never-speculate;
+- detection delay: simulated seconds from the temperature shift to the first plan change for the
+  shifted class (``shift`` scenario);
+- plan changes in stationary phases (the ``stationary`` scenario's steady part and any phase
+  whose traffic equals the previous one's).
+
+Goals (issue 8): >= 97% of the oracle's throughput, never below never-speculate in any phase,
+no actions in stationary phases.
+
+    python3 bench/bench_controller.py [--seeds 0,1,2] [--scenarios default,load-wave,shift,stationary]
+        [--gpu-scale 2] [--timer-scale 0.3333] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+from specguard.monitor import config as monitor_config
+from specguard.monitor import demo, replay, scenario
+from specguard.monitor import replay_policies as rp
+from specguard.monitor.sim import config as sim_config
+from specguard.rules import policy as policy_mod
+
+SHIFT_AT = 300.0  # shift_scenario(): the shift happens at the start of its second phase
+
+
+def one(name: str, seed: int, gpu_scale: float, timer_scale: float) -> dict:
+    cfg = monitor_config.load_default()
+    scen = scenario.BUILTIN[name]()
+    if gpu_scale != 1:
+        scen = scen.with_clients_scaled(1 / gpu_scale)
+    setup = demo.DemoSetup(
+        sim=demo.smaller_gpu(sim_config.load(), gpu_scale),
+        exporter=demo.smaller_buckets(cfg.exporter, gpu_scale),
+        policy=policy_mod.load_default(),
+        scenario=scen,
+        seed=seed,
+        timer_scale=timer_scale,
+    )
+    setup.settings = demo.cost_settings(setup.exporter)
+    t0 = time.perf_counter()
+    profile = demo.calibrate(setup)
+    result, guard = demo.run_specguard(setup, profile)
+    policies = demo.run_baselines(setup)
+    policies.pop("static_configs")
+    policies["specguard"] = demo.summarize(result, "specguard", decisions=result.decisions)
+    # the default rule with perfect, instant knowledge: splits the gap into rule vs measurement/delay
+    default_pool = setup.exporter.tap.default_pool or setup.pools[0]
+    plans = rp.rule_plans(setup.sim, scen, setup.buckets, default_pool, "nospec", setup.fleet)
+    ceiling = replay.Replay(
+        setup.sim,
+        scen,
+        rp.OraclePolicy("rule", default_pool, plans),
+        setup.buckets,
+        seed=seed,
+        fleet=setup.fleet,
+    ).run()
+    rule_tput = sum(ceiling.tokens.values()) / scen.duration_s
+    ratios = demo.ratios(policies)
+    sg, oracle, best = policies["specguard"], policies["oracle"], policies["best_static"]
+    out = {
+        "scenario": name,
+        "seed": seed,
+        "throughput_vs_oracle": ratios["specguard_vs_oracle_throughput"],
+        "throughput_vs_instant_rule": sg["throughput_tokens_per_second"] / rule_tput,
+        "instant_rule_vs_oracle": rule_tput / oracle["throughput_tokens_per_second"],
+        "throughput_vs_best_static": ratios["specguard_vs_best_static_throughput"],
+        "throughput_vs_always": ratios["specguard_vs_always_throughput"],
+        "throughput_vs_never": ratios["specguard_vs_never_throughput"],
+        "worst_phase_vs_never": ratios["specguard_vs_never_worst_phase_throughput"],
+        "tpot_mean_vs_oracle": sg["tpot_mean_ms"] / oracle["tpot_mean_ms"],
+        "tpot_mean_vs_best_static": sg["tpot_mean_ms"] / best["tpot_mean_ms"],
+        "actions": len(result.decisions),
+        "actions_in_stationary_phases": demo.stationary_actions(result.decisions, scen),
+        "wall_seconds": time.perf_counter() - t0,
+    }
+    if name == "shift":
+        moved = [d["time"] for d in result.decisions if d["time"] >= SHIFT_AT and d["task_type"] == "code"]
+        out["detection_delay_seconds"] = (min(moved) - SHIFT_AT) if moved else None
+    if name == "stationary":
+        steady_start = scen.boundaries()[1][0]
+        out["actions_after_settling"] = sum(1 for d in result.decisions if d["time"] >= steady_start)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--scenarios", default="default,load-wave,shift,stationary")
+    parser.add_argument("--gpu-scale", type=float, default=2.0)
+    parser.add_argument("--timer-scale", type=float, default=1 / 3)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rows = []
+    for name in args.scenarios.split(","):
+        for seed in (int(s) for s in args.seeds.split(",")):
+            row = one(name, seed, args.gpu_scale, args.timer_scale)
+            rows.append(row)
+            if not args.json:
+                extra = ""
+                if "detection_delay_seconds" in row:
+                    d = row["detection_delay_seconds"]
+                    extra += f" detect={'never' if d is None else f'{d:.0f}s'}"
+                if "actions_after_settling" in row:
+                    extra += f" after-settle={row['actions_after_settling']}"
+                print(
+                    f"{name:<11} seed {seed}: vs oracle {row['throughput_vs_oracle']:.3f} "
+                    f"(instant rule/oracle {row['instant_rule_vs_oracle']:.3f}) "
+                    f"vs best static {row['throughput_vs_best_static']:.3f} "
+                    f"vs always {row['throughput_vs_always']:.3f} vs never {row['throughput_vs_never']:.3f} "
+                    f"worst phase/never {row['worst_phase_vs_never']:.3f} "
+                    f"TPOT/oracle {row['tpot_mean_vs_oracle']:.3f} actions {row['actions']} "
+                    f"(stationary {row['actions_in_stationary_phases']}){extra} [{row['wall_seconds']:.0f}s]",
+                    flush=True,
+                )
+    summary = {
+        "mean_throughput_vs_oracle": statistics.mean(r["throughput_vs_oracle"] for r in rows),
+        "min_throughput_vs_oracle": min(r["throughput_vs_oracle"] for r in rows),
+        "mean_throughput_vs_best_static": statistics.mean(r["throughput_vs_best_static"] for r in rows),
+        "min_worst_phase_vs_never": min(r["worst_phase_vs_never"] for r in rows),
+        "stationary_actions": sum(r["actions_in_stationary_phases"] for r in rows),
+        "goal_97pct_of_oracle_met": all(r["throughput_vs_oracle"] >= 0.97 for r in rows),
+        "goal_never_below_never_speculate_met": all(r["worst_phase_vs_never"] >= 1.0 for r in rows),
+    }
+    if args.json:
+        print(json.dumps({"rows": rows, "summary": summary}, indent=2))
+    else:
+        print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()

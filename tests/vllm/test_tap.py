@@ -1,0 +1,340 @@
+"""Traffic of several classes and temperatures through specguard's tap into two real vLLM engines.
+
+- When every request reported its per-request stats, specguard's per-class counts summed over
+  classes equal each engine's own /metrics counter deltas exactly.
+- Otherwise they differ by exactly the requests the tap reports as unattributed: each of those is
+  measured alone against the engine (raw scrapes around it), and the gap is their sum.
+- ``specguard run`` (the real CLI, as a user starts it) exports per-class counters whose sums
+  equal its own engine cross-check counters and the raw engine deltas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import vllmkit as kit
+from prometheus_client.parser import text_string_to_metric_families
+from vllmkit import LOOP_PROMPT, MODEL_NAME, NUM_SPECULATIVE_TOKENS
+
+from specguard.monitor import config, loadgen
+from specguard.monitor.app import Monitor
+
+pytestmark = pytest.mark.vllm
+
+K = NUM_SPECULATIVE_TOKENS
+SPEC_FIELDS = ("drafts", "draft_tokens", "accepted_tokens")
+MIX = [
+    loadgen.RequestClass("code", temperature=0.0, max_tokens=48, prompt_tokens=40, chat=False),
+    loadgen.RequestClass("extraction", temperature=0.3, max_tokens=32, prompt_tokens=60),
+    loadgen.RequestClass("chat", temperature=0.7, max_tokens=40, prompt_tokens=30),
+    loadgen.RequestClass("creative", temperature=1.0, max_tokens=48, prompt_tokens=20, chat=False),
+]
+
+
+def config_text(engines, *, holdout: float, listen: str = "127.0.0.1:0", scrape_s: float = 3600) -> str:
+    return f"""
+pools:
+  - {{name: spec, url: "{engines.spec.url}", engine: vllm, num_speculative_tokens: {K}}}
+  - {{name: nospec, url: "{engines.nospec.url}", engine: vllm, num_speculative_tokens: 0}}
+tap: {{listen: "{listen}", holdout_share: {holdout}, probe_share: 0, default_pool: spec, nospec_pool: nospec}}
+scrape: {{interval_seconds: {scrape_s}, timeout_seconds: 5}}
+"""
+
+
+async def scrape_all(monitor: Monitor) -> None:
+    for loop in monitor.loops:
+        assert await loop.scrape_once(), loop.watch.last_error
+
+
+def pool_sums(monitor: Monitor, pool: str) -> dict[str, float]:
+    totals = [t for key, t in monitor.stats.totals().items() if key[0] == pool]
+    per_pos = [0] * K
+    for t in totals:
+        for i, value in enumerate(t.accepted_per_position):
+            per_pos[i] += value
+    out = {
+        "requests": sum(t.requests for t in totals),
+        "spec_requests": sum(t.spec_requests for t in totals),
+        "generation_tokens": sum(t.output_tokens for t in totals),
+        "drafts": sum(t.verify_rounds for t in totals),
+        "draft_tokens": sum(t.draft_tokens for t in totals),
+        "accepted_tokens": sum(t.accepted_tokens for t in totals),
+    }
+    out.update({f"per_pos_{i}": v for i, v in enumerate(per_pos)})
+    return out
+
+
+async def test_per_class_sums_equal_engine_counter_deltas_when_every_request_reported(vllm_engines):
+    cfg = config.parse_text(config_text(vllm_engines, holdout=0.25), "specguard.yaml")
+    monitor = Monitor(cfg, rng=random.Random(4))
+    url = await monitor.start("127.0.0.1", 0)
+    try:
+        await scrape_all(monitor)
+        before = {p: await asyncio.to_thread(kit.scrape, e.url) for p, e in _pools(vllm_engines)}
+        results = await loadgen.run_load(url, MIX, 4, requests=24, stream=True, include_usage=False, seed=1)
+        results += await loadgen.run_load(url, MIX, 4, requests=12, stream=True, include_usage=True, seed=2)
+        results += await loadgen.run_load(url, MIX, 4, requests=12, stream=False, seed=3, keep_body=True)
+        after = {p: await asyncio.to_thread(kit.scrape, e.url) for p, e in _pools(vllm_engines)}
+        await scrape_all(monitor)
+    finally:
+        await monitor.stop()
+
+    assert {r.status for r in results} == {200}, [r.error for r in results if not r.ok]
+    assert monitor.stats.unattributed() == {}
+    records = monitor.stats.records()
+    assert len(records) == len(results)
+    # Several classes and temperature buckets really went through, to both pools.
+    assert {(r.task_type, r.temperature_bucket) for r in records} == {
+        ("code", "greedy"),
+        ("extraction", "low"),
+        ("chat", "medium"),
+        ("creative", "high"),
+    }
+    assert {r.pool for r in records} == {"spec", "nospec"}
+    for pool, engine in _pools(vllm_engines):
+        raw = kit.delta(before[pool], after[pool])
+        mine = pool_sums(monitor, pool)
+        view = monitor.watches[pool].view()
+        if engine.num_speculative_tokens:
+            assert mine["spec_requests"] == mine["requests"]  # every request reported
+        assert mine["requests"] == raw["requests"]
+        assert (
+            mine["generation_tokens"] == raw["generation_tokens"] == view["accumulated"]["generation_tokens"]
+        )
+        if engine.num_speculative_tokens:
+            assert raw["drafts"] > 0 and raw["accepted_tokens"] > 0
+            for name in SPEC_FIELDS:
+                assert mine[name] == raw[name] == view["accumulated"][name], name
+            assert [mine[f"per_pos_{i}"] for i in range(K)] == [raw[f"per_pos_{i}"] for i in range(K)]
+        else:
+            assert mine["spec_requests"] == 0
+            assert not view["has"]["drafts"]
+    # Streams whose client did not ask for usage were attributed too (the tap asked for it) ...
+    streamed_no_usage = [r for r in records if r.streamed and r.pool == "spec"]
+    assert streamed_no_usage and all(r.spec is not None for r in streamed_no_usage)
+    # ... and per class, the tap's numbers are the engine's per-request summaries of that class.
+    by_class: dict[str, list[dict]] = {}
+    for r in results:
+        if r.spec is not None:
+            by_class.setdefault(r.task_type, []).append(r.spec)
+    totals = monitor.stats.totals()
+    for task, stats in by_class.items():
+        mine = [t for key, t in totals.items() if key[0] == "spec" and key[1] == task]
+        reported = [s for s in stats if s.get("num_spec_tokens")]  # the nospec pool reports nothing
+        assert sum(t.verify_rounds for t in mine) == sum(s["num_spec_steps"] for s in reported), task
+
+
+def _pools(engines) -> list[tuple[str, object]]:
+    return [("spec", engines.spec), ("nospec", engines.nospec)]
+
+
+async def test_unattributed_requests_explain_the_gap_exactly(vllm_engines):
+    """Sequential requests, each bracketed by raw engine scrapes, through a tap with no holdout."""
+    cfg = config.parse_text(config_text(vllm_engines, holdout=0.0), "specguard.yaml")
+    monitor = Monitor(cfg, rng=random.Random(5))
+    engine_url = vllm_engines.spec.url
+    url = await monitor.start("127.0.0.1", 0)
+    base = {"model": MODEL_NAME, "prompt": LOOP_PROMPT, "max_tokens": 40, "temperature": 0}
+    try:
+        await scrape_all(monitor)
+        text = (await asyncio.to_thread(kit.post, engine_url, "/v1/completions", base))["choices"][0]["text"]
+        start = await asyncio.to_thread(kit.scrape, engine_url)
+        monitor_base = pool_sums(monitor, "spec")
+        stop = text[len(text) // 2 :][:6]
+        plan = [
+            ("code", "/v1/completions", base, False),
+            ("code", "/v1/completions", {**base, "stop": [stop]}, False),  # stop string
+            ("chat", "/v1/completions", {**base, "n": 2, "temperature": 0.7, "seed": 2}, False),  # n > 1
+            ("extraction", "/v1/completions", {**base, "prompt": [LOOP_PROMPT, "alpha beta"]}, False),
+            ("code", "/v1/completions", base, True),  # stream; the client did not ask for usage
+            (
+                "creative",
+                "/v1/chat/completions",
+                {
+                    "model": MODEL_NAME,
+                    "messages": [{"role": "user", "content": LOOP_PROMPT}],
+                    "max_tokens": 32,
+                    "temperature": 1.0,
+                    "stream_options": {"include_usage": True},
+                },
+                True,
+            ),
+        ]
+        per_request = []
+        for task, path, body, streamed in plan:
+            before = await asyncio.to_thread(kit.scrape, engine_url)
+            call = kit.stream if streamed else kit.post
+            answer = await asyncio.to_thread(call, url, path, body, {"x-task-type": task})
+            after = await asyncio.to_thread(kit.scrape, engine_url)
+            per_request.append((body, streamed, answer, kit.delta(before, after)))
+        end = await asyncio.to_thread(kit.scrape, engine_url)
+        await scrape_all(monitor)
+    finally:
+        await monitor.stop()
+
+    # The stop-string request did end on its stop string, and the stream hid the usage it never asked for.
+    assert per_request[1][2]["choices"][0]["finish_reason"] == "stop"
+    hidden = per_request[4][2]
+    assert all(not e.get("usage") and kit.spec_metrics(e) is None for e in hidden)
+    assert monitor.stats.unattributed() == {("spec", "stop_string"): 1, ("spec", "n_gt_1"): 2}
+
+    records = monitor.stats.records()
+    assert len(records) == len(plan)
+    attributed = [r for r in records if r.spec is not None]
+    unattributed = [r for r in records if r.spec is None]
+    assert sorted(r.unattributed_reason for r in unattributed) == ["n_gt_1", "n_gt_1", "stop_string"]
+    # Every attributed request equals what the engine counted while it alone ran.
+    deltas_by_rounds = sorted(
+        (d["drafts"], d["draft_tokens"], d["accepted_tokens"])
+        for body, streamed, answer, d in per_request
+        if not ("stop" in body or "n" in body or isinstance(body.get("prompt"), list))
+    )
+    assert deltas_by_rounds == sorted(
+        (r.spec.rounds, r.spec.draft_tokens, r.spec.accepted_tokens) for r in attributed
+    )
+
+    engine = kit.delta(start, end)
+    view = monitor.watches["spec"].view()["accumulated"]
+    mine = pool_sums(monitor, "spec")
+    gap = {name: engine[name] - (mine[name] - monitor_base[name]) for name in SPEC_FIELDS}
+    unattributed_deltas = [
+        d
+        for body, streamed, answer, d in per_request
+        if "stop" in body or "n" in body or isinstance(body["prompt"], list)
+    ]
+    assert len(unattributed_deltas) == 3
+    assert gap == {name: sum(d[name] for d in unattributed_deltas) for name in SPEC_FIELDS}
+    assert gap["drafts"] > 0  # the unattributed requests did draft: the gap is real, not zero
+    for name in SPEC_FIELDS:
+        assert view[name] == engine[name]  # specguard's own engine cross-check saw the same deltas
+    assert mine["requests"] == len(plan)
+    assert mine["spec_requests"] == len(attributed) == 3
+
+
+# --- specguard run, the real CLI ----------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _get(url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.read().decode()
+    except OSError:
+        return None
+
+
+def exported(text: str) -> dict[str, list[tuple[dict, float]]]:
+    out: dict[str, list[tuple[dict, float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return out
+
+
+def total(metrics: dict, name: str, **labels: str) -> float:
+    return sum(v for lab, v in metrics.get(name, []) if all(lab.get(k) == x for k, x in labels.items()))
+
+
+def wait_until(predicate, deadline_s: float, what: str, proc: subprocess.Popen, log: Path):
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            pytest.fail(
+                f"specguard run exited ({proc.returncode}) while waiting for {what}:\n{log.read_text()}"
+            )
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    pytest.fail(f"specguard run: no {what} within {deadline_s:.0f} s:\n{log.read_text()[-3000:]}")
+
+
+def test_specguard_run_exports_counters_equal_to_the_engines(vllm_engines, tmp_path):
+    port = _free_port()
+    path = tmp_path / "specguard.yaml"
+    path.write_text(
+        config_text(vllm_engines, holdout=0.3, listen=f"127.0.0.1:{port}", scrape_s=0.5)
+        + "guard: {enabled: false}\n"
+    )
+    log = tmp_path / "run.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "specguard", "run", "--config", str(path)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+            env=env,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+
+        def both_up():
+            body = _get(f"{base}/healthz")
+            return body and all(json.loads(body)["pools_up"].values())
+
+        wait_until(both_up, 60, "healthy pools", proc, log)
+        before = {p: kit.scrape(e.url) for p, e in _pools(vllm_engines)}
+        results = asyncio.run(
+            loadgen.run_load(base, MIX, 2, requests=16, stream=True, include_usage=False, seed=7)
+        )
+        assert {r.status for r in results} == {200}
+        after = {p: kit.scrape(e.url) for p, e in _pools(vllm_engines)}
+        raw = {p: kit.delta(before[p], after[p]) for p in before}
+
+        def caught_up():
+            metrics = exported(_get(f"{base}/metrics") or "")
+            ok = all(
+                total(metrics, "specguard_engine_generation_tokens_total", pool=p)
+                == raw[p]["generation_tokens"]
+                for p in raw
+            )
+            return metrics if ok else None
+
+        metrics = wait_until(caught_up, 30, "engine counters caught up with the traffic", proc, log)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, log.read_text()[-3000:]
+
+    assert total(metrics, "specguard_requests_total") == len(results)
+    assert total(metrics, "specguard_unattributed_requests_total") == 0
+    for pool in ("spec", "nospec"):
+        assert total(metrics, "specguard_output_tokens_total", pool=pool) == raw[pool]["generation_tokens"]
+        assert total(metrics, "specguard_requests_total", pool=pool) == raw[pool]["requests"]
+    pairs = {
+        "specguard_verify_rounds_total": ("specguard_engine_verify_rounds_total", "drafts"),
+        "specguard_draft_tokens_total": ("specguard_engine_draft_tokens_total", "draft_tokens"),
+        "specguard_accepted_tokens_total": ("specguard_engine_accepted_tokens_total", "accepted_tokens"),
+    }
+    for mine, (engine_name, field) in pairs.items():
+        assert (
+            total(metrics, mine, pool="spec")
+            == total(metrics, engine_name, pool="spec")
+            == raw["spec"][field]
+        )
+    for i in range(K):
+        got = total(metrics, "specguard_accepted_per_position_total", pool="spec", position=str(i))
+        assert got == raw["spec"][f"per_pos_{i}"]
+    # Several classes, each with its own series.
+    tasks = {lab["task_type"] for lab, v in metrics["specguard_requests_total"] if v > 0}
+    assert tasks == {"code", "extraction", "chat", "creative"}
