@@ -45,6 +45,7 @@ def one(name: str, seed: int, gpu_scale: float, timer_scale: float) -> dict:
         scenario=scen,
         seed=seed,
         timer_scale=timer_scale,
+        gpu_scale=gpu_scale,
     )
     setup.settings = demo.cost_settings(setup.exporter)
     t0 = time.perf_counter()

@@ -130,7 +130,8 @@ class TapCollector(Collector):
             out.append(family)
         hist, positions, unattributed, unclassified, errors, in_flight = self._other_families()
         for key, t in sorted(totals.items()):
-            hist.add_metric(list(key), _buckets(t), t.tpot_sum)
+            if t.tpot_count:  # 21 series per label set: only for label sets with observations
+                hist.add_metric(list(key), _buckets(t), t.tpot_sum)
             for position, value in enumerate(t.accepted_per_position):
                 positions.add_metric([*key, str(position)], float(value))
         for (pool, reason), value in sorted(self._stats.unattributed().items()):

@@ -168,6 +168,7 @@ class Tap:
         if request.method == "POST":
             self.stats.count_unattributed(pool.name, "other_path")
         headers = forward_headers(request.headers, identity=False)
+        out: web.StreamResponse | None = None
         try:
             async with self._session.request(  # type: ignore[union-attr]
                 request.method,
@@ -191,11 +192,15 @@ class Tap:
                 return out
         except TimeoutError:
             self.stats.count_error(pool.name, "timeout")
+            if out is not None:
+                return self._abort(request, out)
             return openai_error(504, f"pool {pool.name} did not answer in time", "upstream_timeout")
         except _CLIENT_GONE:
             raise
         except aiohttp.ClientError as exc:
-            self.stats.count_error(pool.name, "connect")
+            self.stats.count_error(pool.name, "connect" if out is None else "broken")
+            if out is not None:
+                return self._abort(request, out)
             return openai_error(502, f"pool {pool.name} failed: {type(exc).__name__}", "upstream_error")
 
     async def _tapped(self, request: web.Request, raw: bytes) -> web.StreamResponse:

@@ -143,8 +143,8 @@ class Guard:
                 found = replace(found, alerts=self.alerts.for_class(key), error=error)
                 new, decision = guard.step(prior, found, now, self.policy)
                 self.states[key] = new
-                self.last_decisions[key] = decision
-                if decision.reason != "no rule due":
+                if decision.reason != "no rule due":  # a tick between two rule intervals is no evaluation
+                    self.last_decisions[key] = decision
                     self.counters.evaluations[decision.phase.value] += 1
                 decisions.append(decision)
             await self._record(decisions)
@@ -234,6 +234,7 @@ class Guard:
         if action == "pin" and pool not in self.policy.pools:
             known = ", ".join(sorted(self.policy.pools))
             raise InputError(f"pool ({pool!r}) must be a configured pool ({known})")
+        self._check_labels(task_type, temperature_bucket, load_bucket)
         keys = self._matching(task_type, temperature_bucket, load_bucket)
         if not keys:
             raise InputError(
@@ -251,6 +252,19 @@ class Guard:
                 decisions.append(decision)
             await self._record(decisions)
             return decisions
+
+    def _check_labels(self, task_type: str, temperature_bucket: str | None, load_bucket: str | None) -> None:
+        known = self.configured_keys
+        for index, (name, value) in enumerate(
+            (
+                ("task_type", task_type),
+                ("temperature_bucket", temperature_bucket),
+                ("load_bucket", load_bucket),
+            )
+        ):
+            allowed = sorted({k[index] for k in known})
+            if value is not None and allowed and value not in allowed:
+                raise InputError(f"{name} ({value!r}) is not configured (known: {', '.join(allowed)})")
 
     def _matching(
         self, task_type: str, temperature_bucket: str | None, load_bucket: str | None

@@ -46,6 +46,7 @@ class DemoSetup:
     fleet: int = 3
     timer_scale: float = 1 / 3
     policy_source: str = "rules/default-policy.yaml"
+    gpu_scale: float = 1.0  # the simulated GPU is this many times smaller than the shipped one
     settings: CostSettings = field(default_factory=CostSettings)
 
     @property
@@ -69,7 +70,10 @@ def cost_settings(exporter: ExporterConfig, base: CostSettings | None = None) ->
 def calibrate(
     setup: DemoSetup, progress: Callable[[int, int, str], None] | None = None
 ) -> profile_mod.Profile:
-    """A quick virtual sweep over every pool with the scenario's mix -> calibration profile."""
+    """A quick virtual sweep over every pool with the scenario's mix -> calibration profile.
+
+    Concurrency 1, 2, 4, ... up to 128 divided by the GPU scale (the same load range on a smaller GPU).
+    """
     mix_weights: dict[tuple[str, float], float] = {}
     for phase in setup.scenario.phases:
         for load in phase.loads:
@@ -78,9 +82,11 @@ def calibrate(
                 mix_weights[(load.task_type, t)] = mix_weights.get((load.task_type, t), 0.0) + w / total
     mix = [sweep.MixEntry(task, t, w) for (task, t), w in sorted(mix_weights.items())]
     pools = [sweep.PoolSpec(p.name, p.num_speculative_tokens) for p in setup.exporter.pools]
+    gpu = setup.gpu_scale
+    levels = tuple(c for c in CALIBRATION_LEVELS if c <= max(1, CALIBRATION_LEVELS[-1] / gpu))
     samples = sweep.run_grid(
         pools,
-        CALIBRATION_LEVELS,
+        levels,
         mix,
         sweep.virtual_driver(setup.sim, seed=setup.seed + 1000),
         requests_per_level=lambda c: max(48, 4 * c),

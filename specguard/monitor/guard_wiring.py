@@ -19,6 +19,7 @@ from specguard.monitor import actuators as actuators_mod
 from specguard.monitor import audit as audit_mod
 from specguard.monitor import daemon, guard_config, receiver
 from specguard.monitor import state as state_mod
+from specguard.monitor.cost_metrics import CostCollector
 from specguard.monitor.guard_metrics import GuardCollector
 from specguard.monitor.promql import PromQL
 from specguard.rules import policy as policy_mod
@@ -78,7 +79,9 @@ def register_sections(sections: MutableMapping[str, Any]) -> None:
     sections["alertmanager"] = guard_config.parse_alertmanager
 
 
-def build(monitor: Any, cfg: Any) -> tuple[daemon.Guard, receiver.Api]:
+def build(
+    monitor: Any, cfg: Any, cost_collector: CostCollector | None = None
+) -> tuple[daemon.Guard, receiver.Api]:
     """The Guard and its Api for one Monitor (the tap's standalone app) and its config."""
     ex = cfg.exporter
     sections = cfg.sections
@@ -100,6 +103,7 @@ def build(monitor: Any, cfg: Any) -> tuple[daemon.Guard, receiver.Api]:
                 _cost_settings(cfg),
                 profile=_profile(cfg),
                 window_seconds=policy.window_seconds,
+                on_costs=cost_collector.update if cost_collector is not None else None,
             )
         )
     if policy.prometheus_url and any(r.query for r in policy.rules):
@@ -167,9 +171,11 @@ def build(monitor: Any, cfg: Any) -> tuple[daemon.Guard, receiver.Api]:
 
 def configure(monitor: Any, cfg: Any) -> daemon.Guard:
     """``run.CONFIGURERS`` hook: mount the guard on a Monitor before it starts."""
-    guard, api = build(monitor, cfg)
+    cost_collector = CostCollector()
+    guard, api = build(monitor, cfg, cost_collector)
     monitor.add_routes(api.routes(healthz=False))
     monitor.registry.register(GuardCollector(guard.counters, guard.view))
+    monitor.registry.register(cost_collector)
     if guard.policy.enabled:
         monitor.attach("guard", guard.start, guard.stop)
     else:

@@ -8,7 +8,7 @@ every class); a single failing PromQL query is kept as that rule's error on that
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -26,11 +26,19 @@ class LocalSource:
     """Per-class numbers from this process: the tap's window of records through the cost model."""
 
     def __init__(
-        self, stats: Any, pools: Any, settings: Any, *, profile: Any = None, window_seconds: float = 300
+        self,
+        stats: Any,
+        pools: Any,
+        settings: Any,
+        *,
+        profile: Any = None,
+        window_seconds: float = 300,
+        on_costs: Callable[[Sequence[Any]], None] | None = None,
     ):
         self._stats, self._pools, self._settings = stats, pools, settings
         self._profile = profile
         self._window = window_seconds
+        self._on_costs = on_costs  # e.g. CostCollector.update, so /metrics shows what the guard saw
 
     async def collect(self, now: float, keys: Sequence[ClassKey]) -> dict[ClassKey, Evidence]:
         from specguard.rules import cost
@@ -39,6 +47,8 @@ class LocalSource:
         costs = await asyncio.to_thread(
             cost.evaluate, records, self._pools, self._profile, now, self._settings
         )
+        if self._on_costs is not None:
+            self._on_costs(costs)
         return evidence_from_costs(costs)
 
 

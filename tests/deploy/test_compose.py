@@ -72,6 +72,17 @@ def test_specguard_commands_parse_with_the_real_cli():
     assert args.command == "run" and args.config == "/etc/specguard/specguard.yaml"
 
 
+def test_simulator_ports_match_the_pools_specguard_is_given(capsys):
+    # `specguard simulate ... --print-config` shows the pools and ports the sim service will serve
+    assert cli.main([*SERVICES["sim"]["command"], "--print-config"]) == 0
+    sim = json.loads(capsys.readouterr().out)
+    served = {p["name"]: f"http://sim:{p['port']}" for p in sim["pools"]}
+    cfg = specguard_config.load(COMPOSE_DIR / "specguard.yaml")
+    assert {p.name: p.url for p in cfg.exporter.pools} == served
+    assert {f"{port}" for port in SERVICES["sim"]["expose"]} == {u.rsplit(":", 1)[1] for u in served.values()}
+    assert sim["host"] == "0.0.0.0"
+
+
 def test_dockerfile_builds_from_the_repository_root():
     build = SERVICES["specguard"]["build"]
     root = (COMPOSE_DIR / build["context"]).resolve()

@@ -37,8 +37,27 @@ def by_kind(docs: list[dict], kind: str) -> list[dict]:
     return [d for d in docs if d["kind"] == kind]
 
 
+def engines(docs: list[dict]) -> list[dict]:
+    return [
+        d
+        for d in by_kind(docs, "Deployment")
+        if d["metadata"]["labels"].get("app.kubernetes.io/name") == "engine"
+    ]
+
+
 def pod_specs(docs: list[dict]) -> list[dict]:
-    return [d["spec"]["template"]["spec"] for d in by_kind(docs, "Deployment")]
+    """Pod specs of the engine Deployments (specguard as a sidecar)."""
+    return [d["spec"]["template"]["spec"] for d in engines(docs)]
+
+
+def guard_spec() -> dict:
+    (guard,) = [d for d in by_kind(BASE, "Deployment") if d["metadata"]["name"] == "specguard-guard"]
+    return guard["spec"]["template"]["spec"]
+
+
+def configmap_text(prefix: str, key: str) -> str:
+    cm = next(d for d in by_kind(BASE, "ConfigMap") if d["metadata"]["name"].startswith(prefix))
+    return cm["data"][key]
 
 
 def ids(docs: list[dict]) -> list[str]:
@@ -69,8 +88,9 @@ def test_render_has_every_piece():
             "ServiceAccount",
         ]
     )
-    pools = {d["metadata"]["labels"]["specguard.io/pool"] for d in by_kind(BASE, "Deployment")}
+    pools = {d["metadata"]["labels"]["specguard.io/pool"] for d in engines(BASE)}
     assert pools == {"spec-k4", "nospec"}
+    assert guard_spec()["containers"][0]["name"] == "specguard"
 
 
 @pytest.mark.parametrize("version", SCHEMA_VERSIONS)
@@ -79,7 +99,7 @@ def test_rendered_objects_validate_strictly_against_the_api_schema(doc: dict, ve
     kubernetes_validate.validate(doc, version, strict=True)
 
 
-@pytest.mark.parametrize("doc", by_kind(FALLBACK, "Deployment"), ids=ids(by_kind(FALLBACK, "Deployment")))
+@pytest.mark.parametrize("doc", engines(FALLBACK), ids=ids(engines(FALLBACK)))
 def test_fallback_validates_on_a_pre_sidecar_cluster(doc: dict):
     kubernetes_validate.validate(doc, "1.25.0", strict=True)
 
@@ -87,7 +107,7 @@ def test_fallback_validates_on_a_pre_sidecar_cluster(doc: dict):
 def test_native_sidecar_is_rejected_by_pre_1_29_schema():
     # the schema check is real: restartPolicy on an init container does not exist before 1.28/1.29
     with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(by_kind(BASE, "Deployment")[0], "1.25.0", strict=True)
+        kubernetes_validate.validate(engines(BASE)[0], "1.25.0", strict=True)
 
 
 def sidecar(spec: dict) -> dict:
@@ -112,10 +132,10 @@ def test_fallback_moves_the_sidecar_into_containers():
         assert "restartPolicy" not in sidecar(spec)
 
 
-@pytest.mark.parametrize("spec", pod_specs(BASE), ids=["spec-k4", "nospec"])
+@pytest.mark.parametrize("spec", [*pod_specs(BASE), guard_spec()], ids=["spec-k4", "nospec", "guard"])
 def test_security_context_and_resources(spec: dict):
     assert spec["securityContext"]["runAsNonRoot"] is True
-    for c in spec["initContainers"] + spec["containers"]:
+    for c in spec.get("initContainers", []) + spec["containers"]:
         sc = c["securityContext"]
         assert sc["readOnlyRootFilesystem"] is True, c["name"]
         assert sc["allowPrivilegeEscalation"] is False, c["name"]
@@ -123,34 +143,38 @@ def test_security_context_and_resources(spec: dict):
         assert c["resources"]["requests"]["cpu"] and c["resources"]["requests"]["memory"], c["name"]
 
 
-def test_role_is_limited_to_get_and_patch_on_the_plan_configmap():
-    (role,) = by_kind(BASE, "Role")
-    assert role["rules"] == [
-        {
-            "apiGroups": [""],
-            "resources": ["configmaps"],
-            "resourceNames": ["specguard-plan"],
-            "verbs": ["get", "patch"],
-        }
+def role_of(service_account: str) -> dict:
+    (binding,) = [
+        b
+        for b in by_kind(BASE, "RoleBinding")
+        if [(x["kind"], x["name"]) for x in b["subjects"]] == [("ServiceAccount", service_account)]
     ]
+    (role,) = [r for r in by_kind(BASE, "Role") if r["metadata"]["name"] == binding["roleRef"]["name"]]
+    return role
+
+
+def test_rbac_is_limited_to_the_one_plan_configmap():
+    plan = {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["specguard-plan"]}
+    sidecar_sa = {spec["serviceAccountName"] for spec in pod_specs(BASE)}
+    assert sidecar_sa == {"specguard"}
+    assert role_of("specguard")["rules"] == [{**plan, "verbs": ["get"]}], "sidecars only read the plan"
+    assert guard_spec()["serviceAccountName"] == "specguard-guard"
+    assert role_of("specguard-guard")["rules"] == [{**plan, "verbs": ["get", "patch"]}]
     names = {d["metadata"]["name"] for d in by_kind(BASE, "ConfigMap")}
     assert "specguard-plan" in names, "the plan ConfigMap is created by kustomize (the guard cannot create)"
-    (binding,) = by_kind(BASE, "RoleBinding")
-    assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    sa = binding["subjects"][0]["name"]
-    for spec in pod_specs(BASE):
-        assert spec["serviceAccountName"] == sa
     assert not by_kind(BASE, "ClusterRole") and not by_kind(BASE, "ClusterRoleBinding")
 
 
-def test_podmonitor_scrapes_a_port_the_pods_declare():
+def test_podmonitor_scrapes_a_port_every_specguard_pod_declares():
     (pm,) = by_kind(BASE, "PodMonitor")
-    selector = pm["spec"]["selector"]["matchLabels"]
+    (expr,) = pm["spec"]["selector"]["matchExpressions"]
+    assert expr["key"] == "app.kubernetes.io/name" and expr["operator"] == "In"
     for dep in by_kind(BASE, "Deployment"):
-        labels = dep["spec"]["template"]["metadata"]["labels"]
-        assert selector.items() <= labels.items()
+        assert dep["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] in expr["values"]
         spec = dep["spec"]["template"]["spec"]
-        ports = {p["name"] for c in spec["initContainers"] + spec["containers"] for p in c.get("ports", [])}
+        ports = {
+            p["name"] for c in spec.get("initContainers", []) + spec["containers"] for p in c.get("ports", [])
+        }
         for ep in pm["spec"]["podMetricsEndpoints"]:
             assert ep["port"] in ports and ep["path"] == "/metrics"
     assert pm["metadata"]["labels"]["release"], "kube-prometheus-stack selects on `release`"
@@ -178,14 +202,14 @@ def test_generated_copies_are_in_sync():
         assert path.read_text() == text, f"{path} is stale: run python3 deploy/sync_generated.py"
 
 
-def test_sidecar_config_is_a_valid_specguard_config():
+def test_sidecar_config_is_a_valid_specguard_config_that_follows_the_plan():
     cm = next(d for d in by_kind(BASE, "ConfigMap") if d["metadata"]["name"].startswith("specguard-config"))
-    text = cm["data"]["specguard.yaml"]
-    cfg = specguard_config.parse_text(text, "specguard.yaml")
-    urls = {p.name: p.url for p in cfg.exporter.pools}
+    cfg = specguard_config.parse_text(cm["data"]["specguard.yaml"], "specguard.yaml")
+    acts = cfg.sections["actuators"]
+    assert acts.follow and acts.router and acts.configmap.name == "specguard-plan"
     services = {d["metadata"]["name"] for d in by_kind(BASE, "Service")}
-    for url in urls.values():
-        assert url.split("//")[1].split(":")[0] in services, url
+    for pool in cfg.exporter.pools:
+        assert pool.url.split("//")[1].split(":")[0] in services, pool.url
     # the volume that mounts it points at the generated (hashed) ConfigMap name
     for spec in pod_specs(BASE):
         vols = {v["name"]: v for v in spec["volumes"]}
@@ -193,20 +217,27 @@ def test_sidecar_config_is_a_valid_specguard_config():
 
 
 def test_guard_patches_exactly_the_configmap_the_role_allows():
-    cm = next(d for d in by_kind(BASE, "ConfigMap") if d["metadata"]["name"].startswith("specguard-config"))
-    cfg = specguard_config.parse_text(cm["data"]["specguard.yaml"], "specguard.yaml")
+    cm = next(
+        d for d in by_kind(BASE, "ConfigMap") if d["metadata"]["name"].startswith("specguard-guard-config")
+    )
+    cfg = specguard_config.parse_text(cm["data"]["guard.yaml"], "guard.yaml")
     target = cfg.sections["actuators"].configmap
-    (role,) = by_kind(BASE, "Role")
+    assert not cfg.sections["actuators"].follow and cfg.sections["alertmanager"].enabled
+    role = role_of("specguard-guard")
+    (binding,) = [b for b in by_kind(BASE, "RoleBinding") if b["roleRef"]["name"] == role["metadata"]["name"]]
+    assert binding["subjects"][0]["namespace"] == role["metadata"]["namespace"]
     assert [target.name] == role["rules"][0]["resourceNames"]
     assert target.namespace == role["metadata"]["namespace"]
+    spec = guard_spec()
+    assert {v["name"]: v for v in spec["volumes"]}["config"]["configMap"]["name"] == cm["metadata"]["name"]
     token = cfg.sections["server"].token_file
-    for spec in pod_specs(BASE):
-        mounts = {m["mountPath"]: m["name"] for m in sidecar(spec)["volumeMounts"]}
-        volume = mounts[str(Path(token).parent)]
-        secret = next(v for v in spec["volumes"] if v["name"] == volume)["secret"]
-        assert secret["optional"] is True, (
-            "a missing token Secret must not keep the inference pod from starting"
-        )
+    mounts = {m["mountPath"]: m["name"] for m in spec["containers"][0]["volumeMounts"]}
+    volume = mounts[str(Path(token).parent)]
+    secret = next(v for v in spec["volumes"] if v["name"] == volume)["secret"]
+    assert secret["optional"] is True, "a missing token Secret must not keep the guard from starting"
+    # the guard's PromQL rules read what the sidecars export
+    for rule in cfg.sections["guard"].rules:
+        assert rule.query and "specguard_relative_cost_per_token_lower_ratio" in rule.query
 
 
 DURATION = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
@@ -246,3 +277,17 @@ def test_seeded_plan_is_a_plan_the_guard_reads():
     )
     plan = state.decode(json.loads(cm["data"][key]), "specguard-plan")
     assert plan.version == 0 and not plan.states
+
+
+def test_guard_promql_rules_parse(tmp_path: Path):
+    import re
+
+    cfg = specguard_config.parse_text(configmap_text("specguard-guard-config", "guard.yaml"), "guard.yaml")
+    rules = [
+        {"record": f"guard:rule_{i}:check", "expr": re.sub(r"\{\{\s*\w+\s*\}\}", "x", rule.query)}
+        for i, rule in enumerate(cfg.sections["guard"].rules)
+    ]
+    path = tmp_path / "guard-queries.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "guard", "rules": rules}]}))
+    out = run_promtool("check", "rules", str(path))
+    assert rules and out.returncode == 0, out.stdout + out.stderr

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specguard.exporters.records import RequestRecord, SpecStats
 from specguard.exporters.stats import WindowedStats, quantile
@@ -108,3 +110,36 @@ def test_window_aggregates_with_tpot_quantiles():
 
 def test_quantile_empty():
     assert quantile([], 0.5) is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["code", "chat"]),
+            st.one_of(st.none(), st.lists(st.integers(0, 20), min_size=3, max_size=3)),
+            st.integers(1, 500),
+        ),
+        max_size=30,
+    )
+)
+def test_counters_are_sums_over_records_whatever_the_mix(rows):
+    stats = WindowedStats(clock=Clock(), max_records=10)
+    for task, hist, out in rows:
+        stats.add(record(1000, task=task, hist=tuple(hist) if hist else None, out=out, reason=None))
+    totals = stats.totals()
+    for task in ("code", "chat"):
+        mine = [(h, o) for t, h, o in rows if t == task]
+        got = totals.get(("spec-k2", task, "greedy", "low"))
+        if not mine:
+            assert got is None
+            continue
+        with_spec = [h for h, _ in mine if h]
+        assert got.requests == len(mine) and got.spec_requests == len(with_spec)
+        assert got.verify_rounds == sum(sum(h) for h in with_spec)
+        assert got.accepted_tokens == sum(h[1] + 2 * h[2] for h in with_spec)
+        assert got.full_rollback_rounds == sum(h[0] for h in with_spec)
+        assert got.output_tokens == sum(o for _, o in mine)
+        expected_positions = [sum(h[1] + h[2] for h in with_spec), sum(h[2] for h in with_spec)]
+        assert got.accepted_per_position == (expected_positions if with_spec else [])
+    assert len(stats.records()) == min(10, len(rows))  # the window is bounded, the counters are not

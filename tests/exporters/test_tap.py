@@ -303,8 +303,11 @@ async def test_client_disconnect_cancels_the_upstream_request(env, stream):
     task = asyncio.create_task(
         client() if stream else fetch(session, tap_url + "/v1/completions", {"prompt": "x"})
     )
-    while not upstream.bodies:
+    for _ in range(500):
+        if upstream.bodies:
+            break
         await asyncio.sleep(0.01)
+    assert upstream.bodies, "the request never reached the upstream"
     await asyncio.sleep(0.1)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

@@ -9,9 +9,12 @@ import contextlib
 import io
 import json
 import random
+import re
 
 import aiohttp
+import pytest
 
+from specguard.errors import InputError
 from specguard.monitor import cli, config, guard_wiring, loadgen
 from specguard.monitor.app import Monitor
 from specguard.monitor.sim import cluster
@@ -102,12 +105,31 @@ async def test_run_with_guard_end_to_end(tmp_path):
                 # the alert is evidence: creative goes off at the next scheduled evaluation
                 assert await wait_for(lambda: monitor.router.plan().get(CREATIVE_KEYS[0]) == "nospec")
                 mix = [loadgen.RequestClass("creative", temperature=1.0), loadgen.RequestClass("code")]
-                results = await loadgen.run_load(url, mix, 2, requests=6, seed=1)
+                results = await loadgen.run_load(url, mix, 2, requests=6, seed=1, stream=True)
                 assert {r.status for r in results} == {200}
                 pools = {(r.task_type, r.pool) for r in monitor.stats.records()}
                 assert pools == {("creative", "nospec"), ("code", "spec-k4")}
-                async with session.get(f"{url}/metrics") as response:
-                    metrics = await response.text()
+                # the cost model's view behind each evaluation is exported with it
+                code_spec = 'pool="spec-k4",side="spec",task_type="code",temperature_bucket="greedy"'
+
+                async def metrics_text() -> str:
+                    async with session.get(f"{url}/metrics") as response:
+                        return await response.text()
+
+                for _ in range(100):
+                    metrics = await metrics_text()
+                    if f'specguard_relative_cost_samples{{load_bucket="low",{code_spec}}}' in metrics:
+                        break
+                    await asyncio.sleep(0.1)
+            sample_line = rf"specguard_relative_cost_samples{{load_bucket=\"low\",{code_spec}}} (\S+)"
+            samples = re.search(sample_line, metrics)
+            assert samples is not None and float(samples.group(1)) > 0
+            # no no-spec traffic for code: its RC is unknown (no ratio sample), never 1.0
+            assert 'source="none",task_type="code"' in metrics
+            code_ratio = (
+                'specguard_relative_cost_per_token_ratio{load_bucket="low",pool="spec-k4",task_type="code"'
+            )
+            assert code_ratio not in metrics
             labels = 'load_bucket="low",task_type="creative",temperature_bucket="high"'
             line = f"specguard_speculation_enabled{{{labels}}} 0.0"
             assert line in metrics
@@ -199,3 +221,25 @@ tap: {listen: "127.0.0.1:0", default_pool: spec-k4, nospec_pool: nospec}
     assert guard.policy.cooldown_seconds == 5 and guard.counters.reloads["error"] == 1
     assert "guard.cooldown_seconds: (-3.0) must be >= 0" in guard.reload_error
     assert "guard.nospec_pool: ('nope') is not a configured pool" in guard.status()["policy_reload_error"]
+
+
+async def test_override_of_an_unknown_class_is_refused_and_disabled_guard_only_applies_the_plan(tmp_path):
+    path = tmp_path / "specguard.yaml"
+    path.write_text(
+        """
+pools:
+  - {name: spec-k4, url: "http://127.0.0.1:9", num_speculative_tokens: 4}
+  - {name: nospec, url: "http://127.0.0.1:9", num_speculative_tokens: 0}
+guard: {enabled: false}
+"""
+    )
+    cfg = config.load(path)
+    monitor = Monitor(cfg)
+    guard = guard_wiring.configure(monitor, cfg)
+    assert [c.name for c in monitor._components] == ["guard (disabled)"]
+    with pytest.raises(InputError, match=r"task_type \('poetry'\) is not configured \(known: chat, code"):
+        await guard.override("pause", "poetry")
+    with pytest.raises(InputError, match=r"load_bucket \('huge'\) is not configured"):
+        await guard.override("pause", "chat", load_bucket="huge")
+    decisions = await guard.override("pause", "chat", "greedy")
+    assert {d.key[2] for d in decisions} == {"low", "medium", "high"}

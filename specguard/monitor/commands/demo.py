@@ -103,6 +103,7 @@ def _setup(args: argparse.Namespace):
         seed=args.seed,
         fleet=args.fleet,
         timer_scale=args.timer_scale,
+        gpu_scale=args.gpu_scale,
         policy_source=f"{args.config} guard:" if guard_section is not None else "rules/default-policy.yaml",
     )
     setup.settings = demo.cost_settings(setup.exporter)
@@ -215,7 +216,10 @@ def run(args: argparse.Namespace) -> int:
         f"pools: {', '.join(f'{p} (K={k})' for p, k in ks.items())}; fleet of {setup.fleet} engines; "
         f"seed {setup.seed}; guard timers x{setup.timer_scale:.2f}"
     )
-    out.line("1/3 calibrating: quick sweep of every pool at concurrency 1..128 (virtual time)")
+    out.line(
+        f"1/3 calibrating: quick sweep of every pool at concurrency 1..{128 / setup.gpu_scale:.0f} "
+        "(virtual time)"
+    )
     profile = demo.calibrate(setup)
     if args.profile_out:
         profile_mod.write_profile(profile, Path(args.profile_out))
@@ -300,7 +304,10 @@ def run(args: argparse.Namespace) -> int:
         "fleet_engines": setup.fleet,
         "pools": ks,
         "guard_policy": {"source": setup.policy_source, "timer_scale": setup.timer_scale},
-        "calibration": {"levels": list(demo.CALIBRATION_LEVELS), "pools": [p.name for p in profile.pools]},
+        "calibration": {
+            "levels": [lv.concurrency for lv in profile.pools[0].levels],
+            "pools": [p.name for p in profile.pools],
+        },
         "specguard_mode": demo.SPECGUARD_MODE,
         "static_configs_throughput": static_configs,
         "policies": policies,

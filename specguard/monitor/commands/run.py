@@ -20,7 +20,7 @@ CONFIGURERS: list = [guard_wiring.configure]  # the guard (issue 6)
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "run",
-        help="run the tap + exporter (standalone mode)",
+        help="run the tap + exporter + guard (standalone mode)",
         description="Run the request tap in front of the configured pools, scrape each pool's "
         "/metrics and serve /metrics and /healthz on tap.listen.",
     )

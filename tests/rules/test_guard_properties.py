@@ -1,0 +1,65 @@
+"""Properties of the state machine over arbitrary evidence sequences: it never flaps faster than
+its limits allow, whatever the numbers do."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specguard.rules import guard
+from specguard.rules.evidence import Evidence, PoolEvidence
+from tests.rules.test_guard import KEY, POLICY
+
+RC = st.one_of(st.none(), st.floats(min_value=0.3, max_value=2.0))
+STEP = st.tuples(
+    RC,  # rc on spec-k4 (None: no data)
+    RC,  # rc on spec-k2, predicted
+    st.integers(min_value=0, max_value=60),  # samples
+    st.booleans(),  # source error
+)
+
+
+def evidence(k4, k2, samples, error):
+    pools = {}
+    if k4 is not None:
+        pools["spec-k4"] = PoolEvidence("spec-k4", {"rc": k4}, samples)
+    if k2 is not None:
+        pools["spec-k2"] = PoolEvidence("spec-k2", {"rc": k2}, samples, predicted=True)
+    return Evidence(pools=pools, error="down" if error else None)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(STEP, min_size=1, max_size=80))
+def test_actions_respect_cooldown_cap_and_stabilisation(steps):
+    state = guard.initial_state(KEY, POLICY)
+    now = 0.0
+    actions = []
+    for k4, k2, samples, error in steps:
+        now += 10.0
+        state, decision = guard.step(state, evidence(k4, k2, samples, error), now, POLICY)
+        if decision.changes_plan and decision.action not in ("freeze",):
+            actions.append(decision)
+        assert decision.phase.value in ("ok", "act", "hold", "error")
+        assert decision.reason
+    for before, after in zip(actions, actions[1:], strict=False):
+        assert after.at - before.at >= POLICY.cooldown_seconds
+    for i, action in enumerate(actions):
+        recent = [a for a in actions[: i + 1] if action.at - a.at < 3600]
+        assert len(recent) <= POLICY.max_actions_per_hour
+        if action.action == "restore" and i > 0:
+            stabilization = POLICY.rules[0].limits.stabilization_window_seconds
+            assert action.at - actions[i - 1].at >= stabilization
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(STEP, min_size=1, max_size=60))
+def test_only_bad_evidence_moves_a_class_off_its_default_pool(steps):
+    state = guard.initial_state(KEY, POLICY)
+    now = 0.0
+    for k4, k2, samples, error in steps:
+        now += 10.0
+        before = state.pool
+        state, decision = guard.step(state, evidence(k4, k2, samples, error), now, POLICY)
+        if before == "spec-k4" and state.pool != "spec-k4":
+            assert decision.action in ("off", "shorten")
+            assert k4 is not None and k4 > 1.0 and samples >= 10 and not error
