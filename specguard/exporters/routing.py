@@ -75,9 +75,9 @@ class Router:
         first = self._plan.get((task_type, temperature_bucket, load_bucket_of(self.default_pool)))
         target = first or self.default_pool
         if target != self.default_pool:
-            second = self._plan.get(
-                (task_type, temperature_bucket, load_bucket_of(target)), self.default_pool
-            )
+            # Absent entry: keep the move. The target is usually less loaded than the default pool,
+            # so its bucket has no plan entry; only an explicit entry that disagrees overrides.
+            second = self._plan.get((task_type, temperature_bucket, load_bucket_of(target)), target)
             if second != target:
                 return self.default_pool if second == self.default_pool else second
         return target

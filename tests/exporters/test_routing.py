@@ -48,14 +48,24 @@ def test_plan_with_unknown_pool_is_rejected_whole():
     assert r.plan() == {("chat", "medium", "low"): "spec-k2"}
 
 
-def test_load_bucket_is_that_of_the_target_pool():
+def test_a_move_at_high_load_holds_although_the_target_pool_is_less_loaded():
     loads = {"spec-k4": "high", "spec-k2": "low", "nospec": "low"}
     r = router()
-    r.set_plan({("chat", "medium", "high"): "spec-k2", ("chat", "medium", "low"): "spec-k2"})
-    assert r.choose("chat", "medium", loads.get).pool == "spec-k2"
-    # the plan disagrees with itself once the target's load is known: stay on the default pool
+    # the guard moved chat at high load; spec-k2 is idle, so its own bucket has no entry
     r.set_plan({("chat", "medium", "high"): "spec-k2"})
+    assert r.choose("chat", "medium", loads.get).pool == "spec-k2"
+    r.set_plan({("creative", "high", "high"): "nospec"})
+    assert r.choose("creative", "high", loads.get).pool == "nospec"
+    assert r.choose("creative", "high", low).pool == "spec-k4"  # at low load the class stays
+
+
+def test_an_explicit_entry_for_the_target_pools_load_overrides_the_move():
+    loads = {"spec-k4": "high", "spec-k2": "low", "nospec": "low"}
+    r = router()
+    r.set_plan({("chat", "medium", "high"): "spec-k2", ("chat", "medium", "low"): "spec-k4"})
     assert r.choose("chat", "medium", loads.get).pool == "spec-k4"
+    r.set_plan({("chat", "medium", "high"): "spec-k2", ("chat", "medium", "low"): "nospec"})
+    assert r.choose("chat", "medium", loads.get).pool == "nospec"
 
 
 def test_holdout_share_sends_a_few_percent_of_every_class_to_nospec():
