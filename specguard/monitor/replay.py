@@ -196,7 +196,7 @@ class Replay:
         self.policy.on_phase(index, self.now)
         phase = self.scenario.phases[index]
         wanted = {load.task_type: load for load in phase.loads}
-        for task in set(self._clients) | set(wanted):
+        for task in sorted(set(self._clients) | set(wanted)):  # sorted: same order, same run
             load = wanted.get(task)
             clients = self._clients[task]
             active = [c for c in clients if not c.retiring]

@@ -149,11 +149,11 @@ def stationary_scenario(clients: int = 8, duration_s: float = 1800.0) -> Scenari
 
 def shift_scenario() -> Scenario:
     """Low load, then code's temperature mix shifts: measures detection delay after the shift."""
-    before = _loads(2, 2, 2, 2)
-    after = _loads(2, 2, 2, 2, code_mix=SHIFTED_CODE_MIX)
+    before = _loads(4, 4, 4, 4)
+    after = _loads(4, 4, 4, 4, code_mix=SHIFTED_CODE_MIX)
     return Scenario(
         name="shift",
-        description="total concurrency 8; code's temperature mix shifts at 300 s",
+        description="total concurrency 16; code's temperature mix shifts at 300 s",
         phases=(Phase("before", 300.0, before), Phase("after", 300.0, after)),
     )
 
@@ -162,9 +162,9 @@ def load_wave_scenario() -> Scenario:
     """Load rising into saturation and falling back, twice, no mix change."""
     phases = []
     for round_ in (1, 2):
-        for name, c in (("low", 2), ("busy", 16), ("peak", 40), ("busy-down", 16)):
+        for name, c in (("low", 4), ("busy", 16), ("peak", 40), ("busy-down", 16)):
             phases.append(Phase(f"{name}-{round_}", 75.0, _loads(c, c, c, c)))
-    return Scenario("load-wave", tuple(phases), "total concurrency 8 -> 64 -> 160 -> 64, twice")
+    return Scenario("load-wave", tuple(phases), "total concurrency 16 -> 64 -> 160 -> 64, twice")
 
 
 BUILTIN = {

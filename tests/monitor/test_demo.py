@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -38,8 +39,37 @@ def result(tmp_path_factory):
 
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        assert cli.main(["demo", "--duration", "20", "--json", "--scenario", str(path), "--seed", "3"]) == 0
+        assert (
+            cli.main(
+                ["demo", "--no-live", "--duration", "0", "--json", "--scenario", str(path), "--seed", "3"]
+            )
+            == 0
+        )
     return json.loads(buf.getvalue())
+
+
+TINY = """
+name: tiny
+phases:
+  - name: only
+    duration_seconds: 60
+    loads:
+      - {task_type: code, clients: 4, temperature: 0.0}
+      - {task_type: creative, clients: 4, temperature: 1.0}
+"""
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    path = tmp_path_factory.mktemp("demo-live") / "tiny.yaml"
+    path.write_text(TINY)
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert cli.main(["demo", "--duration", "12", "--json", "--scenario", str(path)]) == 0
+    return json.loads(buf.getvalue())["specguard_live"]
 
 
 def test_json_has_every_policy_and_field(result):
@@ -63,9 +93,8 @@ def test_json_has_every_policy_and_field(result):
     assert result["policies"]["specguard"]["actions"] == len(result["policies"]["specguard"]["decisions"])
 
 
-def test_live_run_went_through_the_tap_and_the_guard(result):
-    live = result["specguard_live"]
-    assert live["requests"] > 100 and live["failed_requests"] == 0
+def test_live_run_went_through_the_tap_and_the_guard(live):
+    assert live["requests"] > 30 and live["failed_requests"] == 0
     assert live["tap_requests"] >= live["requests"]  # every request went through the tap
     assert live["tpot_mean_ms"] > 0 and live["time_scale"] > 0
     assert live["final_plan"]  # the guard evaluated classes and holds a plan for them
@@ -103,3 +132,30 @@ def test_builtin_scenarios_are_consistent():
         assert scen.phase_at(0) == 0 and scen.phase_at(scen.duration_s + 1) == len(scen.phases) - 1
     assert scenario.stationary_scenario().stationary_phases() == [1]
     assert scenario.default_scenario().scaled(60).duration_s == pytest.approx(60)
+
+
+def test_same_seed_same_numbers_whatever_the_hash_seed(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY)
+    outputs = []
+    for hash_seed in ("1", "2"):
+        root = str(Path(__file__).resolve().parents[2])
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": root}
+        args = ["demo", "--no-live", "--duration", "0", "--json", "--gpu-scale", "4", "--scenario", str(path)]
+        done = subprocess.run(
+            [sys.executable, "-m", "specguard", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=root,
+        )
+        assert done.returncode == 0, done.stderr
+        result = json.loads(done.stdout)
+        result.pop("wall_seconds")
+        outputs.append(result)
+    assert outputs[0] == outputs[1]

@@ -103,4 +103,7 @@ def test_sigkill_while_writing_plan_and_audit(tmp_path):
     assert len(torn) <= KILLS
     leftovers = [p.name for p in tmp_path.iterdir() if p.name not in ("plan.json", "audit.jsonl")]
     assert all(name.startswith(".plan.json.") and name.endswith(".tmp") for name in leftovers)
-    print(f"kills={KILLS} plan_version={versions[-1]} audit_records={len(records)} torn={torn} tmp_left={len(leftovers)}")
+    print(
+        f"kills={KILLS} plan_version={versions[-1]} audit_records={len(records)} torn={torn} "
+        f"tmp_left={len(leftovers)}"
+    )

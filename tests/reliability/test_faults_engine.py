@@ -9,6 +9,7 @@ about speculation, so no decision is made and nothing flaps).
 from __future__ import annotations
 
 import asyncio
+
 import aiohttp
 import pytest
 from prometheus_client import generate_latest
@@ -85,7 +86,9 @@ async def test_misbehaving_engine(mode, status, whole, kind, reason):
                 # 2. the tap survived: the engine recovers, the same tap serves it again
                 upstream.mode = "ok"
                 async with session.post(f"{url}/v1/chat/completions", json=relkit.chat_body()) as resp:
-                    assert resp.status == 200 and (await resp.json())["choices"][0]["message"]["content"] == "ok"
+                    assert (
+                        resp.status == 200 and (await resp.json())["choices"][0]["message"]["content"] == "ok"
+                    )
             # 3. what the tap recorded
             errors = monitor.stats.upstream_errors()
             assert errors.get(("flaky", kind), 0) == (1 if mode.endswith("stream") else 2)
@@ -114,12 +117,16 @@ async def test_engine_refuses_then_restarts_with_reset_counters():
     """
     mix = [loadgen.RequestClass("code", temperature=0.0, max_tokens=24)]
     first = cluster.SimCluster.from_config(None, seed=0, time_scale=TIME_SCALE, pools=["spec-k4"])
-    async with cluster.SimCluster.from_config(None, seed=0, time_scale=TIME_SCALE, pools=["nospec"]) as nospec:
+    async with cluster.SimCluster.from_config(
+        None, seed=0, time_scale=TIME_SCALE, pools=["nospec"]
+    ) as nospec:
         await first.start()
         second = None
         try:
             port = int(first.urls["spec-k4"].rsplit(":", 1)[1])
-            extra = "tap: {holdout_share: 0, probe_share: 0, default_pool: spec-k4, connect_timeout_seconds: 1}\n"
+            extra = (
+                "tap: {holdout_share: 0, probe_share: 0, default_pool: spec-k4, connect_timeout_seconds: 1}\n"
+            )
             extra += "guard: {interval_seconds: 3600, min_samples: 5}\nserver: {insecure_loopback: true}\n"
             urls = {"spec-k4": first.urls["spec-k4"], "nospec": nospec.urls["nospec"]}
             cfg = relkit.monitor_config(urls, extra=extra)

@@ -133,7 +133,7 @@ class FakePrometheus:
             params.update(await request.post())
         if self.mode == "slow":
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.release.wait(), 5)
+                await asyncio.wait_for(self.release.wait(), 60)
         if self.mode == "500":
             return web.json_response({"status": "error", "error": "overloaded"}, status=500)
         if self.mode == "garbage":
@@ -189,7 +189,9 @@ async def test_prometheus_unreachable_slow_and_broken(tmp_path):
     assert frozen == 1.0 and registry.get_sample_value("specguard_guard_frozen") == 0.0
     errors = [p for mode, p in phases if mode != "ok" for p in p.values()]
     assert {phase for phase, _ in errors} == {"error"}
-    actions = [(mode, key, action) for mode, p in phases for key, (_, action) in p.items() if action != "none"]
+    actions = [
+        (mode, key, action) for mode, p in phases for key, (_, action) in p.items() if action != "none"
+    ]
     assert actions == [
         ("ok", CREATIVE, "off"),
         ("garbage", CODE, "freeze"),
@@ -496,3 +498,58 @@ async def test_source_bug_is_an_error_evaluation_not_a_crash(tmp_path):
     assert "timed out" in decisions[0].reason
     with pytest.raises(SourceError):
         await PromQL(f"http://127.0.0.1:{relkit.closed_port()}", timeout=0.2).scalar("up")
+
+
+async def test_tap_keeps_serving_while_prometheus_hangs(tmp_path):
+    """An evaluation stuck on a slow Prometheus never holds up the traffic through the tap."""
+    from specguard.monitor import config, guard_wiring, loadgen
+    from specguard.monitor.app import Monitor
+    from specguard.monitor.sim import cluster
+
+    prom = FakePrometheus({"code": 0.5, "chat": 0.5, "creative": 0.5, "extraction": 0.5, "other": 0.5})
+    prom.mode = "slow"
+    async with (
+        relkit.serving(prom.app()) as prom_url,
+        cluster.SimCluster.from_config(None, seed=0, time_scale=0.02, pools=["spec-k4", "nospec"]) as sim,
+    ):
+        pools = "\n".join(
+            f'  - {{name: {n}, url: "{u}", engine: vllm, num_speculative_tokens: {relkit.K[n]}}}'
+            for n, u in sim.urls.items()
+        )
+        text = f"""pools:
+{pools}
+scrape: {{interval_seconds: 3600}}
+tap: {{holdout_share: 0, probe_share: 0}}
+classes:
+  task_types: [code]
+  temperature_buckets: [{{name: any, max: null}}]
+  load_buckets: [{{name: all, max: null}}]
+guard:
+  interval_seconds: 3600
+  local: false
+  prometheus: {{url: "{prom_url}", timeout_seconds: 30}}
+  rules:
+    - {{name: rc, query: 'specguard_rc{{task_type="{{{{ task_type }}}}"}}', threshold: 1.0}}
+server: {{insecure_loopback: true}}
+"""
+        cfg = config.parse_text(text, "reliability.yaml")
+        monitor = Monitor(cfg)
+        guard, _api = guard_wiring.build(monitor, cfg)
+        url = await monitor.start("127.0.0.1", 0)
+        try:
+            evaluation = asyncio.create_task(guard.evaluate())
+            while prom.queries == 0:
+                await asyncio.sleep(0.01)
+            mix = [loadgen.RequestClass("code", max_tokens=8), loadgen.RequestClass("chat", temperature=0.7)]
+            served = await loadgen.run_load(url, mix, 8, requests=40, stream=True, seed=5)
+            assert [r.status for r in served] == [200] * 40
+            assert not evaluation.done()  # still waiting on Prometheus while all 40 were served
+            prom.mode = "ok"
+            prom.release.set()  # Prometheus answers at last: the evaluation completes normally
+            decisions = await evaluation
+        finally:
+            prom.release.set()
+            await monitor.stop()
+    assert {d.key for d in decisions} == {("code", "any", "all"), ("other", "any", "all")}
+    assert {d.phase.value for d in decisions} <= {"ok", "hold"}
+    assert {d.action for d in decisions} == {"none"}

@@ -12,6 +12,7 @@ import asyncio
 import copy
 import json
 import math
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -34,8 +35,16 @@ from tests.reliability import relkit
 
 guard_wiring.register_sections(config.SECTIONS)  # the full config, as `specguard run` parses it
 
+# SPECGUARD_FUZZ_SCALE=10 runs ten times as many examples (the default keeps CI under ~20 s)
+SCALE = float(os.environ.get("SPECGUARD_FUZZ_SCALE", "1"))
+
+
+def examples(n: int) -> int:
+    return max(10, int(n * SCALE))
+
+
 FUZZ = settings(
-    max_examples=200,
+    max_examples=examples(120),
     deadline=None,
     database=None,
     derandomize=True,
@@ -125,7 +134,9 @@ def test_metrics_parser_on_mutated_real_pages(data):
         index = data.draw(st.integers(0, len(lines) - 1))
         line = lines[index]
         cut = data.draw(st.integers(0, len(line)))
-        noise = data.draw(st.sampled_from(["", "{", "}", '"', "\\", "=", " ", "NaN", "+Inf", "\x00", "é", "1e999"]))
+        noise = data.draw(
+            st.sampled_from(["", "{", "}", '"', "\\", "=", " ", "NaN", "+Inf", "\x00", "é", "1e999"])
+        )
         lines[index] = line[:cut] + noise + line[cut + 1 :]
     check_page("\n".join(lines) + data.draw(st.sampled_from(["", "\n", "\n# EOF\n"])))
 
@@ -238,7 +249,10 @@ class LiveTap:
         self.servers = [TestServer(app, host="127.0.0.1"), TestServer(app, host="127.0.0.1")]
         for server in self.servers:
             await server.start_server()
-        urls = {"v": f"http://127.0.0.1:{self.servers[0].port}", "s": f"http://127.0.0.1:{self.servers[1].port}"}
+        urls = {
+            "v": f"http://127.0.0.1:{self.servers[0].port}",
+            "s": f"http://127.0.0.1:{self.servers[1].port}",
+        }
         cfg = relkit.monitor_config(
             {"v": urls["v"], "s": urls["s"]},
             extra="tap: {holdout_share: 0, probe_share: 0}\n",
@@ -260,7 +274,12 @@ class LiveTap:
     async def _request(self, chunks, engine, client_asks_usage):
         ident = str(len(self.scripts)) + "-" + str(id(chunks))
         self.scripts[ident] = chunks
-        body = {"model": "m", "stream": True, "temperature": 0.0, "messages": [{"role": "user", "content": "x"}]}
+        body = {
+            "model": "m",
+            "stream": True,
+            "temperature": 0.0,
+            "messages": [{"role": "user", "content": "x"}],
+        }
         if client_asks_usage:
             body["stream_options"] = {"include_usage": True}
             if engine == "sglang":
@@ -299,7 +318,9 @@ EVENTS = [
     b'data: {"choices":[],"usage":{"completion_tokens":3},"metrics":{"speculative_decoding":'
     + json.dumps(VLLM_SPEC).encode()
     + b"}}\n\n",
-    b'data: {"choices":[{"delta":{}}],"sglext":{"spec_tokens_details":' + json.dumps(SGLANG_DETAILS).encode() + b"}}\n\n",
+    b'data: {"choices":[{"delta":{}}],"sglext":{"spec_tokens_details":'
+    + json.dumps(SGLANG_DETAILS).encode()
+    + b"}}\n\n",
     b"data: [DONE]\n\n",
     b": keep-alive\r\n\r\n",
     b'data: {"choices":[{"text":"\\u00e9"}],"usage":null}\n\n',
@@ -313,7 +334,7 @@ def split(data: bytes, cuts: list[int]) -> list[bytes]:
     return [data[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
 
 
-STREAM_FUZZ = settings(FUZZ, max_examples=100)
+STREAM_FUZZ = settings(FUZZ, max_examples=examples(60))
 
 
 @STREAM_FUZZ
@@ -345,8 +366,12 @@ def test_stream_relay_with_additions_never_breaks_the_stream(live_tap, events, c
     assert sent.count(b"[DONE]") == data.count(b"[DONE]")
 
 
-@FUZZ
-@given(st.text(min_size=1, max_size=6), json_values, st.dictionaries(st.text(max_size=6), json_values, max_size=3))
+@settings(FUZZ, max_examples=examples(80))
+@given(
+    st.text(min_size=1, max_size=6),
+    json_values,
+    st.dictionaries(st.text(max_size=6), json_values, max_size=3),
+)
 def test_remove_key_keeps_every_other_byte(key, value, obj):
     obj[key] = value
     raw = json.dumps(obj, allow_nan=True).encode()
@@ -383,7 +408,10 @@ def check_config(text: str) -> None:
             assert issue.path or issue.line is not None or "position" in issue.message, issue
 
 
-@FUZZ
+CONFIG_FUZZ = settings(FUZZ, max_examples=examples(40))
+
+
+@CONFIG_FUZZ
 @given(st.text(max_size=300))
 def test_config_loader_on_noise(text):
     try:
@@ -393,14 +421,14 @@ def test_config_loader_on_noise(text):
     check_config(text)
 
 
-@FUZZ
+@CONFIG_FUZZ
 @given(st.data())
 def test_config_loader_on_mutated_default(data):
     """The shipped config with one value replaced or one key removed, anywhere in it."""
     check_config(yaml.safe_dump(mutate(data, DEFAULT_DATA), allow_unicode=True))
 
 
-@FUZZ
+@CONFIG_FUZZ
 @given(st.dictionaries(st.sampled_from(SECTIONS) | st.text(max_size=8), json_values, max_size=5))
 def test_config_loader_on_random_sections(doc):
     check_config(yaml.safe_dump(doc, allow_unicode=True))
@@ -420,7 +448,11 @@ VALID_ALERT = {
     "alerts": [
         {
             "status": "firing",
-            "labels": {"alertname": "SpecGuardRelativeCostAboveOne", "task_type": "creative", "pool": "spec-k4"},
+            "labels": {
+                "alertname": "SpecGuardRelativeCostAboveOne",
+                "task_type": "creative",
+                "pool": "spec-k4",
+            },
             "annotations": {"summary": "x"},
             "startsAt": "2026-11-29T10:00:00Z",
             "endsAt": "0001-01-01T00:00:00Z",

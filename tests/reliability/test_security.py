@@ -159,11 +159,8 @@ async def chunked(data: bytes, size: int = 4096):
 @pytest.mark.parametrize("mode", ["content-length", "chunked"])
 async def test_body_size_limits(pool, tmp_path, mode):
     (tmp_path / "token").write_text(TOKEN)
-    cfg = guard_config({"spec-k4": pool}, tmp_path, f'{{token_file: "{tmp_path / "token"}", max_body_bytes: 2048}}')
-    cfg = relkit.monitor_config(
-        {"spec-k4": pool},
-        extra=f'tap: {{max_body_bytes: 4096}}\nserver: {{token_file: "{tmp_path / "token"}", max_body_bytes: 2048}}\n',
-    )
+    server = f'{{token_file: "{tmp_path / "token"}", max_body_bytes: 2048}}'
+    cfg = relkit.monitor_config({"spec-k4": pool}, extra=f"tap: {{max_body_bytes: 4096}}\nserver: {server}\n")
     monitor, url = await start_with_guard(cfg)
     headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
     big_tap = json.dumps({**relkit.chat_body(), "pad": "x" * 8000}).encode()
@@ -249,7 +246,9 @@ async def test_tap_forwards_only_to_configured_pools():
                             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
                         )
                         answers.append((target, await raw_request(url, head, body)))
-                head = f"CONNECT {evil_hostport} HTTP/1.1\r\nHost: {evil_hostport}\r\nConnection: close\r\n\r\n"
+                head = (
+                    f"CONNECT {evil_hostport} HTTP/1.1\r\nHost: {evil_hostport}\r\nConnection: close\r\n\r\n"
+                )
                 answers.append(("CONNECT", await raw_request(url, head)))
                 async with aiohttp.ClientSession() as session:  # a pool redirecting elsewhere
                     redirect_body = {**relkit.chat_body(), "temperature": 1.0}
@@ -261,7 +260,9 @@ async def test_tap_forwards_only_to_configured_pools():
                 await monitor.stop()
     assert evil.seen == []  # nothing ever reached a host that is not a configured pool
     assert redirected == (307, evil_url + "/stolen")  # passed back to the client, not followed
-    assert redirector.seen and all(host == redirect_url.removeprefix("http://") for _, _, host in redirector.seen)
+    assert redirector.seen and all(
+        host == redirect_url.removeprefix("http://") for _, _, host in redirector.seen
+    )
     pool_host = pool_url.removeprefix("http://")
     assert pool_side.seen and all(host == pool_host for _, _, host in pool_side.seen)
     statuses = {target: int(answer.split(b" ", 2)[1]) for target, answer in answers}
@@ -276,7 +277,9 @@ def rendered() -> list[tuple[str, list[dict]]]:
     assert kubectl, "kubectl (with its built-in kustomize) renders deploy/kubernetes"
     out = []
     for variant in ("deploy/kubernetes", "deploy/kubernetes/pre-1.29"):
-        done = subprocess.run([kubectl, "kustomize", str(ROOT / variant)], capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [kubectl, "kustomize", str(ROOT / variant)], capture_output=True, text=True, timeout=60
+        )
         assert done.returncode == 0, done.stderr
         out.append((variant, [d for d in yaml.safe_load_all(done.stdout) if d]))
     return out
@@ -331,14 +334,24 @@ def test_rbac_is_least_privilege(manifests):
             assert all(s["kind"] == "ServiceAccount" for s in binding["subjects"])
 
 
-def test_shipped_config_uses_a_token_not_insecure_mode(manifests):
+def test_shipped_configs_never_run_the_api_insecure(manifests):
+    """No shipped config serves the mutating API without a token; one that receives alerts has one."""
+    seen = 0
     for variant, docs in manifests:
-        text = next(
-            d["data"]["specguard.yaml"]
-            for d in docs
-            if d["kind"] == "ConfigMap" and "specguard.yaml" in d.get("data", {})
-        )
-        server = yaml.safe_load(text).get("server") or {}
-        assert server.get("token_file") or server.get("token_env"), variant
-        assert not server.get("insecure_loopback"), variant
-        assert "token:" not in text.replace("token_file:", "").replace("token_env:", ""), variant
+        for doc in docs:
+            if doc["kind"] != "ConfigMap":
+                continue
+            for name, text in (doc.get("data") or {}).items():
+                data = yaml.safe_load(text) if name.endswith((".yaml", ".yml")) else None
+                if not isinstance(data, dict) or "pools" not in data:
+                    continue
+                seen += 1
+                where = f"{variant}: ConfigMap {doc['metadata']['name']} key {name}"
+                server = data.get("server") or {}
+                assert not server.get("insecure_loopback"), where
+                assert "token:" not in text.replace("token_file:", "").replace("token_env:", ""), where
+                receives_alerts = (data.get("alertmanager") or {}).get("enabled", True)
+                follower = (data.get("actuators") or {}).get("follow", False)
+                if receives_alerts and not follower:
+                    assert server.get("token_file") or server.get("token_env"), where
+    assert seen >= 2

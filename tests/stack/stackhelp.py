@@ -12,11 +12,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from contextlib import ExitStack
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import yaml
@@ -121,11 +123,15 @@ def stack_rules(text: str) -> str:
     return re.sub(r"(?m)^(\s+)keep_firing_for: \d+m$", r"\1keep_firing_for: 30s", text)
 
 
-def alertmanager_config(webhook_urls: list[str], token_file: Path) -> dict:
+def alertmanager_config(webhook_urls: list[str], token_file: Path, only: str | None = None) -> dict:
     """The shipped compose routing with short group timers, its webhook pointed at this stack's
-    receivers (specguard's, plus optionally a recorder that keeps the raw payloads)."""
+    receivers (specguard's, plus optionally a recorder that keeps the raw payloads); `only`
+    narrows the specguard route to one alert name (to isolate one trigger)."""
     am = yaml.safe_load(ALERTMANAGER_YML.read_text())
     am["route"].update(group_wait="1s", group_interval="2s", repeat_interval="1m")
+    if only is not None:
+        (route,) = [r for r in am["route"]["routes"] if r["receiver"] == "specguard"]
+        route["matchers"] = [f'alertname="{only}"']
     for receiver in am["receivers"]:
         hooks = receiver.get("webhook_configs", [])
         if hooks:
@@ -133,6 +139,36 @@ def alertmanager_config(webhook_urls: list[str], token_file: Path) -> dict:
             template["http_config"]["authorization"]["credentials_file"] = str(token_file)
             receiver["webhook_configs"] = [{**template, "url": url} for url in webhook_urls]
     return am
+
+
+class Receiver:
+    """A webhook endpoint on loopback that records what Alertmanager posts."""
+
+    def __init__(self):
+        received = self.received = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server's naming
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                received.append((self.path, self.headers.get("Authorization"), json.loads(body)))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/api/v1/alerts"
+        self.thread = threading.Thread(target=self.server.serve_forever, name="webhook-receiver", daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
 
 
 class Prometheus:
@@ -206,11 +242,13 @@ class Stack(ExitStack):
         wait_until("specguard /healthz", lambda: http_get(url + "/healthz")[0] == 200, 30, [proc])
         return url
 
-    def start_alertmanager(self, *webhook_urls: str) -> str:
+    def start_alertmanager(self, *webhook_urls: str, only: str | None = None) -> str:
         token_file = self.workdir / "webhook-token"
         token_file.write_text(TOKEN + "\n")
         path = self.workdir / "alertmanager.yml"
-        path.write_text(yaml.safe_dump(alertmanager_config(list(webhook_urls), token_file), sort_keys=False))
+        path.write_text(
+            yaml.safe_dump(alertmanager_config(list(webhook_urls), token_file, only), sort_keys=False)
+        )
         port = free_port()
         argv = [
             binary("prometheus-alertmanager", "alertmanager"),

@@ -6,11 +6,13 @@ One session starts two engines on 127.0.0.1, in parallel, from the cached virtua
 - ``spec``: n-gram speculation, K = 4, with ``--per-request-spec-decode-metrics summary``;
 - ``nospec``: the same model without speculation (the real no-speculation baseline).
 
+Engines started here are always terminated at the end of the session (SIGTERM, then SIGKILL to
+their process group). A start failure fails the tests with the tail of the server log (CI
+provisions everything, so there is nothing to skip); an engine that dies during the session adds
+its log tail to the report of every test that fails afterwards.
+
 For development, ``SPECGUARD_VLLM_SPEC_URL`` and ``SPECGUARD_VLLM_NOSPEC_URL`` point the tier at
 engines already running with the same flags (``server_command``) instead of starting new ones.
-Engines started here are always terminated at the end of the session (SIGTERM, then SIGKILL to their process
-group). A start failure fails the tests with the tail of the server log: CI provisions
-everything, so there is nothing to skip.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from vllmkit import LOOP_PROMPT, MODEL_NAME, NUM_SPECULATIVE_TOKENS, SPEC_CONFIG
 
 ROOT = Path(__file__).resolve().parents[2]
 PROVISION = ROOT / "scripts" / "provision-vllm"
-START_DEADLINE_S = 300.0  # eager start is ~30 s alone, ~50 s with two in parallel on 2 cores
+START_DEADLINE_S = 300.0  # eager start: ~30 s alone; 45-110 s for two in parallel on a busy 2-core box
 STOP_GRACE_S = 20.0
 
 
@@ -47,15 +49,28 @@ class Engine:
     num_speculative_tokens: int  # 0 = no speculation
     pid: int
 
-    def log_tail(self, lines: int = 60) -> str:
-        return _tail(self.log_path, lines)
-
 
 @dataclass(frozen=True)
 class Engines:
     spec: Engine
     nospec: Engine
     model: str = MODEL_NAME
+
+
+# Engines of this session, for the failure report hook below.
+_STARTED: dict[str, tuple[subprocess.Popen, Path]] = {}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    report = yield
+    if report.failed and "vllm_engines" in getattr(item, "fixturenames", ()):
+        for name, (proc, log_path) in _STARTED.items():
+            if proc.poll() is not None:
+                report.sections.append(
+                    (f"vLLM engine '{name}' exited with code {proc.returncode}", _tail(log_path, 60))
+                )
+    return report
 
 
 def _tail(path: Path, lines: int) -> str:
@@ -229,6 +244,7 @@ def vllm_engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
                     start_new_session=True,
                 )
             procs[name] = proc
+            _STARTED[name] = (proc, log_path)
             engines[name] = Engine(
                 name=name,
                 url=f"http://127.0.0.1:{port}",
@@ -249,3 +265,4 @@ def vllm_engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
     finally:
         for proc in procs.values():
             stop(proc)
+        _STARTED.clear()

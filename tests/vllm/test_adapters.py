@@ -200,7 +200,7 @@ def test_unattributed_reasons_of_real_responses(vllm_engines):
     url = vllm_engines.spec.url
     base = {"model": MODEL_NAME, "prompt": LOOP_PROMPT, "max_tokens": 40, "temperature": 0}
     text = kit.post(url, "/v1/completions", base)["choices"][0]["text"]
-    stop_request = {**base, "stop": [text[len(text) // 2 :][:6]]}
+    stop_request = {**base, "stop": [kit.stop_string_in(text)]}
     stopped = kit.post(url, "/v1/completions", stop_request)
     assert engines.request_stats("vllm", stopped) is None
     assert engines.missing_reason("vllm", stopped, stop_request) == "stop_string"
@@ -218,3 +218,24 @@ def test_unattributed_reasons_of_real_responses(vllm_engines):
     nospec = kit.post(vllm_engines.nospec.url, "/v1/completions", base)
     assert engines.request_stats("vllm", nospec) is None
     assert engines.missing_reason("vllm", nospec, base) is not None
+
+
+def test_inspect_table_on_the_real_engine(vllm_engines):
+    url = vllm_engines.spec.url
+    proc = subprocess.run(
+        [sys.executable, "-m", "specguard", "inspect", "--url", url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    page = kit.scrape(url)
+    drafts = page.total(kit.SPEC_COUNTERS["drafts"])
+    accept_length = 1 + page.total(kit.SPEC_COUNTERS["accepted_tokens"]) / drafts
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"engine: vllm (speculation on, K={K})"
+    row = next(line for line in lines if line.strip().startswith("accept length"))
+    assert row.split()[2] == f"{accept_length:.3f}"
+    row = next(line for line in lines if line.strip().startswith("verify rounds"))
+    assert row.split()[3] == str(int(drafts))

@@ -129,7 +129,7 @@ def test_stop_string_request_is_counted_by_the_engine_but_reports_nothing(vllm_e
     full = greedy(url)
     text = full["choices"][0]["text"]
     # Stop on a piece of the greedy output late enough that rounds were drafted before it.
-    stop = text[len(text) // 2 :][:6]
+    stop = kit.stop_string_in(text)
     assert stop.strip(), f"greedy output too short to pick a stop string: {text!r}"
     before = kit.scrape(url)
     resp = greedy(url, stop=[stop])

@@ -157,7 +157,7 @@ async def test_unattributed_requests_explain_the_gap_exactly(vllm_engines):
         view_base = monitor.watches["spec"].view()["accumulated"]
         start = await asyncio.to_thread(kit.scrape, engine_url)
         monitor_base = pool_sums(monitor, "spec")
-        stop = text[len(text) // 2 :][:6]
+        stop = kit.stop_string_in(text)
         plan = [
             ("code", "/v1/completions", base, False),
             ("code", "/v1/completions", {**base, "stop": [stop]}, False),  # stop string

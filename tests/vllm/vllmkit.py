@@ -163,10 +163,15 @@ def expected_deltas(stats: Iterable[dict], k: int) -> dict[str, float]:
     return out
 
 
-def json_shape(value: object) -> object:
-    """Key structure of a JSON value: dict -> {key: shape}, list -> [shape of first], scalar -> type."""
-    if isinstance(value, dict):
-        return {k: json_shape(v) for k, v in sorted(value.items())}
-    if isinstance(value, list):
-        return [json_shape(value[0])] if value else []
-    return type(value).__name__
+def stop_string_in(text: str, size: int = 5) -> str:
+    """A piece of a greedy output, from its second half, that a rerun will stop on.
+
+    Prefers plain ASCII: the tiny model also emits lone byte tokens that detokenize to U+FFFD,
+    and a stop string made of those may never match the incremental text.
+    """
+    start = len(text) // 2
+    for i in range(start, len(text) - size + 1):
+        piece = text[i : i + size]
+        if piece.isascii() and piece.isprintable() and piece.strip():
+            return piece
+    return text[start:][:size]

@@ -12,7 +12,14 @@ import sys
 import time
 from pathlib import Path
 
-from specguard.errors import ConfigError
+from specguard.errors import ConfigError, ConfigIssue
+
+
+def flag_error(message: str) -> ConfigError:
+    """A bad command-line flag: ``--flag rest`` -> ``Error: --flag: rest``."""
+    flag, _, rest = message.partition(" ")
+    return ConfigError(ConfigIssue(flag.rstrip(":"), None, None, "", rest))
+
 
 WIDTH = 100
 
@@ -77,13 +84,13 @@ def _setup(args: argparse.Namespace):
     from specguard.rules import policy as policy_mod
 
     if args.duration < 0:
-        raise ConfigError(f"--duration ({args.duration}) must be >= 0")
+        raise flag_error(f"--duration ({args.duration}) must be >= 0")
     if not 0 < args.timer_scale <= 10:
-        raise ConfigError(f"--timer-scale ({args.timer_scale}) must be in (0, 10]")
+        raise flag_error(f"--timer-scale ({args.timer_scale}) must be in (0, 10]")
     if args.fleet < 1:
-        raise ConfigError(f"--fleet ({args.fleet}) must be >= 1")
+        raise flag_error(f"--fleet ({args.fleet}) must be >= 1")
     if not 1 <= args.gpu_scale <= 64:
-        raise ConfigError(f"--gpu-scale ({args.gpu_scale}) must be in [1, 64]")
+        raise flag_error(f"--gpu-scale ({args.gpu_scale}) must be in [1, 64]")
     cfg = monitor_config.load(args.config) if args.config else monitor_config.load_default()
     sim = sim_config.load(args.sim_config)
     sim_pools = {p.name for p in sim.pools}

@@ -9,7 +9,14 @@ import sys
 import time
 from pathlib import Path
 
-from specguard.errors import ConfigError
+from specguard.errors import ConfigError, ConfigIssue
+
+
+def flag_error(message: str) -> ConfigError:
+    """A bad command-line flag: ``--flag rest`` -> ``Error: --flag: rest``."""
+    flag, _, rest = message.partition(" ")
+    return ConfigError(ConfigIssue(flag.rstrip(":"), None, None, "", rest))
+
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -18,7 +25,7 @@ def parse_duration(text: str, flag: str) -> float:
     """``90``, ``90s``, ``15m``, ``2h``, ``1d`` -> seconds; anything else is a clear error."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
     if not match or float(match.group(1)) <= 0:
-        raise ConfigError(f"{flag} {text!r}: expected a positive duration such as 90s, 15m, 2h or 1d")
+        raise flag_error(f"{flag} {text!r}: expected a positive duration such as 90s, 15m, 2h or 1d")
     return float(match.group(1)) * _UNITS[match.group(2) or "s"]
 
 
@@ -64,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         out.write_text(page, encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"--output {out}: cannot write: {exc.strerror}") from exc
+        raise flag_error(f"--output {out}: cannot write: {exc.strerror}") from exc
     if args.json:
         summary = {
             "output": str(out),

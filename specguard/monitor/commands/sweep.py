@@ -8,7 +8,13 @@ import sys
 import time
 from pathlib import Path
 
-from specguard.errors import ConfigError
+from specguard.errors import ConfigError, ConfigIssue
+
+
+def flag_error(message: str) -> ConfigError:
+    """A bad command-line flag: ``--flag rest`` -> ``Error: --flag: rest``."""
+    flag, _, rest = message.partition(" ")
+    return ConfigError(ConfigIssue(flag.rstrip(":"), None, None, "", rest))
 
 
 def register(subparsers) -> None:
@@ -54,9 +60,9 @@ def parse_levels(text: str) -> tuple[int, ...]:
     try:
         levels = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
     except ValueError as exc:
-        raise ConfigError(f"--levels {text!r}: expected integers separated by commas") from exc
+        raise flag_error(f"--levels {text!r}: expected integers separated by commas") from exc
     if not levels or levels[0] < 1:
-        raise ConfigError(f"--levels {text!r}: every level must be >= 1")
+        raise flag_error(f"--levels {text!r}: every level must be >= 1")
     return levels
 
 
@@ -72,7 +78,7 @@ def parse_mix(text: str):
             weight = float(parts[2]) if len(parts) == 3 else 1.0
             out.append(MixEntry(parts[0], float(parts[1]), weight))
         except ValueError as exc:
-            raise ConfigError(f"--mix entry {item!r}: expected task:temperature[:weight]") from exc
+            raise flag_error(f"--mix entry {item!r}: expected task:temperature[:weight]") from exc
     return out
 
 
@@ -112,10 +118,10 @@ def run(args: argparse.Namespace) -> int:
         wanted = [x.strip() for x in args.pools.split(",") if x.strip()]
         unknown = sorted(set(wanted) - {p.name for p in pools})
         if unknown:
-            raise ConfigError(f"--pools: unknown pools {unknown} (configured: {[p.name for p in pools]})")
+            raise flag_error(f"--pools: unknown pools {unknown} (configured: {[p.name for p in pools]})")
         pools = [p for p in pools if p.name in wanted]
     if args.requests is not None and args.requests < 2:
-        raise ConfigError(f"--requests ({args.requests}) must be >= 2")
+        raise flag_error(f"--requests ({args.requests}) must be >= 2")
     if args.http:
         driver = sweep.http_driver(seed=args.seed, max_tokens=args.max_tokens)
         stack = {
@@ -143,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(f"--output-dir {out}: cannot create: {exc.strerror}") from exc
+        raise flag_error(f"--output-dir {out}: cannot create: {exc.strerror}") from exc
     csv_path = out / "sweep.csv"
     frame.to_csv(csv_path, index=False)
     profile_path = out / "profile.yaml"

@@ -1,31 +1,31 @@
-"""The guard half of the real-stack test: alert -> Alertmanager -> specguard -> routing change.
+"""The RC half of the real-stack test: RC alert -> Alertmanager -> specguard -> routing change.
 
-`specguard run` with the guard wired in (guard_wiring.configure in run.CONFIGURERS), the
-simulator pools, Debian's Prometheus with the shipped rules (only `for` shortened, see
-stackhelp.stack_rules) and Debian's Alertmanager with the shipped routing, delivering to
-specguard's own receiver (POST /api/v1/alerts, bearer token). The guard's local RC rule is
-dry-run here, so the only thing that can move a class is the alert path.
+`specguard run` (tap + exporter + cost model + guard), `specguard simulate`, Debian's Prometheus
+with the shipped rules (only `for` shortened, see stackhelp.stack_rules) and Debian's
+Alertmanager with the shipped routing narrowed to SpecGuardRelativeCostAboveOne (so this alert
+is the only possible trigger), delivering to specguard's receiver (bearer token) and to a
+recorder. The guard's local rules are dry-run, so only the alert path can move a class.
 
 Traffic: creative at temperature 1 (speculation costs more than it saves) next to code and
 extraction at temperature 0 (it pays). Asserted: specguard exports RC and the recording rule
 puts creative above 1.0 and code below; SpecGuardRelativeCostAboveOne fires for creative only;
-Alertmanager delivers it to specguard (specguard_webhook_alerts_total); the guard moves
-creative off the speculative pool (specguard_plan_info / specguard_speculation_enabled in
-/metrics and in Prometheus) and leaves code on it; every dashboard expression returns data.
-
-Not collected by default until the guard is wired into `specguard run`: run it explicitly with
-`python3 -m pytest tests/stack/guard_e2e.py`, and rename it to test_guard_e2e.py to switch it on.
+Alertmanager delivers it; the guard moves creative off the speculative pool and leaves code on
+it (specguard_plan_info / specguard_speculation_enabled in /metrics and in Prometheus); and
+every dashboard expression parses and returns data on this stack.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from stackhelp import (
+    TOKEN,
+    Receiver,
     Stack,
     dashboard_exprs,
     http_get,
@@ -45,6 +45,7 @@ MIX = [
     loadgen.RequestClass("extraction", weight=1, temperature=0.0, max_tokens=64),
 ]
 CREATIVE = 'task_type="creative",temperature_bucket="high"'
+RC_ALERT = "SpecGuardRelativeCostAboveOne"
 CODE = 'task_type="code",temperature_bucket="greedy"'
 
 
@@ -68,12 +69,14 @@ def drive_load(url: str, seconds: float, results: list) -> threading.Thread:
 
 def test_alert_moves_the_losing_class_off_speculation(tmp_path: Path):
     results: list = []
-    with Stack(tmp_path) as stack:
+    with Stack(tmp_path) as stack, Receiver() as receiver:
         pools = stack.start_sim(time_scale=0.05)
         specguard = stack.start_specguard(guard_config(pools, tmp_path))
-        am_url = stack.start_alertmanager(specguard + "/api/v1/alerts")
+        am_url = stack.start_alertmanager(specguard + "/api/v1/alerts", receiver.url, only=RC_ALERT)
         prom = stack.start_prometheus(specguard, am_url)
-        load = drive_load(specguard, 45, results)
+        load = drive_load(specguard, 28, results)
+        t0 = time.monotonic()
+        timings = {}
 
         # RC is exported and the recording rule separates the classes
         rc = "pool_class_load:specguard_relative_cost_per_token:ratio"
@@ -90,11 +93,15 @@ def test_alert_moves_the_losing_class_off_speculation(tmp_path: Path):
         assert min(code_rc.values()) < 1.0, code_rc
 
         # the RC alert fires for the losing class only
-        firing = 'ALERTS{alertname="SpecGuardRelativeCostAboveOne",alertstate="firing"}'
-        alerts = wait_until(
-            "SpecGuardRelativeCostAboveOne firing", lambda: prom.value(firing), 30, stack.procs
-        )
+        firing = f'ALERTS{{alertname="{RC_ALERT}",alertstate="firing"}}'
+        alerts = wait_until(f"{RC_ALERT} firing", lambda: prom.value(firing), 30, stack.procs)
+        timings["alert firing"] = time.monotonic() - t0
         assert {dict(k)["task_type"] for k in alerts} == {"creative"}, alerts
+        posted = wait_until("RC alert delivered", lambda: receiver.received, 20, stack.procs)
+        timings["delivered"] = time.monotonic() - t0
+        names = {a["labels"]["alertname"] for _, _, payload in posted for a in payload["alerts"]}
+        assert names == {RC_ALERT}, names
+        assert posted[0][1] == f"Bearer {TOKEN}"
 
         # Alertmanager delivers it to specguard, and the guard moves creative off speculation
         def moved():
@@ -117,6 +124,7 @@ def test_alert_moves_the_losing_class_off_speculation(tmp_path: Path):
             return (delivered, plan, samples) if delivered > 0 and off else None
 
         delivered, plan, samples = wait_until("creative moved off speculation", moved, 40, stack.procs)
+        timings["class moved"] = time.monotonic() - t0
         assert all(
             pool != "nospec" for (task, temp, _), pool in plan.items() if (task, temp) == ("code", "greedy")
         )
@@ -140,11 +148,19 @@ def test_alert_moves_the_losing_class_off_speculation(tmp_path: Path):
         )
 
         # every dashboard expression parses and returns data on this stack
+        # (a rate needs two samples: let the action counter, born at 1, be scraped twice)
+        wait_until(
+            "action counter scraped twice",
+            lambda: prom.value("count_over_time(specguard_actions_total[1m]) >= 2"),
+            15,
+            stack.procs,
+        )
         empty = [
             (where, sorted(metric_names(expr)))
             for where, expr in dashboard_exprs()
             if not prom.query_range(substitute(expr, interval="5s"))
         ]
         assert not empty, empty
+        print("seconds after load start:", {k: round(v, 1) for k, v in timings.items()})
         load.join(timeout=90)
     assert results and sum(r.status == 200 for r in results) / len(results) > 0.95

