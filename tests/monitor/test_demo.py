@@ -39,12 +39,19 @@ def result(tmp_path_factory):
 
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        assert (
-            cli.main(
-                ["demo", "--no-live", "--duration", "0", "--json", "--scenario", str(path), "--seed", "3"]
-            )
-            == 0
-        )
+        args = [
+            "--no-live",
+            "--duration",
+            "0",
+            "--json",
+            "--gpu-scale",
+            "4",
+            "--scenario",
+            str(path),
+            "--seed",
+            "3",
+        ]
+        assert cli.main(["demo", *args]) == 0
     return json.loads(buf.getvalue())
 
 
@@ -54,8 +61,8 @@ phases:
   - name: only
     duration_seconds: 60
     loads:
-      - {task_type: code, clients: 4, temperature: 0.0}
-      - {task_type: creative, clients: 4, temperature: 1.0}
+      - {task_type: code, clients: 8, temperature: 0.0}
+      - {task_type: creative, clients: 8, temperature: 1.0}
 """
 
 
@@ -68,7 +75,9 @@ def live(tmp_path_factory):
 
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        assert cli.main(["demo", "--duration", "12", "--json", "--scenario", str(path)]) == 0
+        assert (
+            cli.main(["demo", "--duration", "12", "--json", "--gpu-scale", "4", "--scenario", str(path)]) == 0
+        )
     return json.loads(buf.getvalue())["specguard_live"]
 
 

@@ -21,6 +21,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import aiohttp
 import pytest
 import vllmkit as kit
 from prometheus_client.parser import text_string_to_metric_families
@@ -351,3 +352,52 @@ def test_specguard_run_exports_counters_equal_to_the_engines(vllm_engines, tmp_p
     # Several classes, each with its own series.
     tasks = {lab["task_type"] for lab, v in metrics["specguard_requests_total"] if v > 0}
     assert tasks == {"code", "extraction", "chat", "creative"}
+
+
+async def test_client_disconnect_mid_stream_is_unattributed_and_aborts_the_engine_request(vllm_engines):
+    """A client that goes away mid-stream: the tap stops the upstream request (the engine aborts
+    it), counts the request as unattributed, and the cross-check gap is exactly what the engine
+    spent on it."""
+    cfg = config.parse_text(config_text(vllm_engines, holdout=0.0), "specguard.yaml")
+    monitor = Monitor(cfg, rng=random.Random(6))
+    engine_url = vllm_engines.spec.url
+    url = await monitor.start("127.0.0.1", 0)
+    body = {"model": MODEL_NAME, "prompt": LOOP_PROMPT, "max_tokens": 400, "temperature": 0, "stream": True}
+    try:
+        await scrape_all(monitor)
+        view_base = monitor.watches["spec"].view()["accumulated"]
+        before = await asyncio.to_thread(kit.scrape, engine_url)
+        async with aiohttp.ClientSession() as session:
+            async with session.post(
+                f"{url}/v1/completions", json=body, headers={"x-task-type": "code"}
+            ) as resp:
+                assert resp.status == 200
+                seen = 0
+                async for line in resp.content:
+                    seen += line.startswith(b"data:")
+                    if seen == 3:
+                        break  # leave with the stream still running
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            after = await asyncio.to_thread(kit.scrape, engine_url)
+            if kit.delta(before, after)["requests"] == 1 and monitor.stats.records():
+                break
+            await asyncio.sleep(0.2)
+        await scrape_all(monitor)
+    finally:
+        await monitor.stop()
+
+    aborted = after.total(kit.SUCCESS, finished_reason="abort") - before.total(
+        kit.SUCCESS, finished_reason="abort"
+    )
+    assert aborted == 1  # the engine stopped generating: the disconnect reached it
+    engine = kit.delta(before, after)
+    assert engine["generation_tokens"] < 400
+    assert monitor.stats.unattributed() == {("spec", "client_disconnected"): 1}
+    mine = pool_sums(monitor, "spec")
+    assert mine["requests"] == 1 and mine["spec_requests"] == 0
+    view = monitor.watches["spec"].view()["accumulated"]
+    for name in SPEC_FIELDS:
+        assert mine[name] == 0
+        assert view[name] - view_base[name] == engine[name]  # the whole gap is this one request
+    assert engine["drafts"] > 0
