@@ -15,7 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 
 from specguard.errors import InputError, SourceError
-from specguard.exporters import engines, promtext
+from specguard.exporters import engines, httpbody, promtext
 from specguard.exporters.snapshot import EngineSnapshot
 
 ACCEPT = "text/plain;version=0.0.4;q=0.9, application/openmetrics-text;version=1.0.0;q=0.5, */*;q=0.1"
@@ -59,9 +59,10 @@ async def fetch_text(url: str, *, timeout: float = 5.0, session: aiohttp.ClientS
         ) as response:
             if response.status != 200:
                 raise SourceError(f"{url}: HTTP {response.status} {response.reason or ''}".rstrip())
-            body = await response.content.read(MAX_PAGE_BYTES + 1)
-            if len(body) > MAX_PAGE_BYTES:
-                raise InputError(f"{url}: metrics page larger than {MAX_PAGE_BYTES} bytes")
+            try:
+                body = await httpbody.read_limited(response.content, MAX_PAGE_BYTES, response.content_length)
+            except httpbody.BodyTooLarge as exc:
+                raise InputError(f"{url}: metrics page larger than {MAX_PAGE_BYTES} bytes") from exc
     except aiohttp.InvalidURL as exc:
         raise InputError(f"{url}: not a valid URL") from exc
     except TimeoutError as exc:

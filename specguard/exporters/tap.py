@@ -21,7 +21,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from specguard.exporters import tapflow, tapstream
+from specguard.exporters import httpbody, tapflow, tapstream
 from specguard.exporters.classify import Classifier
 from specguard.exporters.config import ExporterConfig
 from specguard.exporters.routing import Router
@@ -51,10 +51,6 @@ _MARKERS = re.compile(rb'"(?:usage|metrics|sglext|timings|meta_info)"\s*:')
 # a chunk carrying generated text: a non-empty text/content string, or tool calls
 _CONTENT = re.compile(rb'"(?:text|content|reasoning_content)"\s*:\s*"(?!")|"tool_calls"\s*:\s*\[')
 _CLIENT_GONE = (ConnectionResetError, aiohttp.ClientConnectionResetError)
-
-
-class BodyTooLarge(Exception):
-    pass
 
 
 def openai_error(status: int, message: str, kind: str) -> web.Response:
@@ -137,26 +133,12 @@ class Tap:
         return self.classifier.load_bucket(self.in_flight[pool] + 1)
 
     # -- request handling --------------------------------------------------------------------
-    async def _read_body(self, request: web.Request) -> bytes:
-        limit = self.config.tap.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
-            raise BodyTooLarge
-        parts: list[bytes] = []
-        size = 0
-        while True:
-            data = await request.content.readany()
-            if not data:
-                break
-            size += len(data)
-            if size > limit:
-                raise BodyTooLarge
-            parts.append(data)
-        return b"".join(parts)
-
     async def handle(self, request: web.Request) -> web.StreamResponse:
         try:
-            raw = await self._read_body(request)
-        except BodyTooLarge:
+            raw = await httpbody.read_limited(
+                request.content, self.config.tap.max_body_bytes, request.content_length
+            )
+        except httpbody.BodyTooLarge:
             limit = self.config.tap.max_body_bytes
             return openai_error(413, f"request body exceeds {limit} bytes", "invalid_request_error")
         if request.method == "POST" and request.path in TAPPED_PATHS:

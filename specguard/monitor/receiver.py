@@ -25,6 +25,7 @@ from typing import Any
 from aiohttp import web
 
 from specguard.errors import InputError
+from specguard.exporters import httpbody
 from specguard.monitor.daemon import Guard
 from specguard.rules.evidence import AlertRecord
 
@@ -137,11 +138,10 @@ class Api:
 
     # -- handlers ----------------------------------------------------------------------------
     async def _body(self, request: web.Request) -> Any:
-        if request.content_length is not None and request.content_length > self.max_body_bytes:
-            raise _error(413, f"body larger than {self.max_body_bytes} bytes")
-        raw = await request.content.read(self.max_body_bytes + 1)
-        if len(raw) > self.max_body_bytes:
-            raise _error(413, f"body larger than {self.max_body_bytes} bytes")
+        try:
+            raw = await httpbody.read_limited(request.content, self.max_body_bytes, request.content_length)
+        except httpbody.BodyTooLarge as exc:
+            raise _error(413, str(exc)) from exc
         try:
             return json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
