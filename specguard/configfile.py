@@ -99,6 +99,10 @@ def parse_text(text: str, file: str = "<config>") -> Document:
         line = mark.line + 1 if mark else None
         column = mark.column + 1 if mark else None
         raise ConfigError(ConfigIssue(file, line, column, "", f"invalid YAML: {exc.problem}")) from exc
+    except yaml.reader.ReaderError as exc:  # a character YAML refuses: no mark, only a position
+        line, column = line_column(text, exc.position)
+        problem = f"unacceptable character {_char_text(exc.character, exc.encoding)}: {exc.reason}"
+        raise ConfigError(ConfigIssue(file, line, column, "", f"invalid YAML: {problem}")) from exc
     except yaml.YAMLError as exc:
         raise ConfigError(ConfigIssue(file, None, None, "", f"invalid YAML: {exc}")) from exc
     positions: dict[str, tuple[int, int]] = {}
@@ -109,12 +113,33 @@ def parse_text(text: str, file: str = "<config>") -> Document:
     return doc
 
 
+def line_column(text: str | bytes, position: int) -> tuple[int, int]:
+    """1-based line and column of the character (or byte) at ``position`` of ``text``."""
+    newline = "\n" if isinstance(text, str) else b"\n"
+    before = text[:position]
+    line_start = before.rfind(newline) + 1  # type: ignore[arg-type]
+    return before.count(newline) + 1, position - line_start + 1  # type: ignore[arg-type]
+
+
+def _char_text(character: str | bytes | int, encoding: str) -> str:
+    """PyYAML's ``ReaderError.character``: a code point (encoding "unicode") or an undecodable byte."""
+    if isinstance(character, str | bytes):
+        character = ord(character[:1] or "\0")
+    return f"#x{character:04x}" if encoding == "unicode" else f"byte #x{character:02x} ({encoding})"
+
+
 def load_file(path: str | Path) -> Document:
-    """Read and parse a config file; an unreadable file is a ConfigError too."""
+    """Read and parse a config file; an unreadable file (or one not in UTF-8) is a ConfigError too."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        raw = Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError(ConfigIssue(str(path), None, None, "", f"cannot read: {exc.strerror}")) from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line, column = line_column(raw, exc.start)
+        message = f"not UTF-8: byte #x{raw[exc.start]:02x} ({exc.reason})"
+        raise ConfigError(ConfigIssue(str(path), line, column, "", message)) from exc
     return parse_text(text, str(path))
 
 

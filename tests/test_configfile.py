@@ -45,3 +45,28 @@ def test_integers_are_accepted_for_floats_but_booleans_are_not_integers():
 def test_unreadable_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="cannot read"):
         configfile.load_file(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize(
+    "text, where",
+    [
+        pytest.param('a: 1\nb: "x\x07y"\n', "bad.yaml:2:6:", id="bell-in-a-string"),
+        pytest.param("a: 1\nb:\n  - ok\n  - \x01\n", "bad.yaml:4:5:", id="control-char-in-a-list"),
+        pytest.param("\x1b", "bad.yaml:1:1:", id="first-character"),
+    ],
+)
+def test_yaml_reader_error_names_line_and_column(text, where):
+    """PyYAML's reader errors carry only a character position: reported as line and column."""
+    with pytest.raises(ConfigError) as info:
+        configfile.parse_text(text, "bad.yaml")
+    message = str(info.value)
+    assert message.startswith(where) and "unacceptable character #x00" in message, message
+    assert "position" not in message
+
+
+def test_file_not_in_utf8_names_line_and_column(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("a: 1\nb: café\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as info:
+        configfile.load_file(path)
+    assert str(info.value).startswith(f"{path}:2:7: not UTF-8: byte #xe9"), str(info.value)

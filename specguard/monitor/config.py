@@ -9,12 +9,13 @@ lands in ``SpecguardConfig.sections[name]``. Unknown top-level keys are errors.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from specguard import configfile
 from specguard.configfile import Document, Section
+from specguard.errors import ConfigError
 from specguard.exporters import config as exporter_config
 from specguard.monitor import guard_wiring
 from specguard.rules import cost_config
@@ -60,6 +61,19 @@ def parse(doc: Document) -> SpecguardConfig:
     doc.raise_if_issues()
     data = doc.data if isinstance(doc.data, dict) else {}
     return SpecguardConfig(doc.file, exporter, sections, data)
+
+
+def with_listen(cfg: SpecguardConfig, listen: str) -> SpecguardConfig:
+    """``cfg`` with ``tap.listen`` overridden (``specguard run --listen``).
+
+    Applied before anything is built from the config, so every check of the listen address
+    (e.g. ``server.insecure_loopback`` needs loopback) sees the address actually bound.
+    """
+    host, _, port = listen.rpartition(":")
+    if not (host and port.isdigit() and 0 <= int(port) <= 65535):
+        raise ConfigError(f"--listen ({listen!r}) must be host:port")
+    tap = replace(cfg.exporter.tap, listen=listen)
+    return replace(cfg, exporter=replace(cfg.exporter, tap=tap))
 
 
 def parse_text(text: str, file: str = "<config>") -> SpecguardConfig:

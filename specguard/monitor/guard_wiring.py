@@ -31,7 +31,9 @@ def parse_guard(root: configfile.Section) -> policy_mod.Policy:
     """The ``guard:`` policy; pool names it mentions must be configured pools."""
     policy = policy_mod.from_root(root)
     pools = root.data.get("pools")
-    names = {p.get("name") for p in pools if isinstance(p, dict)} if isinstance(pools, list) else set()
+    # only well-formed (string) names: a list or mapping name is the pools parser's error to report
+    entries = pools if isinstance(pools, list) else []
+    names = {p["name"] for p in entries if isinstance(p, dict) and isinstance(p.get("name"), str)}
     section = configfile.Section(root.doc, "guard", root.data.get("guard") or {})
     for key in ("default_pool", "nospec_pool"):
         value = getattr(policy, key)

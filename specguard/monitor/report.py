@@ -199,7 +199,9 @@ def plot_rc(data: ReportData) -> str | None:
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(classes) :]:
         ax.set_visible(False)
-    fig.suptitle("Relative cost per token (RC < 1: speculation pays); red lines: guard actions", fontsize=10)
+    fig.suptitle(
+        "Relative cost per token (RC < 1: speculation pays); red lines: guard actions", fontsize=10, y=1.02
+    )
     return _png(fig)
 
 

@@ -67,11 +67,13 @@ class PromQLSource:
         window = policy_mod.window_text(self._policy.window_seconds)
 
         async def one(key: ClassKey, pool: str, rule: policy_mod.Rule) -> tuple[ClassKey, str, str, Any]:
-            if down:
-                return key, pool, rule.name, SourceError(down[0])
             variables = dict(zip(("task_type", "temperature_bucket", "load_bucket"), key, strict=True))
             query = policy_mod.render_query(rule.query or "", {**variables, "pool": pool, "window": window})
             async with self._limit:
+                # checked after the wait for a slot: queries queued behind the first timeouts
+                # must not each wait their own full timeout
+                if down:
+                    return key, pool, rule.name, SourceError(down[0])
                 try:
                     return key, pool, rule.name, await self._promql.scalar(query)
                 except SourceError as exc:

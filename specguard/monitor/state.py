@@ -1,10 +1,12 @@
 """The persisted plan: class x load bucket -> pool/K, plus what the guard must not forget on restart.
 
 Written atomically (temp file in the same directory, fsync, rename, fsync of the directory),
-so a crash leaves either the old or the new file, never a torn one. What survives a restart:
-the plan itself, operator pins and pauses, the frozen flag, pending shorten-K confirmations
-and the action times (so the cooldown and the cap per hour hold across restarts). Evaluation
-counters are not kept: after a restart the guard needs fresh evidence, which is the safe side.
+so a crash leaves either the old or the new file, never a torn one (a SIGKILL mid-write can leave
+a ``.plan.json.XXXXXXXX.tmp``; the daemon's ``load`` at startup removes such leftovers).
+What survives a restart: the plan itself, operator pins and pauses, the frozen flag, pending
+shorten-K confirmations and the action times (so the cooldown and the cap per hour hold across
+restarts). Evaluation counters are not kept: after a restart the guard needs fresh evidence,
+which is the safe side.
 
 The same JSON is what an external router reads (the "plan file" actuator) and what the
 ConfigMap actuator stores under its key.
@@ -15,7 +17,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import tempfile
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,6 +152,44 @@ def atomic_write(path: Path, text: str) -> None:
         os.close(dir_fd)
 
 
+STALE_TEMP_SECONDS = 60.0
+"""A temp file of ours older than this is a leftover of a killed writer, not a write in progress."""
+
+
+def remove_stale_temp_files(
+    path: Path, *, older_than: float = STALE_TEMP_SECONDS, now: float | None = None
+) -> list[Path]:
+    """Delete ``atomic_write``'s leftovers for ``path`` (``.NAME.XXXXXXXX.tmp``); returns them.
+
+    Only files of exactly our naming (tempfile.mkstemp's 8 random characters) and older than
+    ``older_than`` seconds, so a write in progress by another process is left alone.
+    """
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.[a-z0-9_]{{8}}\.tmp")
+    now = time.time() if now is None else now
+    removed = []
+    try:
+        candidates = [p for p in path.parent.iterdir() if pattern.fullmatch(p.name)]
+    except OSError:
+        return []
+    for candidate in candidates:
+        try:
+            if now - candidate.stat().st_mtime < older_than or not candidate.is_file():
+                continue
+            candidate.unlink()
+        except OSError:
+            continue
+        removed.append(candidate)
+    if removed:
+        names = ", ".join(p.name for p in sorted(removed))
+        log.warning(
+            "removed %d stale temp file(s) of an interrupted plan write in %s: %s",
+            len(removed),
+            path.parent,
+            names,
+        )
+    return removed
+
+
 class PlanStore:
     """Load and save the plan file. ``save`` raises OSError (disk full...) for the caller to count."""
 
@@ -156,7 +198,11 @@ class PlanStore:
         self.recovered: str | None = None  # why the file on disk could not be used, if so
 
     def load(self) -> PlanDocument | None:
-        """The stored plan, or None when there is none. A corrupt file is moved aside and reported."""
+        """The stored plan, or None when there is none. A corrupt file is moved aside and reported.
+
+        Called once at startup by the daemon: also removes temp files a killed writer left behind.
+        """
+        remove_stale_temp_files(self.path)
         try:
             text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:

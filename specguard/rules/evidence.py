@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -138,17 +139,30 @@ class AlertBook:
         return len(self._alerts)
 
     def ingest(self, alert: AlertRecord) -> str:
-        """Record one alert; returns the outcome: "new", "updated" or "duplicate"."""
+        """Record one alert; returns the outcome: "new", "updated", "duplicate" or "stale".
+
+        Alertmanager retries deliveries and HA replicas send the same alert, so notices arrive
+        repeated and out of order. One episode of an alert is (fingerprint, startsAt): its
+        "resolved" is final, and a "firing" for it that arrives later is stale; so is any notice
+        for an older episode than the one recorded. Only a firing with a newer startsAt (a new
+        episode) re-opens a resolved alert. A duplicate refreshes the time it was last received.
+        """
         previous = self._alerts.get(alert.fingerprint)
-        self._alerts[alert.fingerprint] = alert
         if previous is None:
+            self._alerts[alert.fingerprint] = alert
             return "new"
-        if (previous.status, previous.starts_at) == (alert.status, alert.starts_at):
+        order = _compare_instants(alert.starts_at, previous.starts_at)
+        if order < 0 or (order == 0 and previous.status == "resolved" and alert.status == "firing"):
+            return "stale"
+        self._alerts[alert.fingerprint] = alert
+        if order == 0 and previous.status == alert.status:
             return "duplicate"
         return "updated"
 
     def expire(self, now: float, firing_ttl: float, resolved_ttl: float) -> None:
         for fingerprint, alert in list(self._alerts.items()):
+            if alert.received_at > now:  # the clock stepped back: the TTL runs from now, not for ever
+                alert = self._alerts[fingerprint] = replace(alert, received_at=now)
             ttl = firing_ttl if alert.status == "firing" else resolved_ttl
             if now - alert.received_at > ttl:
                 del self._alerts[fingerprint]
@@ -170,6 +184,32 @@ class AlertBook:
                     )
                 )
         return tuple(out)
+
+
+def _instant(text: str) -> datetime | None:
+    """An RFC 3339 time as Alertmanager writes it (nanoseconds, "Z"), or None if unreadable."""
+    text = text.strip()
+    if text.endswith(("Z", "z")):
+        text = text[:-1] + "+00:00"
+    head, dot, rest = text.partition(".")
+    if dot:  # Python reads at most 6 fractional digits
+        digits = len(rest) - len(rest.lstrip("0123456789"))
+        text = f"{head}.{rest[:digits][:6].ljust(6, '0')}{rest[digits:]}"
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def _compare_instants(a: str, b: str) -> int:
+    """-1, 0 or 1 as startsAt ``a`` is before, equal to or after ``b`` (text order if unreadable)."""
+    if a == b:
+        return 0
+    first, second = _instant(a), _instant(b)
+    if first is None or second is None:
+        return -1 if a < b else 1
+    return (first > second) - (first < second)
 
 
 CLASS_LABELS = ("task_type", "temperature_bucket", "load_bucket")

@@ -134,9 +134,8 @@ def _count_watch(rs: RuleState, a: Assessment, now: float) -> RuleState:
 
 def _count_recover(rs: RuleState, a: Assessment, now: float) -> RuleState:
     if a.phase is Phase.OK:
-        return replace(
-            rs, consecutive_successes=rs.consecutive_successes + 1, good_since=rs.good_since or now
-        )
+        since = rs.good_since if rs.good_since is not None else now
+        return replace(rs, consecutive_successes=rs.consecutive_successes + 1, good_since=since)
     if a.phase is Phase.ACT:
         return replace(rs, consecutive_successes=0, good_since=None)
     return rs
@@ -236,8 +235,55 @@ def _recover_candidate(state: ClassState, evidence: Evidence, policy: policy_mod
 
 def _due(state: ClassState, rule: policy_mod.Rule, now: float) -> bool:
     last = state.rule(rule.name).last_evaluated_at
+    # a last evaluation in the future means the wall clock stepped back: due now, or the guard
+    # would stay blind until the clock catches up (hours or days after an NTP step)
+    if last is None or last > now:
+        return True
     # 10% slack: a scheduler tick that fires a little early must not skip a whole interval
-    return last is None or now - last >= rule.limits.interval_seconds * 0.9
+    return now - last >= rule.limits.interval_seconds * 0.9
+
+
+def _clamp(t: float | None, now: float) -> float | None:
+    return now if t is not None and t > now else t
+
+
+def _rebase(state: ClassState, now: float) -> ClassState:
+    """Clamp timestamps left in the future by a backward clock step to ``now``.
+
+    Conservative: a cooldown, the per-hour cap, the failure window and the stabilisation window
+    then restart from now instead of lasting until the clock catches up (unbounded) or being
+    skipped. ``last_evaluated_at`` is left alone: ``_due`` treats a future one as due.
+    """
+
+    def future(t: float | None) -> bool:
+        return t is not None and t > now
+
+    stale = (
+        future(state.last_action_at)
+        or any(map(future, state.action_times))
+        or (state.pending is not None and future(state.pending.at))
+        or any(future(rs.good_since) or any(map(future, rs.failure_times)) for rs in state.rules.values())
+    )
+    if not stale:
+        return state
+    rules = {
+        name: replace(
+            rs,
+            good_since=_clamp(rs.good_since, now),
+            failure_times=tuple(min(t, now) for t in rs.failure_times),
+        )
+        for name, rs in state.rules.items()
+    }
+    pending = state.pending
+    if pending is not None and pending.at > now:
+        pending = replace(pending, at=now)
+    return replace(
+        state,
+        rules=rules,
+        last_action_at=_clamp(state.last_action_at, now),
+        action_times=tuple(min(t, now) for t in state.action_times),
+        pending=pending,
+    )
 
 
 def step(
@@ -263,6 +309,7 @@ def step(
         )
 
     assessments: list[Assessment] = []
+    state = _rebase(state, now)
     if state.pin is not None:
         return decide(state, Phase.HOLD, f"pinned to {state.pin} by operator")
     due = [r for r in policy.all_rules if _due(state, r, now)]
@@ -426,13 +473,32 @@ def _restore_wait(rules: Mapping[str, RuleState], recover: list[Assessment], now
                 f"{a.rule.name}: consecutive_successes ({rs.consecutive_successes}) "
                 f"< consecutive_success_limit ({limits.consecutive_success_limit})"
             )
-        good_for = now - (rs.good_since if rs.good_since is not None else now)
+        good_for = _good_for(rs, limits, now)
         if good_for < limits.stabilization_window_seconds:
             return (
                 f"{a.rule.name}: good for {good_for:.0f} s < stabilization_window_seconds "
                 f"({limits.stabilization_window_seconds:.0f})"
             )
     return None
+
+
+CREDIT_PER_EVALUATION = 2.0
+"""At most this many interval_seconds of stabilisation credited per good evaluation."""
+
+
+def _good_for(rs: RuleState, limits: policy_mod.Limits, now: float) -> float:
+    """Seconds of stabilisation credited to a streak of good evaluations.
+
+    Wall-clock time since the streak began, but at most CREDIT_PER_EVALUATION x interval_seconds
+    per gap between consecutive good evaluations: a forward clock jump (NTP step, VM resume) then
+    cannot stand in for the window, while a scheduler that runs a little late still gets real
+    elapsed time. So after a jump the window needs at least window / (2 x interval) + 1 good
+    evaluations, i.e. half the window of real time at the very least.
+    """
+    if rs.good_since is None:
+        return 0.0
+    gaps = max(rs.consecutive_successes - 1, 0)
+    return max(0.0, min(now - rs.good_since, gaps * CREDIT_PER_EVALUATION * limits.interval_seconds))
 
 
 def _act(new, action, pool, reason, now, policy, decide, pending, extra):

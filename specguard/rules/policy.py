@@ -342,9 +342,10 @@ def from_root(root: configfile.Section, key: str = "guard") -> Policy:
 
 def load_default() -> Policy:
     """The shipped, documented default policy."""
-    doc = configfile.load_file(DEFAULT_POLICY_PATH)
+    text = DEFAULT_POLICY_PATH.read_text(encoding="utf-8")  # read once: parsed and digested
+    doc = configfile.parse_text(text, str(DEFAULT_POLICY_PATH))
     policy = configfile.parse_with(doc, lambda root: parse(root.section("guard")))
-    return replace(policy, version=_digest(DEFAULT_POLICY_PATH.read_text(encoding="utf-8")))
+    return replace(policy, version=_digest(text))
 
 
 def parse_text(text: str, file: str = "<policy>") -> Policy:

@@ -13,8 +13,9 @@ import re
 
 import aiohttp
 import pytest
+import yaml
 
-from specguard.errors import InputError
+from specguard.errors import ConfigError, InputError
 from specguard.monitor import cli, config, guard_wiring, loadgen
 from specguard.monitor.app import Monitor
 from specguard.monitor.sim import cluster
@@ -195,6 +196,16 @@ actuators: {webhook: {url: "ftp://x"}, follow: true}
         "actuators.follow: follow: true needs actuators.configmap",
     ):
         assert expected in text, text
+
+
+@pytest.mark.parametrize("name", [[], {"a": 1}], ids=["list", "mapping"])
+def test_pool_name_of_the_wrong_type_is_a_config_error(name):
+    """A pool ``name:`` that is a list or mapping is the pools parser's ConfigError, not a
+    TypeError from the guard's cross-check of pool names (found by the config fuzzer)."""
+    data = yaml.safe_load(config.DEFAULT_CONFIG.read_text())
+    data["pools"][2]["name"] = name
+    with pytest.raises(ConfigError, match=r"pools\[2\]\.name"):
+        config.parse_text(yaml.safe_dump(data), "bad.yaml")
 
 
 async def test_policy_reload_applies_good_changes_and_keeps_the_old_on_errors(tmp_path):

@@ -95,8 +95,9 @@ def test_report_renders_from_real_prometheus(tmp_path):
         prom.terminate()
         prom.wait(timeout=10)
     assert data.requests > 20
-    # RC series appear once the cost collector is wired into `specguard run` (see report notes)
-    assert data.rc.empty or set(data.rc["task_type"]) >= {"code"}
+    assert not data.rc.empty and set(data.rc["task_type"]) >= {"code", "creative"}
+    creative = data.rc[data.rc["task_type"] == "creative"]["value"].dropna()
+    assert creative.max() > 1.0  # creative at temperature 1 loses on K=4 at any load
     assert not data.actions.empty and "creative" in set(data.actions["task_type"])
     assert not data.throughput.empty and data.throughput["value"].max() > 0
     assert not data.accept_length.empty and (data.accept_length["value"].dropna() >= 1.0).all()

@@ -87,3 +87,26 @@ def test_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
         store.save(doc(version=2))
     assert state_mod.PlanStore(path).load().version == 1
     assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
+
+
+def test_startup_removes_stale_temp_files_of_a_killed_writer(tmp_path, caplog):
+    """A SIGKILL between mkstemp and rename leaves ``.plan.json.XXXXXXXX.tmp``: the load at
+    startup removes ours once stale (logged) and leaves fresh ones and other files alone."""
+    path = tmp_path / "plan.json"
+    state_mod.PlanStore(path).save(doc(version=1))
+    stale = tmp_path / ".plan.json.k3j_9x0a.tmp"
+    fresh = tmp_path / ".plan.json.z8y7x6w5.tmp"  # maybe another writer's write in progress
+    others = [tmp_path / ".other.json.k3j_9x0a.tmp", tmp_path / ".plan.json.notours.tmp"]
+    for leftover in (stale, fresh, *others):
+        leftover.write_text('{"torn')
+    old = os.stat(fresh).st_mtime - state_mod.STALE_TEMP_SECONDS - 5
+    for leftover in (stale, *others):
+        os.utime(leftover, (old, old))
+    with caplog.at_level("WARNING", logger="specguard.state"):
+        assert state_mod.PlanStore(path).load().version == 1
+    assert not stale.exists() and fresh.exists() and all(p.exists() for p in others)
+    assert "removed 1 stale temp file" in caplog.text and stale.name in caplog.text
+    stale.write_text('{"torn')
+    os.utime(stale, (old, old))
+    assert state_mod.PlanStore(path).load_readonly().version == 1  # the CLI's read never deletes
+    assert stale.exists()

@@ -86,3 +86,29 @@ def test_bad_grid_is_a_clear_error(capsys):
     assert "--levels" in capsys.readouterr().err
     assert cli.main(["sweep", "--pools", "spec-k4"]) == 2
     assert "no-speculation pool" in capsys.readouterr().err
+
+
+def test_http_sweep_against_the_simulator_over_http(tmp_path):
+    import asyncio
+
+    from specguard.monitor.sim.cluster import SimCluster
+
+    async def run() -> int:
+        async with SimCluster.from_config(None, seed=0, time_scale=0.1) as sim:
+            cfg = tmp_path / "config.yaml"
+            cfg.write_text(
+                "pools:\n"
+                + "".join(
+                    f'  - {{name: {name}, url: "{sim.urls[name]}", num_speculative_tokens: {k}}}\n'
+                    for name, k in (("spec-k4", 4), ("nospec", 0))
+                )
+            )
+            args = ["sweep", "--http", "--config", str(cfg), "--levels", "2", "--requests", "12"]
+            args += ["--mix", "code:0.0", "--max-tokens", "48", "-o", str(tmp_path / "out"), "--no-plots"]
+            return await asyncio.to_thread(cli.main, args)
+
+    assert asyncio.run(run()) == 0
+    frame = pd.read_csv(tmp_path / "out" / "sweep.csv")
+    code = frame[(frame.pool == "spec-k4") & (frame.task_type == "code")].iloc[0]
+    assert code.relative_cost < 0.8 and code.accept_length > 2.5  # measured over HTTP, engine-reported
+    assert profile_mod.load_profile(tmp_path / "out" / "profile.yaml").pool(k=0) is not None

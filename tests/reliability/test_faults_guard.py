@@ -208,6 +208,25 @@ async def test_prometheus_unreachable_slow_and_broken(tmp_path):
     assert registry.get_sample_value("specguard_evaluations_total", {"result": "error"}) == 12.0
 
 
+async def test_hanging_prometheus_fails_the_round_after_the_first_timeouts(tmp_path):
+    """Once Prometheus timed out, PromQLSource fails the rest of the round at once: the check
+    runs after a query got its slot (4 at a time), so queries queued behind the first timeouts
+    are not sent and do not each wait a full timeout ((queries / 4) x timeout per round)."""
+    prom = FakePrometheus({f"t{i}": 0.5 for i in range(20)})
+    prom.mode = "slow"
+    pol = policy(PROM_RULE, local=False)
+    keys = [(f"t{i}", "high", "low") for i in range(20)]
+    try:
+        async with relkit.serving(prom.app()) as url:
+            source = daemon.PromQLSource(PromQL(url, timeout=0.2), pol)  # 4 at a time
+            found = await source.collect(0.0, keys)
+            prom.release.set()
+    finally:
+        prom.release.set()
+    assert all(ev.pools and all(p.errors for p in ev.pools.values()) for ev in found.values())
+    assert prom.queries <= 8, f"{prom.queries} queries sent to a Prometheus that had stopped answering"
+
+
 # ------------------------------------------------------------------ Alertmanager delivery semantics
 def am_payload(status, fingerprint="fp-creative", starts="2026-11-29T10:00:00Z"):
     alert = {
@@ -299,6 +318,22 @@ async def test_alertmanager_out_of_order_new_episode_after_resolve(tmp_path):
     records, _ = audit_mod.read(tmp_path / "audit.jsonl")
     assert [r["action"] for r in records] == ["off", "restore", "off"]
     assert router.plan()[CREATIVE] == "nospec"
+
+
+async def test_stale_firing_after_resolve_is_ignored(tmp_path):
+    """Alertmanager retries a failed 'firing' delivery after it already delivered 'resolved'
+    for the same alert (same fingerprint, same startsAt): the late firing is stale and must not
+    turn the class off again (a flap). Only a firing with a newer startsAt re-opens it."""
+    clock = relkit.Clock()
+    guard, router = make_guard(tmp_path, [Scripted({CREATIVE: 0.8})], clock)
+    async with receiver_for(guard) as post:
+        await post(am_payload("resolved"))  # the resolve overtook the firing notice
+        await post(am_payload("firing"))  # the firing (same episode) arrives late
+        for _ in range(3):
+            await guard.evaluate()
+            clock.now += 10
+    records, _ = audit_mod.read(tmp_path / "audit.jsonl")
+    assert [r["action"] for r in records] == []
 
 
 # ------------------------------------------------------------------ Kubernetes API: conflicts, errors
@@ -472,6 +507,53 @@ async def test_clock_jump_causes_no_flap(tmp_path, jump):
     records, _ = audit_mod.read(tmp_path / "audit.jsonl")
     assert len(records) == len(timeline) and not [c for c, m in flaps(records).items() if len(m) > 2]
     assert router.plan()[CREATIVE] in ("nospec", "spec-k4")
+
+
+async def test_backward_clock_jump_does_not_blind_the_guard(tmp_path):
+    """After the wall clock steps back 2 h (NTP), bad evidence must still be acted on.
+
+    A last evaluation in the future means the clock stepped back: the rule is due now, instead
+    of "no rule due" until the clock catches up (2 h here, days for a bigger step).
+    """
+    clock = relkit.Clock()
+    source = Scripted({CREATIVE: 0.5})
+    guard, router = make_guard(tmp_path, [source], clock, policy())
+    for _ in range(3):
+        await guard.evaluate()
+        clock.now += 10
+    clock.now -= 7200  # the wall clock steps back
+    source.rcs[CREATIVE] = 1.6  # and now speculation clearly loses
+    reasons = []
+    for _ in range(6):  # one minute of evaluations
+        for d in await guard.evaluate():
+            reasons.append(d.reason)
+        clock.now += 10
+    assert router.plan()[CREATIVE] == "nospec", reasons[-1]
+
+
+async def test_forward_clock_jump_does_not_shorten_the_stabilization_window(tmp_path):
+    """A forward jump of the wall clock must not stand in for stabilization_window_seconds (120 s).
+
+    The window wants real elapsed time (HPA/KEP-853 semantics): each good evaluation credits at
+    most 2 x interval_seconds, so +1 day between two evaluations 10 s apart counts as 20 s; the
+    class is restored once enough good evaluations have been made, not blocked for good.
+    """
+    clock = relkit.Clock()
+    source = Scripted({CREATIVE: 1.4})
+    guard, router = make_guard(tmp_path, [source], clock, policy())
+    for step in range(8):
+        if step == 3:
+            source.rcs[CREATIVE] = 0.5
+        if step == 4:
+            clock.now += 86400
+        await guard.evaluate()
+        clock.now += 10
+    # 5 good evaluations, 50 s of real time: < 120 s stabilization window
+    assert router.plan()[CREATIVE] == "nospec"
+    for _ in range(3):  # the 7th good evaluation: 6 gaps x 20 s credited = 120 s
+        await guard.evaluate()
+        clock.now += 10
+    assert router.plan()[CREATIVE] == "spec-k4"
 
 
 async def test_source_bug_is_an_error_evaluation_not_a_crash(tmp_path):

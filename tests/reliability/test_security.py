@@ -106,6 +106,33 @@ def test_insecure_mode_refuses_a_non_loopback_address(tmp_path, listen):
         guard_wiring.build(Monitor(cfg), cfg)
 
 
+def test_listen_override_cannot_expose_insecure_api(tmp_path):
+    """``specguard run --listen`` overrides tap.listen before the guard is wired, so the loopback
+    check of ``server.insecure_loopback: true`` sees the address actually bound: refused, exit 2."""
+    cfg = tmp_path / "specguard.yaml"
+    cfg.write_text(
+        'pools: [{name: a, url: "http://127.0.0.1:9", engine: vllm}]\n'
+        'tap: {listen: "127.0.0.1:0"}\nscrape: {interval_seconds: 3600}\n'
+        "server: {insecure_loopback: true}\n"
+    )
+    port = relkit.closed_port()
+    command = [sys.executable, "-m", "specguard.monitor.cli", "run", "--config", str(cfg)]
+    proc = subprocess.Popen(
+        [*command, "--listen", f"0.0.0.0:{port}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        _, stderr = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        proc.communicate(timeout=10)
+        raise AssertionError("specguard run served an insecure API on 0.0.0.0") from None
+    assert proc.returncode == 2 and "not loopback" in stderr, stderr
+
+
 def test_unreadable_token_refuses_to_start(tmp_path):
     """``specguard run`` with a token file that is missing or empty: exit 2 and a clear error."""
     (tmp_path / "empty").write_text("\n")

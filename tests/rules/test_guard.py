@@ -399,6 +399,47 @@ CASES = [
         "no rule due",
         id="not-due",
     ),
+    # --- clock jumps: a backward step never blinds the guard, a forward one is not stabilisation
+    pytest.param(
+        st(rules=rs(consecutive_failures=1, failure_times=(7290,), last_evaluated_at=7290)),
+        BAD,
+        100,
+        "act",
+        "off",
+        "nospec",
+        "consecutive_failures (2) > consecutive_failure_limit (1)",
+        id="back-jump-is-due-now",
+    ),
+    pytest.param(
+        st(rules=rs(consecutive_failures=1, failure_times=(90,)), last_action_at=7200, action_times=(7200,)),
+        BAD,
+        100,
+        "hold",
+        "none",
+        "spec-k4",
+        "cooldown: 0 s since the last action < cooldown_seconds (30)",
+        id="back-jump-restarts-cooldown-from-now",
+    ),
+    pytest.param(
+        st("nospec", candidate="spec-k4", rules=rs(consecutive_successes=2, good_since=30)),
+        ev(pool("spec-k4", 0.9)),
+        86400,
+        "hold",
+        "none",
+        "nospec",
+        "good for 40 s < stabilization_window_seconds (60)",
+        id="forward-jump-credits-2-intervals-per-evaluation",
+    ),
+    pytest.param(
+        st("nospec", candidate="spec-k4", rules=rs(consecutive_successes=5, good_since=7000)),
+        ev(pool("spec-k4", 0.9)),
+        100,
+        "hold",
+        "none",
+        "nospec",
+        "good for 0 s < stabilization_window_seconds (60)",
+        id="back-jump-restarts-stabilisation-from-now",
+    ),
 ]
 
 
@@ -543,3 +584,14 @@ def test_phase_precedence_is_one_order():
     assert guard.worst([Phase.HOLD, Phase.ACT]) is Phase.ACT
     assert guard.worst([Phase.ACT, Phase.ERROR, Phase.OK]) is Phase.ERROR
     assert guard.worst([]) is Phase.OK
+
+
+def test_backward_jump_is_bounded_cooldown_then_acts():
+    """After a 2 h backward step the cooldown lasts cooldown_seconds from now, not 2 h more."""
+    prior = st(
+        rules=rs(consecutive_failures=1, failure_times=(90,)), last_action_at=7200, action_times=(7200,)
+    )
+    state, first = guard.step(prior, BAD, 100, POLICY)
+    assert first.action == "none" and state.last_action_at == 100
+    state, later = guard.step(state, BAD, 130, POLICY)
+    assert later.action == "off", later.reason

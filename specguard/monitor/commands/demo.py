@@ -9,6 +9,7 @@ import logging
 import os
 import shutil
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -132,7 +133,7 @@ class Display:
         if self.quiet:
             return
         self._clear()
-        print(text[: self.width], file=self.stream, flush=True)
+        print(text[: self.width] if self.tty else text, file=self.stream, flush=True)
 
     def _clear(self) -> None:
         if self.tty and self._block:
@@ -153,7 +154,7 @@ class Display:
             self._last_plain = now
             print(f"[t={now:5.0f}s] phase {phase}", file=self.stream)
             for text in rows:
-                print(f"  {text}"[: self.width], file=self.stream)
+                print(f"  {text}", file=self.stream)
             self.stream.flush()
 
     def done(self) -> None:
@@ -368,19 +369,21 @@ def print_comparison(result: dict) -> None:
         )
     r = result["ratios"]
     print()
-    print(
+    lines = [
         f"specguard = {r['specguard_vs_oracle_throughput']:.1%} of the oracle, "
         f"{r['specguard_vs_best_static_throughput']:.1%} of the best static config, "
         f"{r['specguard_vs_always_throughput']:.2f}x always-speculate, "
         f"{r['specguard_vs_never_throughput']:.2f}x never-speculate "
-        f"(worst phase vs never: {r['specguard_vs_never_worst_phase_throughput']:.2f}x)."
-    )
-    print(f"The specguard row is its {result['specguard_mode']}.")
+        f"(worst phase vs never: {r['specguard_vs_never_worst_phase_throughput']:.2f}x).",
+        f"The specguard row is its {result['specguard_mode']}.",
+    ]
     live = result.get("specguard_live")
     if live:
-        print(
+        lines.append(
             f"Live run ({live['mode']}): {live['throughput_tokens_per_second']:.0f} tokens/s, "
             f"TPOT mean {_fmt(live['tpot_mean_ms'], '.1f')} ms, p99 {_fmt(live['tpot_p99_ms'], '.1f')} ms "
             f"(simulated time), {live['actions']} plan changes; {live['note']}."
         )
+    for line in lines:
+        print(textwrap.fill(line, WIDTH))
     print(f"Done in {result['wall_seconds']:.0f} s. Use --json for every number.")

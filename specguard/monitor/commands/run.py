@@ -32,21 +32,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = config.load(args.config)  # a bad file is reported (exit 2) before anything starts
-    host = port = None
     if args.listen:
-        host, _, raw_port = args.listen.rpartition(":")
-        if not host or not raw_port.isdigit():
-            from specguard.errors import ConfigError
-
-            raise ConfigError(f"--listen ({args.listen!r}) must be host:port")
-        port = int(raw_port)
+        # override tap.listen before the guard is wired: its checks must see the bound address
+        cfg = config.with_listen(cfg, args.listen)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    return asyncio.run(serve(cfg, host, port))
+    return asyncio.run(serve(cfg))
 
 
 async def serve(cfg: config.SpecguardConfig, host: str | None = None, port: int | None = None) -> int:
+    """Serve until SIGINT/SIGTERM; ``host``/``port`` override ``tap.listen`` (checked like it)."""
+    if host is not None or port is not None:
+        tap = cfg.exporter.tap
+        cfg = config.with_listen(cfg, f"{host or tap.host}:{tap.port if port is None else port}")
     monitor = monitor_app.Monitor(cfg)
     for configure in CONFIGURERS:
         configure(monitor, cfg)
@@ -58,11 +57,11 @@ async def serve(cfg: config.SpecguardConfig, host: str | None = None, port: int 
         except (NotImplementedError, RuntimeError):
             pass
     try:
-        url = await monitor.start(host, port)
+        url = await monitor.start()
     except OSError as exc:
         from specguard.errors import ConfigError
 
-        raise ConfigError(f"cannot listen on {host or cfg.exporter.tap.listen}: {exc.strerror}") from exc
+        raise ConfigError(f"cannot listen on {cfg.exporter.tap.listen}: {exc.strerror}") from exc
     pools = ", ".join(f"{p.name}={p.url}" for p in cfg.exporter.pools)
     log.info("specguard tap on %s (metrics %s/metrics); pools: %s", url, url, pools)
     try:

@@ -1,0 +1,67 @@
+"""The Alertmanager alert book: repeats, HA duplicates and out-of-order notices, by fingerprint."""
+
+from __future__ import annotations
+
+import pytest
+
+from specguard.rules.evidence import AlertBook, AlertRecord
+
+T0 = "2026-11-29T10:00:00.123456789Z"  # Alertmanager writes nanoseconds
+T0_OTHER_ZONE = "2026-11-29T12:00:00.123456789+02:00"
+T1 = "2026-11-29T11:00:00Z"
+
+
+def note(status, starts_at=T0, at=0.0):
+    return AlertRecord("fp", "SpecDecodeHurts", status, {"task_type": "chat"}, starts_at, at)
+
+
+@pytest.mark.parametrize(
+    ("notices", "outcomes", "status"),
+    [
+        pytest.param([note("firing"), note("firing")], ["new", "duplicate"], "firing", id="repeat"),
+        pytest.param([note("firing"), note("resolved")], ["new", "updated"], "resolved", id="resolve"),
+        pytest.param(
+            [note("resolved"), note("firing")], ["new", "stale"], "resolved", id="late-firing-same-episode"
+        ),
+        pytest.param(
+            [note("firing"), note("resolved"), note("firing"), note("resolved")],
+            ["new", "updated", "stale", "duplicate"],
+            "resolved",
+            id="retried-firing-between-resolves",
+        ),
+        pytest.param(
+            [note("resolved"), note("firing", T1)], ["new", "updated"], "firing", id="new-episode-reopens"
+        ),
+        pytest.param(
+            [note("firing", T1), note("resolved", T0)], ["new", "stale"], "firing", id="old-episode-resolve"
+        ),
+        pytest.param(
+            [note("resolved"), note("firing", T0_OTHER_ZONE)],
+            ["new", "stale"],
+            "resolved",
+            id="same-instant-other-zone",
+        ),
+    ],
+)
+def test_ingest_keeps_the_latest_episode(notices, outcomes, status):
+    book = AlertBook()
+    assert [book.ingest(n) for n in notices] == outcomes
+    assert [r.status for r in book.records()] == [status]
+
+
+def test_duplicate_refreshes_the_time_received():
+    book = AlertBook()
+    book.ingest(note("firing", at=1.0))
+    book.ingest(note("firing", at=50.0))
+    book.expire(now=80.0, firing_ttl=60.0, resolved_ttl=60.0)
+    assert len(book) == 1
+
+
+def test_backward_clock_step_bounds_the_ttl():
+    """An alert received "in the future" (the clock stepped back 2 h) expires one TTL from now."""
+    book = AlertBook()
+    book.ingest(note("firing", at=7200.0))
+    book.expire(now=0.0, firing_ttl=60.0, resolved_ttl=60.0)
+    assert len(book) == 1
+    book.expire(now=61.0, firing_ttl=60.0, resolved_ttl=60.0)
+    assert len(book) == 0
