@@ -59,6 +59,15 @@ def openai_error(status: int, message: str, kind: str) -> web.Response:
     return web.json_response(payload, status=status)
 
 
+def json_object(data: bytes) -> dict[str, Any] | None:
+    """``data`` parsed as a JSON object; None when it is not JSON or not an object."""
+    try:
+        obj = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
 def forward_headers(headers: Any, *, identity: bool) -> CIMultiDict[str]:
     """Headers minus hop-by-hop ones (the fixed set plus any named in ``Connection``)."""
     drop = HOP_BY_HOP
@@ -186,12 +195,7 @@ class Tap:
             return openai_error(502, f"pool {pool.name} failed: {type(exc).__name__}", "upstream_error")
 
     async def _tapped(self, request: web.Request, raw: bytes) -> web.StreamResponse:
-        body: dict[str, Any] | None
-        try:
-            parsed = json.loads(raw)
-            body = parsed if isinstance(parsed, dict) else None
-        except (ValueError, UnicodeDecodeError):
-            body = None
+        body = json_object(raw)
         cls = self.classifier.classify(request.headers, request.path, body)
         choice = self.router.choose(cls.task_type, cls.temperature_bucket, self._load_bucket_of)
         pool = self._pools[choice.pool]
@@ -280,11 +284,8 @@ class Tap:
     def _inspect_body(self, data: bytes, flow: tapflow.Flow) -> bytes:
         """Read spec stats from a whole JSON response; strip what the tap added."""
         flow.last_at = self._mono()
-        try:
-            obj = json.loads(data)
-        except (ValueError, UnicodeDecodeError):
-            return data
-        if not isinstance(obj, dict):
+        obj = json_object(data)
+        if obj is None:
             return data
         self._absorb(obj, flow)
         if flow.additions.spec_details and "sglext" in obj:
@@ -339,11 +340,8 @@ class Tap:
             if _CONTENT.search(payload) is not None:
                 self._saw_content(flow, now)
             return event
-        try:
-            obj = json.loads(payload)
-        except (ValueError, UnicodeDecodeError):
-            return event
-        if not isinstance(obj, dict):
+        obj = json_object(payload)
+        if obj is None:
             return event
         if tapstream.has_content(obj):
             self._saw_content(flow, now)

@@ -22,6 +22,7 @@ from typing import Any
 
 from specguard.errors import InputError, SourceError
 from specguard.monitor import audit as audit_mod
+from specguard.monitor import guard_status
 from specguard.monitor import state as state_mod
 from specguard.monitor.actuators import Actuator
 from specguard.monitor.guard_metrics import GuardCounters, GuardView
@@ -100,11 +101,18 @@ class Guard:
                 self.store.path,
                 ", ".join(dropped),
             )
-        self.states = {k: s for k, s in doc.states.items() if s.pool in self.policy.pools}
-        self.version = doc.version
+        self._adopt(doc)
         log.info(
             "loaded plan version %d (%d classes) from %s", doc.version, len(self.states), self.store.path
         )
+
+    def _adopt(self, doc: state_mod.PlanDocument) -> None:
+        """Take a stored or followed plan; classes on pools no longer configured start over."""
+        self.states = {k: s for k, s in doc.states.items() if s.pool in self.policy.pools}
+        self.version = doc.version
+
+    def _state(self, key: ClassKey) -> guard.ClassState:
+        return self.states.get(key) or guard.initial_state(key, self.policy)
 
     def document(self) -> state_mod.PlanDocument:
         return state_mod.PlanDocument(self.version, self.clock(), dict(self.states), dict(self.policy.pools))
@@ -138,7 +146,7 @@ class Guard:
             evidence, error = await self._collect(now, keys)
             decisions: list[guard.Decision] = []
             for key in sorted(set(keys) | set(evidence)):
-                prior = self.states.get(key) or guard.initial_state(key, self.policy)
+                prior = self._state(key)
                 found = evidence.get(key, Evidence())
                 found = replace(found, alerts=self.alerts.for_class(key), error=error)
                 new, decision = guard.step(prior, found, now, self.policy)
@@ -214,8 +222,7 @@ class Guard:
             return
         if doc is None or doc.version == self.version:
             return
-        self.states = {k: s for k, s in doc.states.items() if s.pool in self.policy.pools}
-        self.version = doc.version
+        self._adopt(doc)
         await self._actuate([])
 
     # -- operator ------------------------------------------------------------------------------
@@ -245,7 +252,7 @@ class Guard:
             now = self.clock()
             decisions = []
             for key in keys:
-                prior = self.states.get(key) or guard.initial_state(key, self.policy)
+                prior = self._state(key)
                 new, decision = guard.override(prior, action, now, pool=pool, reason=reason)
                 self.states[key] = new
                 self.last_decisions[key] = decision
@@ -296,53 +303,8 @@ class Guard:
         )
 
     def status(self, decisions: int = 50) -> dict[str, Any]:
-        classes = []
-        for key, st in sorted(self.states.items()):
-            last = self.last_decisions.get(key)
-            classes.append(
-                {
-                    "task_type": key[0],
-                    "temperature_bucket": key[1],
-                    "load_bucket": key[2],
-                    "pool": st.pool,
-                    "num_speculative_tokens": self.policy.pools.get(st.pool, 0),
-                    "speculation_enabled": self.policy.pools.get(st.pool, 0) > 0,
-                    "phase": last.phase.value if last else None,
-                    "reason": last.reason if last else None,
-                    "pin": st.pin,
-                    "paused": st.paused,
-                    "frozen": st.frozen,
-                    "consecutive_errors": st.consecutive_errors,
-                    "pending": None
-                    if st.pending is None
-                    else {"from": st.pending.from_pool, "predicted_rc": st.pending.predicted_rc},
-                }
-            )
-        return {
-            "mode": "follow" if self.follow is not None else "guard",
-            "running": self.running,
-            "dry_run": self.policy.dry_run,
-            "policy_version": self.policy.version,
-            "plan_version": self.version,
-            "last_evaluation": self.last_evaluation,
-            "interval_seconds": self.policy.interval_seconds,
-            "frozen": any(s.frozen for s in self.states.values()),
-            "classes": classes,
-            "alerts": [
-                {
-                    "fingerprint": a.fingerprint,
-                    "alertname": a.alertname,
-                    "status": a.status,
-                    "labels": dict(a.labels),
-                }
-                for a in self.alerts.records()
-            ],
-            "decisions": list(self.decisions)[-decisions:] if decisions else [],
-            "audit_write_errors": self.audit.write_errors,
-            "audit_torn_lines": self.audit.torn_lines,
-            "plan_file_recovered": self.store.recovered if self.store else None,
-            "policy_reload_error": self.reload_error,
-        }
+        """The status document (``guard_status.document``) with the last ``decisions`` decisions."""
+        return guard_status.document(self, decisions)
 
     # -- scheduling ----------------------------------------------------------------------------
     async def start(self) -> None:

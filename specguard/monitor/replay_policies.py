@@ -196,6 +196,7 @@ class SpecguardPolicy:
         self.policy = policy.with_pools(self.pools, default_pool, nospec)
         self.settings = settings
         self.profile = profile
+        self.load_order = evidence_mod.load_order(exporter.classes.load_buckets)
         self.clock = VirtualClock()
         self.router = routing.Router(
             exporter.pools,
@@ -238,16 +239,15 @@ class SpecguardPolicy:
         self.evaluations += 1
         records = self.stats.records(since=now - self.policy.window_seconds)
         costs = cost_mod.evaluate(records, self.pools, self.profile, now, self.settings)
-        evidence = evidence_mod.evidence_from_costs(costs)
+        evidence = evidence_mod.evidence_from_costs(costs, policy=self.policy, load_order=self.load_order)
         changed = []
         for key in sorted(set(evidence) | set(self.states)):
             state = self.states.get(key) or guard_mod.initial_state(key, self.policy)
-            state, decision = guard_mod.step(
-                state, evidence.get(key, evidence_mod.Evidence()), now, self.policy
-            )
+            found = evidence.get(key, evidence_mod.Evidence())
+            state, decision = guard_mod.step(state, found, now, self.policy)
             self.states[key] = state
             if decision.changes_plan:
-                changed.append(decision.to_json())
+                changed.append(_explained(decision, found))
         if changed:
             self.router.set_plan(
                 {
@@ -260,6 +260,16 @@ class SpecguardPolicy:
         if self.on_tick is not None:
             self.on_tick(now, costs, changed)
         return changed
+
+
+def _explained(decision: guard_mod.Decision, evidence: evidence_mod.Evidence) -> dict:
+    """The decision as JSON, its reason extended by the note of inherited evidence it acted on."""
+    out = decision.to_json()
+    watched = evidence.pools.get(decision.from_pool)
+    if watched is not None and watched.inherited_from is not None:
+        out["reason"] = f"{out['reason']} [{watched.note}]"
+        out["numbers"]["inherited_from"] = watched.inherited_from
+    return out
 
 
 def scaled_policy(policy: policy_mod.Policy, factor: float) -> policy_mod.Policy:

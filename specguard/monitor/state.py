@@ -203,12 +203,9 @@ class PlanStore:
         Called once at startup by the daemon: also removes temp files a killed writer left behind.
         """
         remove_stale_temp_files(self.path)
-        try:
-            text = self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
+        text = self._read()
+        if text is None:
             return None
-        except OSError as exc:
-            raise InputError(f"cannot read plan file {self.path}: {exc.strerror}") from exc
         try:
             return decode(json.loads(text), str(self.path))
         except (json.JSONDecodeError, InputError) as exc:
@@ -222,16 +219,22 @@ class PlanStore:
 
     def load_readonly(self) -> PlanDocument | None:
         """Like ``load`` but never touches the file: a corrupt plan raises InputError (for the CLI)."""
-        try:
-            text = self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
+        text = self._read()
+        if text is None:
             return None
-        except OSError as exc:
-            raise InputError(f"cannot read plan file {self.path}: {exc.strerror}") from exc
         try:
             return decode(json.loads(text), str(self.path))
         except json.JSONDecodeError as exc:
             raise InputError(f"{self.path}: not JSON ({exc})") from exc
+
+    def _read(self) -> str | None:
+        """The file's text, or None when there is no file."""
+        try:
+            return self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise InputError(f"cannot read plan file {self.path}: {exc.strerror}") from exc
 
     def save(self, doc: PlanDocument) -> None:
         atomic_write(self.path, json.dumps(encode(doc), indent=1, sort_keys=True) + "\n")

@@ -4,18 +4,23 @@ Evidence is plain data: per pool, the numbers a rule can read (from the local co
 from PromQL), whether they were measured or predicted, and any source error. Alerts from
 Alertmanager are kept in an ``AlertBook`` keyed by fingerprint (idempotent under repeats and
 HA duplicates) and handed to the state machine as evidence, never as a toggle.
+
+With the policy option ``guard.rc_rises_with_load`` a (class, pool, load bucket) with too few
+samples of its own inherits, as a labelled lower *bound*, a loss measured for the same class
+and pool at the nearest lower load bucket (``inherit_losses_upward``; CONCEPTS.md section 3).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from specguard.rules.cost import ClassCost
+    from specguard.rules.policy import Policy
 
 ClassKey = tuple[str, str, str]  # (task_type, temperature_bucket, load_bucket)
 
@@ -38,6 +43,10 @@ class PoolEvidence:
     errors: Mapping[str, str] = field(default_factory=dict)
     """Rule name -> why its query failed this time (a source error, not "no data")."""
     baseline_source: str = ""
+    inherited_from: str | None = None
+    """Load bucket whose measurement these numbers are a bound from (None: this bucket's own)."""
+    note: str = ""
+    """Why the numbers are what they are, for decisions and the audit log (e.g. an inheritance)."""
 
 
 @dataclass(frozen=True)
@@ -60,12 +69,24 @@ class Evidence:
     """The whole data source failed this time (every rule of the class is an error)."""
 
 
-def evidence_from_costs(costs: Iterable[ClassCost]) -> dict[ClassKey, Evidence]:
+def evidence_from_costs(
+    costs: Iterable[ClassCost], *, policy: Policy | None = None, load_order: Sequence[str] = ()
+) -> dict[ClassKey, Evidence]:
     """Group the cost model's per (class, pool) results into Evidence per class.
 
     A measured pool always wins over a what-if prediction for the same pool; of several
     predictions for one pool (made from different measured pools) the one with more samples wins.
+    With a ``policy`` whose ``rc_rises_with_load`` is on and the load buckets in ascending order
+    (``load_order``), losses measured at a lower load bucket are inherited upwards
+    (``inherit_losses_upward``); without them the evidence is each bucket's own.
     """
+    grouped = _group(costs)
+    if policy is not None and policy.rc_rises_with_load and load_order:
+        return inherit_losses_upward(grouped, load_order, policy)
+    return grouped
+
+
+def _group(costs: Iterable[ClassCost]) -> dict[ClassKey, Evidence]:
     pools: dict[ClassKey, dict[str, PoolEvidence]] = {}
     for cost in costs:
         key: ClassKey = (cost.task_type, cost.temperature_bucket, cost.load_bucket)
@@ -108,6 +129,90 @@ def measured_evidence(cost: ClassCost) -> PoolEvidence:
         samples=cost.n_spec,
         baseline_source=cost.baseline_source,
     )
+
+
+INHERITED_MEASURE = "rc_lower"
+"""The one number inherited: a lower bound stays a lower bound at a higher load."""
+LOSS_BOUND = 1.0
+"""RC above 1 means speculation slows the class down (CONCEPTS.md section 2)."""
+
+
+def load_order(buckets: Iterable[Any]) -> tuple[str, ...]:
+    """Load bucket names in ascending order of their ``max`` (None or inf = open top bucket)."""
+
+    def top(bucket: Any) -> float:
+        value = getattr(bucket, "max", None)
+        return math.inf if value is None else float(value)
+
+    return tuple(str(b.name) for b in sorted(buckets, key=top))
+
+
+def inherit_losses_upward(
+    evidence: Mapping[ClassKey, Evidence], order: Sequence[str], policy: Policy
+) -> dict[ClassKey, Evidence]:
+    """Give a (class, pool, load bucket) with too few samples the loss bound of a lower bucket.
+
+    On one pool, relative cost per token does not fall as load rises (CONCEPTS.md section 3: at
+    low load extra verify tokens ride along almost free, at high load they compete with real
+    requests). So if the nearest lower load bucket with enough samples measured the class on a
+    pool with ``rc_lower`` > 1, the class is at least as bad there at this bucket: its pool entry
+    becomes that bound (only ``rc_lower``, labelled ``inherited_from`` with a ``note``), which the
+    state machine counts as a failed evaluation under its usual limits, cooldown and caps. A good
+    RC at a lower bucket says nothing about higher ones, so nothing else is ever inherited: no
+    point estimate, no upper bound, no restore evidence. "Enough samples" is the largest
+    ``min_samples`` of the local rules that read ``rc_lower``; a bound that any of them would
+    not call bad, or would call good when restoring, is not inherited: it never counts as a success.
+    """
+    readers = [
+        r for r in policy.rules if r.query is None and INHERITED_MEASURE in (r.measure, r.restore_measure)
+    ]
+    if not readers:
+        return dict(evidence)
+    needed = max(r.limits.min_samples for r in readers)
+    acting = [r for r in readers if r.measure == INHERITED_MEASURE]
+    restoring = [r for r in readers if (r.restore_measure or r.measure) == INHERITED_MEASURE]
+
+    def harmful(bound: float | None) -> bool:
+        """A loss every reader sees as bad (acting) and none as good (restoring)."""
+        if bound is None or not bound > LOSS_BOUND:
+            return False
+        return all(r.is_bad(bound) for r in acting) and not any(r.is_good(bound) for r in restoring)
+
+    rank = {name: i for i, name in enumerate(order)}
+    out = dict(evidence)
+    classes: dict[tuple[str, str], list[ClassKey]] = {}
+    for key in evidence:
+        if key[2] in rank:
+            classes.setdefault((key[0], key[1]), []).append(key)
+    for keys in classes.values():
+        keys.sort(key=lambda k: rank[k[2]])
+        source: dict[str, tuple[str, PoolEvidence]] = {}  # pool -> nearest lower bucket with enough
+        for key in keys:
+            pools = dict(out[key].pools)
+            own = {name: e for name, e in pools.items() if not e.predicted and e.samples >= needed}
+            for name, (bucket, found) in source.items():
+                if name in own:
+                    continue
+                bound = found.values.get(INHERITED_MEASURE)
+                if bound is None or not harmful(bound):
+                    continue
+                note = (
+                    f"inherited from load_bucket={bucket} ({INHERITED_MEASURE} {bound:.2f} > {LOSS_BOUND}, "
+                    f"{found.samples} samples): rc does not fall as load rises"
+                )
+                pools[name] = PoolEvidence(
+                    pool=name,
+                    values={INHERITED_MEASURE: bound},
+                    samples=found.samples,
+                    baseline_source=found.baseline_source,
+                    inherited_from=bucket,
+                    note=note,
+                )
+            for name, found in own.items():
+                source[name] = (key[2], found)
+            if pools != out[key].pools:
+                out[key] = replace(out[key], pools=pools)
+    return out
 
 
 def _clean(values: Mapping[str, float | int | None]) -> dict[str, float]:

@@ -12,103 +12,37 @@ one phase of ``ok / act / hold / error``, combined with one precedence (error > 
   to the no-spec pool; restoring needs a success streak, hysteresis and a stabilisation window;
 * every action respects the cooldown, the cap per hour, dry-run and operator pins/pauses.
 
-No clock, no I/O, no logging: the daemon does all of that.
+No clock, no I/O, no logging: the daemon does all of that. The state and decision types live in
+``classstate``, the wall-clock rules (intervals, cooldown, cap, stabilisation, clock steps) in ``timing``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from specguard.rules import policy as policy_mod
+from specguard.rules import timing
 from specguard.rules.assess import PRECEDENCE, Assessment, Phase, assess, worst
+from specguard.rules.classstate import ClassState, Decision, Pending, RuleState
 from specguard.rules.evidence import ClassKey, Evidence
 
-__all__ = ["PRECEDENCE", "Assessment", "Phase", "assess", "worst"]  # re-exported: one vocabulary
+__all__ = [  # re-exported: one vocabulary
+    "PRECEDENCE",
+    "Assessment",
+    "ClassState",
+    "Decision",
+    "Pending",
+    "Phase",
+    "RuleState",
+    "assess",
+    "worst",
+]
 
 ACTIONS = ("none", "off", "shorten", "revert", "restore", "confirm", "freeze", "unfreeze")
 OPERATOR_ACTIONS = ("pin", "unpin", "pause", "resume")
-
-
-@dataclass(frozen=True)
-class RuleState:
-    """Counters of one rule for one class (Argo semantics: errors never count as failures)."""
-
-    consecutive_failures: int = 0
-    failure_times: tuple[float, ...] = ()
-    consecutive_successes: int = 0
-    good_since: float | None = None
-    last_evaluated_at: float | None = None
-
-
-@dataclass(frozen=True)
-class Pending:
-    """A shorten-K move made on a prediction, waiting to be confirmed by measurement."""
-
-    from_pool: str
-    to_pool: str
-    predicted_rc: float
-    at: float
-
-
-@dataclass(frozen=True)
-class ClassState:
-    key: ClassKey
-    pool: str
-    rules: Mapping[str, RuleState] = field(default_factory=dict)
-    consecutive_errors: int = 0
-    frozen: bool = False
-    last_action_at: float | None = None
-    action_times: tuple[float, ...] = ()
-    pending: Pending | None = None
-    confirm_successes: int = 0
-    candidate: str | None = None
-    pin: str | None = None
-    paused: bool = False
-
-    def rule(self, name: str) -> RuleState:
-        return self.rules.get(name, RuleState())
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What one evaluation (or operator override) decided, why, and the numbers behind it."""
-
-    key: ClassKey
-    at: float
-    phase: Phase
-    action: str
-    from_pool: str
-    to_pool: str
-    reason: str
-    numbers: Mapping[str, Any] = field(default_factory=dict)
-    dry_run: bool = False
-    cause: str = ""
-    """Bounded code for metrics: the rule that breached, "recovered", "source_errors", "operator"..."""
-
-    @property
-    def changes_plan(self) -> bool:
-        return self.from_pool != self.to_pool and not self.dry_run
-
-    def to_json(self) -> dict[str, Any]:
-        task_type, temperature_bucket, load_bucket = self.key
-        return {
-            "time": self.at,
-            "task_type": task_type,
-            "temperature_bucket": temperature_bucket,
-            "load_bucket": load_bucket,
-            "class": f"{task_type}/{temperature_bucket}",
-            "phase": self.phase.value,
-            "action": self.action,
-            "cause": self.cause,
-            "from": self.from_pool,
-            "to": self.to_pool,
-            "reason": self.reason,
-            "dry_run": self.dry_run,
-            "numbers": dict(self.numbers),
-        }
 
 
 def initial_state(key: ClassKey, policy: policy_mod.Policy) -> ClassState:
@@ -158,22 +92,6 @@ def failure_breach(rs: RuleState, limits: policy_mod.Limits) -> str | None:
 def _reset_counters(state: ClassState) -> ClassState:
     rules = {name: RuleState(last_evaluated_at=rs.last_evaluated_at) for name, rs in state.rules.items()}
     return replace(state, rules=rules, confirm_successes=0, candidate=None)
-
-
-def rate_gate(state: ClassState, now: float, policy: policy_mod.Policy) -> str | None:
-    """Why an automatic action must wait (pause, cooldown, cap per hour), or None."""
-    if state.paused:
-        return "paused by operator"
-    if state.last_action_at is not None and now - state.last_action_at < policy.cooldown_seconds:
-        return (
-            f"cooldown: {now - state.last_action_at:.0f} s since the last action < cooldown_seconds "
-            f"({policy.cooldown_seconds:.0f})"
-        )
-    recent = [t for t in state.action_times if now - t < 3600]
-    if policy.max_actions_per_hour >= 0 and len(recent) >= policy.max_actions_per_hour:
-        cap = policy.max_actions_per_hour
-        return f"actions in the last hour ({len(recent)}) >= max_actions_per_hour ({cap})"
-    return None
 
 
 # ---------------------------------------------------------------- choosing pools
@@ -233,59 +151,6 @@ def _recover_candidate(state: ClassState, evidence: Evidence, policy: policy_mod
 # ---------------------------------------------------------------- the step
 
 
-def _due(state: ClassState, rule: policy_mod.Rule, now: float) -> bool:
-    last = state.rule(rule.name).last_evaluated_at
-    # a last evaluation in the future means the wall clock stepped back: due now, or the guard
-    # would stay blind until the clock catches up (hours or days after an NTP step)
-    if last is None or last > now:
-        return True
-    # 10% slack: a scheduler tick that fires a little early must not skip a whole interval
-    return now - last >= rule.limits.interval_seconds * 0.9
-
-
-def _clamp(t: float | None, now: float) -> float | None:
-    return now if t is not None and t > now else t
-
-
-def _rebase(state: ClassState, now: float) -> ClassState:
-    """Clamp timestamps left in the future by a backward clock step to ``now``.
-
-    Conservative: a cooldown, the per-hour cap, the failure window and the stabilisation window
-    then restart from now instead of lasting until the clock catches up (unbounded) or being
-    skipped. ``last_evaluated_at`` is left alone: ``_due`` treats a future one as due.
-    """
-
-    def future(t: float | None) -> bool:
-        return t is not None and t > now
-
-    stale = (
-        future(state.last_action_at)
-        or any(map(future, state.action_times))
-        or (state.pending is not None and future(state.pending.at))
-        or any(future(rs.good_since) or any(map(future, rs.failure_times)) for rs in state.rules.values())
-    )
-    if not stale:
-        return state
-    rules = {
-        name: replace(
-            rs,
-            good_since=_clamp(rs.good_since, now),
-            failure_times=tuple(min(t, now) for t in rs.failure_times),
-        )
-        for name, rs in state.rules.items()
-    }
-    pending = state.pending
-    if pending is not None and pending.at > now:
-        pending = replace(pending, at=now)
-    return replace(
-        state,
-        rules=rules,
-        last_action_at=_clamp(state.last_action_at, now),
-        action_times=tuple(min(t, now) for t in state.action_times),
-        pending=pending,
-    )
-
-
 def step(
     state: ClassState, evidence: Evidence, now: float, policy: policy_mod.Policy
 ) -> tuple[ClassState, Decision]:
@@ -309,10 +174,10 @@ def step(
         )
 
     assessments: list[Assessment] = []
-    state = _rebase(state, now)
+    state = timing.rebase(state, now)
     if state.pin is not None:
         return decide(state, Phase.HOLD, f"pinned to {state.pin} by operator")
-    due = [r for r in policy.all_rules if _due(state, r, now)]
+    due = [r for r in policy.all_rules if timing.due(state, r, now)]
     if not due:
         return decide(state, Phase.HOLD, "no rule due")
     rules = dict(state.rules)
@@ -405,7 +270,7 @@ def step(
         if target is None:
             return decide(new, Phase.HOLD, f"{cause}; no lower pool to move to")
         action, pool, extra = target
-        gate = rate_gate(new, now, policy)
+        gate = timing.rate_gate(new, now, policy)
         if gate is not None:
             return decide(new, Phase.HOLD, f"{cause}; waiting: {gate}", **extra)
         if action == "revert" and state.pending is not None:
@@ -421,7 +286,7 @@ def step(
     if recover_acting and worst(a.phase for a in recover_acting) is Phase.OK:
         waiting = _restore_wait(rules, recover_acting, now)
         if waiting is None:
-            gate = rate_gate(new, now, policy)
+            gate = timing.rate_gate(new, now, policy)
             if gate is not None:
                 return decide(new, Phase.HOLD, f"{candidate} recovered; waiting: {gate}")
             reasons = "; ".join(f"{a.rule.name} on {a.pool}: {a.reason}" for a in recover_acting)
@@ -473,7 +338,7 @@ def _restore_wait(rules: Mapping[str, RuleState], recover: list[Assessment], now
                 f"{a.rule.name}: consecutive_successes ({rs.consecutive_successes}) "
                 f"< consecutive_success_limit ({limits.consecutive_success_limit})"
             )
-        good_for = _good_for(rs, limits, now)
+        good_for = timing.good_for(rs, limits, now)
         if good_for < limits.stabilization_window_seconds:
             return (
                 f"{a.rule.name}: good for {good_for:.0f} s < stabilization_window_seconds "
@@ -482,28 +347,11 @@ def _restore_wait(rules: Mapping[str, RuleState], recover: list[Assessment], now
     return None
 
 
-CREDIT_PER_EVALUATION = 2.0
-"""At most this many interval_seconds of stabilisation credited per good evaluation."""
-
-
-def _good_for(rs: RuleState, limits: policy_mod.Limits, now: float) -> float:
-    """Seconds of stabilisation credited to a streak of good evaluations.
-
-    Wall-clock time since the streak began, but at most CREDIT_PER_EVALUATION x interval_seconds
-    per gap between consecutive good evaluations: a forward clock jump (NTP step, VM resume) then
-    cannot stand in for the window, while a scheduler that runs a little late still gets real
-    elapsed time. So after a jump the window needs at least window / (2 x interval) + 1 good
-    evaluations, i.e. half the window of real time at the very least.
-    """
-    if rs.good_since is None:
-        return 0.0
-    gaps = max(rs.consecutive_successes - 1, 0)
-    return max(0.0, min(now - rs.good_since, gaps * CREDIT_PER_EVALUATION * limits.interval_seconds))
-
-
 def _act(new, action, pool, reason, now, policy, decide, pending, extra):
     moved = _reset_counters(
-        replace(new, last_action_at=now, action_times=_recent(new.action_times, now) + (now,), pending=None)
+        replace(
+            new, last_action_at=now, action_times=timing.recent(new.action_times, now) + (now,), pending=None
+        )
     )
     if policy.dry_run:
         return decide(moved, Phase.ACT, f"dry-run: {reason}", action, pool, dry_run=True, **extra)
@@ -519,10 +367,6 @@ def _counters(state: ClassState) -> dict[str, Any]:
         if rs.consecutive_successes:
             out[f"{name}.consecutive_successes"] = rs.consecutive_successes
     return out
-
-
-def _recent(times: tuple[float, ...], now: float) -> tuple[float, ...]:
-    return tuple(t for t in times if now - t < 3600)
 
 
 # ---------------------------------------------------------------- operator overrides

@@ -141,6 +141,9 @@ class Policy:
     """A shorter-K pool qualifies only when its predicted (or measured) rc is below this."""
     restore_on_prediction: bool = False
     """Allow restoring on what-if predictions alone; default needs probe measurements."""
+    rc_rises_with_load: bool = True
+    """A class+pool with too few samples at a load bucket inherits a loss (rc_lower > 1) measured at
+    the nearest lower bucket, as a bound (CONCEPTS.md section 3); never a gain, never for restoring."""
     alerts: AlertsPolicy = field(default_factory=AlertsPolicy)
     default_pool: str | None = None
     """Pool a class starts on and is restored to (None: the tap's ``default_pool``)."""
@@ -309,6 +312,7 @@ def parse(section: configfile.Section) -> Policy:
         shorten=section.get("shorten", bool, True),
         shorten_max_rc=section.get("shorten_max_rc", float, 0.95, minimum=0),
         restore_on_prediction=section.get("restore_on_prediction", bool, False),
+        rc_rises_with_load=section.get("rc_rises_with_load", bool, True),
         alerts=alerts,
         default_pool=section.get("default_pool", str, None, nullable=True),
         nospec_pool=section.get("nospec_pool", str, None, nullable=True),

@@ -10,39 +10,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from specguard.exporters.collector import EngineCollector, TapCollector
 from specguard.exporters.config import PoolConfig
 from specguard.exporters.poolwatch import PoolWatch, ScrapeLoop
-from specguard.exporters.records import RequestRecord, SpecStats
 from specguard.exporters.snapshot import EngineSnapshot
 from specguard.exporters.stats import WindowedStats
-
-
-def record(at, *, hist=(1, 1, 2), out=10, decode=0.9, reason=None):
-    spec = None
-    if hist is not None:
-        rounds = sum(hist)
-        spec = SpecStats(
-            source="vllm",
-            rounds=rounds,
-            draft_tokens=rounds * (len(hist) - 1),
-            accepted_tokens=sum(j * n for j, n in enumerate(hist)),
-            accepted_histogram=hist,
-            full_rollback_rounds=hist[0],
-            output_tokens=out,
-        )
-    return RequestRecord(
-        pool="spec-k2",
-        task_type="code",
-        temperature_bucket="greedy",
-        load_bucket="low",
-        route="plan",
-        started_at=at,
-        status=200,
-        streamed=True,
-        output_tokens=out,
-        decode_seconds=decode,
-        spec=spec,
-        unattributed_reason=reason,
-    )
-
+from tests.exporters.recordkit import record
 
 POOL = PoolConfig("spec-k2", "http://x", "vllm", 2)
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specguard.exporters.records import RequestRecord, SpecStats
 from specguard.exporters.stats import WindowedStats, quantile
+from tests.exporters.recordkit import record
 
 
 class Clock:
@@ -16,35 +16,6 @@ class Clock:
 
     def __call__(self):
         return self.now
-
-
-def record(at, *, hist=(1, 1, 2), pool="spec-k2", task="code", out=10, decode=0.9, reason=None):
-    spec = None
-    if hist is not None:
-        rounds = sum(hist)
-        spec = SpecStats(
-            source="vllm",
-            rounds=rounds,
-            draft_tokens=rounds * (len(hist) - 1),
-            accepted_tokens=sum(j * n for j, n in enumerate(hist)),
-            accepted_histogram=hist,
-            full_rollback_rounds=hist[0],
-            output_tokens=out,
-        )
-    return RequestRecord(
-        pool=pool,
-        task_type=task,
-        temperature_bucket="greedy",
-        load_bucket="low",
-        route="plan",
-        started_at=at,
-        status=200,
-        streamed=True,
-        output_tokens=out,
-        decode_seconds=decode,
-        spec=spec,
-        unattributed_reason=reason,
-    )
 
 
 def test_totals_sum_numerators_and_denominators():

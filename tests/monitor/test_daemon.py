@@ -8,7 +8,6 @@ from dataclasses import replace
 from prometheus_client import CollectorRegistry
 
 from specguard.errors import SourceError
-from specguard.exporters.config import PoolConfig
 from specguard.exporters.routing import Router
 from specguard.monitor import audit as audit_mod
 from specguard.monitor import daemon
@@ -16,13 +15,8 @@ from specguard.monitor import state as state_mod
 from specguard.monitor.actuators import RouterActuator
 from specguard.monitor.guard_metrics import GuardCollector
 from specguard.rules import policy as policy_mod
-from specguard.rules.evidence import Evidence, PoolEvidence
+from tests.monitor.guardkit import CODE, CREATIVE, POOLS, ScriptedSource
 
-POOLS = [
-    PoolConfig("spec-k4", "http://127.0.0.1:1", num_speculative_tokens=4),
-    PoolConfig("spec-k2", "http://127.0.0.1:2", num_speculative_tokens=2),
-    PoolConfig("nospec", "http://127.0.0.1:3", num_speculative_tokens=0),
-]
 LIMITS = policy_mod.Limits(
     consecutive_failure_limit=1,
     failure_limit=-1,
@@ -38,8 +32,6 @@ POLICY = policy_mod.Policy(
     alerts=policy_mod.AlertsPolicy(limits=replace(LIMITS, consecutive_failure_limit=0, min_samples=0)),
     version="test",
 ).with_pools({p.name: p.num_speculative_tokens for p in POOLS}, "spec-k4", "nospec")
-CREATIVE = ("creative", "high", "low")
-CODE = ("code", "greedy", "low")
 
 
 class Clock:
@@ -48,22 +40,6 @@ class Clock:
 
     def __call__(self):
         return self.now
-
-
-class ScriptedSource:
-    """Returns ``rc`` per class for spec-k4 from a mutable table; raises while ``down``."""
-
-    def __init__(self, rcs):
-        self.rcs = dict(rcs)
-        self.down = False
-
-    async def collect(self, now, keys):
-        if self.down:
-            raise SourceError("Prometheus at http://127.0.0.1:9 unreachable: ConnectionError")
-        return {
-            key: Evidence(pools={"spec-k4": PoolEvidence("spec-k4", {"rc": rc}, samples=100)})
-            for key, rc in self.rcs.items()
-        }
 
 
 def make_guard(tmp_path, source, clock, policy=POLICY):

@@ -22,7 +22,6 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from specguard.errors import SourceError
-from specguard.exporters.config import PoolConfig
 from specguard.exporters.routing import Router
 from specguard.monitor import actuators, daemon, receiver
 from specguard.monitor import audit as audit_mod
@@ -30,14 +29,9 @@ from specguard.monitor import state as state_mod
 from specguard.monitor.guard_metrics import GuardCollector
 from specguard.monitor.promql import PromQL
 from specguard.rules import policy as policy_mod
-from specguard.rules.evidence import Evidence, PoolEvidence
+from tests.monitor.guardkit import CODE, CREATIVE, POOLS, ScriptedSource
 from tests.reliability import relkit
 
-POOLS = [
-    PoolConfig("spec-k4", "http://127.0.0.1:1", num_speculative_tokens=4),
-    PoolConfig("spec-k2", "http://127.0.0.1:2", num_speculative_tokens=2),
-    PoolConfig("nospec", "http://127.0.0.1:3", num_speculative_tokens=0),
-]
 LIMITS = policy_mod.Limits(
     consecutive_failure_limit=1,
     failure_limit=-1,
@@ -68,23 +62,6 @@ def policy(rule=RULE, **extra):
     }
     base = policy_mod.Policy(rules=(rule,), **settings)
     return base.with_pools({p.name: p.num_speculative_tokens for p in POOLS}, "spec-k4", "nospec")
-
-
-CREATIVE = ("creative", "high", "low")
-CODE = ("code", "greedy", "low")
-
-
-class Scripted:
-    """Evidence per class for spec-k4 from a mutable table of rc values."""
-
-    def __init__(self, rcs):
-        self.rcs = dict(rcs)
-
-    async def collect(self, now, keys):
-        return {
-            key: Evidence(pools={"spec-k4": PoolEvidence("spec-k4", {"rc": rc}, samples=100)})
-            for key, rc in self.rcs.items()
-        }
 
 
 def make_guard(tmp_path, sources, clock, pol=None, *, acts=(), audit_path=None, plan_path=None, keys=()):
@@ -259,7 +236,7 @@ async def receiver_for(guard):
 
 async def test_alertmanager_duplicates_and_ha_pairs_act_once(tmp_path):
     clock = relkit.Clock()
-    guard, router = make_guard(tmp_path, [Scripted({CREATIVE: 0.8, CODE: 0.6})], clock)
+    guard, router = make_guard(tmp_path, [ScriptedSource({CREATIVE: 0.8, CODE: 0.6})], clock)
     async with receiver_for(guard) as post:
         outcomes = []
         for _ in range(3):  # one evaluation interval: both HA replicas send, and repeat
@@ -285,7 +262,7 @@ async def test_alertmanager_duplicates_and_ha_pairs_act_once(tmp_path):
 async def test_alertmanager_resolved_before_firing_changes_nothing(tmp_path):
     """A resolved notice for an alert never seen firing is no reason to act, and no flap."""
     clock = relkit.Clock()
-    guard, router = make_guard(tmp_path, [Scripted({CREATIVE: 0.8, CODE: 0.6})], clock)
+    guard, router = make_guard(tmp_path, [ScriptedSource({CREATIVE: 0.8, CODE: 0.6})], clock)
     async with receiver_for(guard) as post:
         status, body = await post(am_payload("resolved"))
         assert status == 200 and body["outcomes"] == {"new": 1}
@@ -301,7 +278,7 @@ async def test_alertmanager_resolved_before_firing_changes_nothing(tmp_path):
 async def test_alertmanager_out_of_order_new_episode_after_resolve(tmp_path):
     """Fire, resolve, then a new episode (a later startsAt): each notice lands in order of episodes."""
     clock = relkit.Clock()
-    guard, router = make_guard(tmp_path, [Scripted({CREATIVE: 0.8})], clock)
+    guard, router = make_guard(tmp_path, [ScriptedSource({CREATIVE: 0.8})], clock)
     async with receiver_for(guard) as post:
         await post(am_payload("firing"))
         await guard.evaluate()
@@ -325,7 +302,7 @@ async def test_stale_firing_after_resolve_is_ignored(tmp_path):
     for the same alert (same fingerprint, same startsAt): the late firing is stale and must not
     turn the class off again (a flap). Only a firing with a newer startsAt re-opens it."""
     clock = relkit.Clock()
-    guard, router = make_guard(tmp_path, [Scripted({CREATIVE: 0.8})], clock)
+    guard, router = make_guard(tmp_path, [ScriptedSource({CREATIVE: 0.8})], clock)
     async with receiver_for(guard) as post:
         await post(am_payload("resolved"))  # the resolve overtook the firing notice
         await post(am_payload("firing"))  # the firing (same episode) arrives late
@@ -386,7 +363,7 @@ class FakeKube:
 async def test_configmap_conflicts_and_api_errors_lose_no_decision(tmp_path):
     kube = FakeKube()
     clock = relkit.Clock()
-    source = Scripted({CREATIVE: 1.4, CODE: 0.6})
+    source = ScriptedSource({CREATIVE: 1.4, CODE: 0.6})
     async with relkit.serving(kube.app()) as url:
         cm = actuators.ConfigMapActuator("serving", "routing", timeout=2, conflict_retries=3, api_server=url)
         guard, router = make_guard(tmp_path, [source], clock, acts=[cm])
@@ -443,7 +420,7 @@ async def test_audit_disk_full_keeps_routing_and_says_so(tmp_path):
         else:
             audit_path = plan_path = "/dev/full"  # every write: ENOSPC
         clock = relkit.Clock()
-        source = Scripted({CREATIVE: 1.4, CODE: 0.6})
+        source = ScriptedSource({CREATIVE: 1.4, CODE: 0.6})
         guard, router = make_guard(tmp_path, [source], clock, audit_path=audit_path, plan_path=plan_path)
         registry = CollectorRegistry()
         registry.register(GuardCollector(guard.counters, guard.view))
@@ -486,7 +463,7 @@ async def test_clock_jump_causes_no_flap(tmp_path, jump):
     evaluations in a row), a backward jump must not re-open cooldowns or restore early.
     """
     clock = relkit.Clock()
-    source = Scripted({CREATIVE: 1.4})
+    source = ScriptedSource({CREATIVE: 1.4})
     pol = policy(cooldown_seconds=60, max_actions_per_hour=2)
     guard, router = make_guard(tmp_path, [source], clock, pol)
     timeline = []
@@ -516,7 +493,7 @@ async def test_backward_clock_jump_does_not_blind_the_guard(tmp_path):
     of "no rule due" until the clock catches up (2 h here, days for a bigger step).
     """
     clock = relkit.Clock()
-    source = Scripted({CREATIVE: 0.5})
+    source = ScriptedSource({CREATIVE: 0.5})
     guard, router = make_guard(tmp_path, [source], clock, policy())
     for _ in range(3):
         await guard.evaluate()
@@ -539,7 +516,7 @@ async def test_forward_clock_jump_does_not_shorten_the_stabilization_window(tmp_
     class is restored once enough good evaluations have been made, not blocked for good.
     """
     clock = relkit.Clock()
-    source = Scripted({CREATIVE: 1.4})
+    source = ScriptedSource({CREATIVE: 1.4})
     guard, router = make_guard(tmp_path, [source], clock, policy())
     for step in range(8):
         if step == 3:

@@ -335,14 +335,15 @@ def split(data: bytes, cuts: list[int]) -> list[bytes]:
 
 
 STREAM_FUZZ = settings(FUZZ, max_examples=examples(60))
-
-
-@STREAM_FUZZ
-@given(
+STREAM = (  # the engine's events (or any bytes), where the stream is cut, the engine
     st.lists(st.sampled_from(EVENTS) | st.binary(max_size=40), max_size=8),
     st.lists(st.integers(0, 10_000), max_size=6),
     st.sampled_from(["vllm", "sglang"]),
 )
+
+
+@STREAM_FUZZ
+@given(*STREAM)
 def test_stream_relay_is_transparent(live_tap, events, cuts, engine):
     """Whatever bytes the engine streams, in whatever pieces: a client that asked for everything
     the tap needs gets exactly those bytes through the real tap."""
@@ -352,11 +353,7 @@ def test_stream_relay_is_transparent(live_tap, events, cuts, engine):
 
 
 @STREAM_FUZZ
-@given(
-    st.lists(st.sampled_from(EVENTS) | st.binary(max_size=40), max_size=8),
-    st.lists(st.integers(0, 10_000), max_size=6),
-    st.sampled_from(["vllm", "sglang"]),
-)
+@given(*STREAM)
 def test_stream_relay_with_additions_never_breaks_the_stream(live_tap, events, cuts, engine):
     """When the tap added usage/spec details, it removes only those; the rest goes through."""
     data = b"".join(events)

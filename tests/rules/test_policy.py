@@ -84,8 +84,8 @@ def test_every_error_at_once_with_file_line_col():
         "alerts, consecutive_error_limit, consecutive_failure_limit, consecutive_success_limit, "
         "cooldown_seconds, default_pool, dry_run, enabled, failure_limit, failure_window_seconds, "
         "interval_seconds, local, max_actions_per_hour, min_samples, nospec_pool, prometheus, "
-        "restore_on_prediction, rules, safe_state, shorten, shorten_max_rc, stabilization_window_seconds, "
-        "window_seconds"
+        "rc_rises_with_load, restore_on_prediction, rules, safe_state, shorten, shorten_max_rc, "
+        "stabilization_window_seconds, window_seconds"
     )
     measures = ", ".join(repr(m) for m in policy.MEASURES)
     assert [str(i) for i in info.value.issues] == [
@@ -119,3 +119,17 @@ def test_query_templating_escapes_label_values(variables, expected):
 @pytest.mark.parametrize(("seconds", "text"), [(300, "5m"), (3600, "1h"), (45, "45s"), (90, "90s")])
 def test_window_text(seconds, text):
     assert policy.window_text(seconds) == text
+
+
+def test_rc_rises_with_load_is_on_by_default_documented_and_can_be_turned_off():
+    assert policy.load_default().rc_rises_with_load is True
+    line = next(
+        line
+        for line in policy.DEFAULT_POLICY_PATH.read_text().splitlines()
+        if line.strip().startswith("rc_rises_with_load")
+    )
+    assert "#" in line, "rc_rises_with_load is not documented"
+    off = policy.parse_text("guard:\n  rc_rises_with_load: false\n  rules: []\n")
+    assert off.rc_rises_with_load is False
+    with pytest.raises(ConfigError, match=r"p.yaml:2:3: guard.rc_rises_with_load: must be a bool"):
+        policy.parse_text("guard:\n  rc_rises_with_load: sometimes\n", "p.yaml")

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from specguard.errors import InputError
 from specguard.exporters import promtext
-from specguard.exporters.snapshot import HistogramTotals, SeriesKey
+from specguard.exporters.snapshot import EngineSnapshot, HistogramTotals, SeriesKey
 
 LabelFilter = Callable[[promtext.Labels], bool]
 
@@ -49,6 +50,17 @@ class Reader:
         self.where = where
         self.replica_labels = frozenset(replica_labels)
         self.series: dict[str, dict[SeriesKey, float]] = {}
+
+    def snapshot(self, engine: str, metrics_path: str, **fields: Any) -> EngineSnapshot:
+        """The page as an ``EngineSnapshot``: ``fields`` plus the page's family names and the
+        counter series read so far (so build it after every read)."""
+        return EngineSnapshot(
+            engine=engine,
+            families=tuple(self.page.family_names()),
+            metrics_path=metrics_path,
+            **fields,
+            series=self.series,
+        )
 
     def samples(self, name: str) -> list[promtext.Sample]:
         found = self.page.samples(name)

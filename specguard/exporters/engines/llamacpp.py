@@ -27,15 +27,13 @@ WAITING = "llamacpp:requests_deferred"
 
 def snapshot(page: promtext.Page) -> EngineSnapshot:
     read = base.Reader(page)
-    return EngineSnapshot(
-        engine=ENGINE,
-        families=tuple(page.family_names()),
-        metrics_path=METRICS_PATH,
+    return read.snapshot(
+        ENGINE,
+        METRICS_PATH,
         generation_tokens=read.counter("generation_tokens", GENERATION),
         time_per_output_token=read.counter_totals("time_per_output_token", PREDICT_SECONDS, GENERATION),
         running_requests=read.gauge(RUNNING),
         waiting_requests=read.gauge(WAITING),
-        series=read.series,
     )
 
 

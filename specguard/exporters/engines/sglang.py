@@ -90,10 +90,9 @@ def _build(page: promtext.Page, where: base.LabelFilter | None, k_known: int | N
         enabled = True
     else:
         enabled = None
-    return EngineSnapshot(
-        engine=ENGINE,
-        families=tuple(page.family_names()),
-        metrics_path=METRICS_PATH,
+    return read.snapshot(
+        ENGINE,
+        METRICS_PATH,
         speculation_enabled=enabled,
         num_speculative_tokens=k,
         drafts=verify_calls,
@@ -107,7 +106,6 @@ def _build(page: promtext.Page, where: base.LabelFilter | None, k_known: int | N
         e2e_latency=read.histogram("e2e_latency", E2E),
         running_requests=read.gauge(RUNNING),
         waiting_requests=read.gauge(QUEUE),
-        series=read.series,
     )
 
 

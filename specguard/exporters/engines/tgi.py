@@ -33,10 +33,9 @@ def snapshot(page: promtext.Page) -> EngineSnapshot:
     read = base.Reader(page)
     rounds = read.counter("drafts", SKIPPED + "_count")
     accepted = read.counter("accepted_tokens", SKIPPED + "_sum")
-    return EngineSnapshot(
-        engine=ENGINE,
-        families=tuple(page.family_names()),
-        metrics_path=METRICS_PATH,
+    return read.snapshot(
+        ENGINE,
+        METRICS_PATH,
         speculation_enabled=True if base.positive(accepted) else None,
         drafts=rounds,
         accepted_tokens=accepted,
@@ -46,7 +45,6 @@ def snapshot(page: promtext.Page) -> EngineSnapshot:
         e2e_latency=read.histogram("e2e_latency", E2E),
         running_requests=read.gauge(RUNNING),
         waiting_requests=read.gauge(WAITING),
-        series=read.series,
     )
 
 

@@ -59,10 +59,9 @@ def snapshot(page: promtext.Page) -> EngineSnapshot:
     if k is None and drafted:
         k = len(drafted)  # a lower bound: positions that ever drafted
     spec_seen = any(base.positive(v) for v in (drafts, draft_tokens, accepted))
-    return EngineSnapshot(
-        engine=ENGINE,
-        families=tuple(page.family_names()),
-        metrics_path=METRICS_PATH,
+    return read.snapshot(
+        ENGINE,
+        METRICS_PATH,
         speculation_enabled=True if spec_seen or base.positive(k) else None,
         num_speculative_tokens=k,
         drafts=drafts,
@@ -77,7 +76,6 @@ def snapshot(page: promtext.Page) -> EngineSnapshot:
         e2e_latency=read.histogram("e2e_latency", E2E),
         running_requests=read.gauge(RUNNING),
         waiting_requests=read.gauge(WAITING),
-        series=read.series,
     )
 
 

@@ -67,10 +67,9 @@ def _build(page: promtext.Page, where: base.LabelFilter | None) -> EngineSnapsho
     else:
         enabled, k = None, None
     step = read.histogram("step_latency", ITL) or read.histogram("step_latency", OLD_TPOT)
-    return EngineSnapshot(
-        engine=ENGINE,
-        families=tuple(page.family_names()),
-        metrics_path=METRICS_PATH,
+    return read.snapshot(
+        ENGINE,
+        METRICS_PATH,
         speculation_enabled=enabled,
         num_speculative_tokens=k,
         drafts=read.counter("drafts", DRAFTS),
@@ -85,7 +84,6 @@ def _build(page: promtext.Page, where: base.LabelFilter | None) -> EngineSnapsho
         e2e_latency=read.histogram("e2e_latency", E2E),
         running_requests=read.gauge(RUNNING),
         waiting_requests=read.gauge(WAITING),
-        series=read.series,
     )
 
 

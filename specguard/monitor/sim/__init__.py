@@ -5,6 +5,7 @@
 - ``virtual``: the engine core in virtual time (no HTTP, no sleeping), for replays and cost tests.
 - ``runtime``: the same core paced in (scaled) real time for the HTTP front ends.
 - ``vllm_http`` / ``vllm_metrics``, ``sglang_http`` / ``sglang_metrics``: the two dialects.
+- ``server``: what the two dialects' HTTP fronts share (plain endpoints, run-or-stream, SSE framing).
 - ``truth``: what really happened, and the model's true relative cost per token.
 - ``cluster``: ``SimCluster``, several pools on their own ports (``specguard simulate``).
 """

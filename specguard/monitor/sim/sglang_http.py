@@ -10,7 +10,6 @@ labels come from the ``x-custom-labels`` header (JSON, allowed keys only) or ``/
 
 from __future__ import annotations
 
-import asyncio
 import json
 import secrets
 import time
@@ -19,16 +18,15 @@ from typing import Any
 
 from aiohttp import web
 
+from specguard.monitor.sim import server
 from specguard.monitor.sim.engine import SimRequest
 from specguard.monitor.sim.generation import Generation
-from specguard.monitor.sim.openai_request import ApiError, GenerationSpec, parse_json, parse_openai
+from specguard.monitor.sim.openai_request import ApiError, GenerationSpec, parse_json
 from specguard.monitor.sim.runtime import PoolRuntime
 from specguard.monitor.sim.sglang_metrics import SglangMetrics
 from specguard.monitor.sim.text import count_tokens
-from specguard.monitor.sim.vllm_http import fastapi_errors
 
 SGLANG_VERSION = "0.5.23"
-TASK_HEADER = "x-task-type"
 LABELS_HEADER = "x-custom-labels"
 
 
@@ -62,17 +60,14 @@ def finish_reason(request: SimRequest) -> dict[str, Any] | None:
     return {"type": "stop", "matched": 2}
 
 
-class SglangServer:
+class SglangServer(server.SimServer):
+    error_response = staticmethod(error_response)
+
     def __init__(self, runtime: PoolRuntime, truth: Callable[[], dict[str, Any]]):
-        self.runtime = runtime
-        self.config = runtime.config
-        self.truth = truth
-        self.metrics = SglangMetrics(runtime.config, runtime.pool)
-        runtime.sinks.append(self.metrics)
-        self.created = int(time.time())
+        super().__init__(runtime, truth, SglangMetrics(runtime.config, runtime.pool))
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[fastapi_errors], client_max_size=16 * 1024 * 1024)
+        app = web.Application(middlewares=[server.fastapi_errors], client_max_size=server.MAX_BODY_BYTES)
         for path, handler in (
             ("/health", self.health),
             ("/health_generate", self.health),
@@ -90,9 +85,6 @@ class SglangServer:
         return app
 
     # ---- simple endpoints ------------------------------------------------------------------------
-    async def health(self, request: web.Request) -> web.Response:
-        return web.Response(status=200)
-
     async def models(self, request: web.Request) -> web.Response:
         card = {
             "id": self.config.model_name,
@@ -137,9 +129,6 @@ class SglangServer:
     async def metrics_page(self, request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4"})
 
-    async def truth_page(self, request: web.Request) -> web.Response:
-        return web.json_response(self.truth())
-
     # ---- labels and classes ------------------------------------------------------------------------
     def _header_labels(self, request: web.Request) -> dict[str, str]:
         raw = request.headers.get(LABELS_HEADER)
@@ -166,15 +155,15 @@ class SglangServer:
             body = parse_json(await request.read())
             spec, labels = self._native_spec(body, request)
         except ApiError as exc:
-            return error_response(exc.status, exc.message, exc.err_type, exc.param)
+            return self._api_error(exc)
         generation = self._start(spec, labels)
-        try:
-            if spec.stream:
-                return await self._stream_native(request, generation)
-            await generation.run()
-        except (asyncio.CancelledError, ConnectionError):
-            generation.cancel()
-            raise
+        return await self._serve(
+            generation,
+            (lambda: self._stream_native(request, generation)) if spec.stream else None,
+            lambda: self._native_response(generation),
+        )
+
+    def _native_response(self, generation: Generation) -> web.Response:
         outputs = [self._native_output(generation, i) for i in range(len(generation.requests))]
         self.runtime.truth.observe_reported(sum("spec_verify_ct" in o["meta_info"] for o in outputs))
         return web.json_response(outputs[0] if len(outputs) == 1 else outputs)
@@ -202,7 +191,7 @@ class SglangServer:
             raise ApiError(400, f"temperature must be non-negative, got {temperature!r}.")
         labels = body.get("custom_labels") or {}
         labels = {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
-        task = request.headers.get(TASK_HEADER) or labels.get("task")
+        task = request.headers.get(server.TASK_HEADER) or labels.get("task")
         n = params.get("n", 1) if isinstance(params.get("n", 1), int) else 1
         spec = GenerationSpec(
             chat=False,
@@ -251,43 +240,26 @@ class SglangServer:
             payload["index"] = chunk.choice
             if chunk.emission.finished and "spec_verify_ct" in payload["meta_info"]:
                 self.runtime.truth.observe_reported()
-            await response.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
+            await server.send_event(response, payload)
+        await server.end_events(response)
         return response
 
     # ---- OpenAI endpoints ------------------------------------------------------------------------
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._openai(request, chat=False)
-
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._openai(request, chat=True)
-
     async def _openai(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         labels = self._header_labels(request)
         try:
-            body = parse_json(await request.read())
-            spec = parse_openai(
-                body,
-                chat=chat,
-                served_model=self.config.model_name,
-                max_model_len=self.config.max_model_len,
-                default_temperature=self.config.default_temperature,
-                task_header=request.headers.get(TASK_HEADER) or labels.get("task"),
-            )
+            task = request.headers.get(server.TASK_HEADER) or labels.get("task")
+            spec = await self._parse_openai(request, chat=chat, task=task)
         except ApiError as exc:
-            return error_response(exc.status, exc.message, exc.err_type, exc.param)
+            return self._api_error(exc)
         generation = self._start(spec, labels)
         for sim in generation.requests:
             sim.meta["streaming"] = spec.stream
-        try:
-            if spec.stream:
-                return await self._stream_openai(request, spec, generation)
-            await generation.run()
-        except (asyncio.CancelledError, ConnectionError):
-            generation.cancel()
-            raise
-        return web.json_response(self._openai_response(spec, generation))
+        return await self._serve(
+            generation,
+            (lambda: self._stream_openai(request, spec, generation)) if spec.stream else None,
+            lambda: web.json_response(self._openai_response(spec, generation)),
+        )
 
     def _details(self, spec: GenerationSpec, generation: Generation) -> dict[str, Any] | None:
         if not spec.return_spec_tokens_details or not self.runtime.pool.num_speculative_tokens:
@@ -311,14 +283,7 @@ class SglangServer:
         }
 
     def _usage(self, generation: Generation) -> dict[str, Any]:
-        prompt, completion = generation.prompt_tokens, generation.completion_tokens
-        return {
-            "prompt_tokens": prompt,
-            "total_tokens": prompt + completion,
-            "completion_tokens": completion,
-            "prompt_tokens_details": None,
-            "reasoning_tokens": 0,
-        }
+        return {**server.usage(generation), "prompt_tokens_details": None, "reasoning_tokens": 0}
 
     def _openai_response(self, spec: GenerationSpec, generation: Generation) -> dict[str, Any]:
         choices = []
@@ -353,42 +318,20 @@ class SglangServer:
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        head = {
-            "id": secrets.token_hex(16),
-            "object": "chat.completion.chunk" if spec.chat else "text_completion",
-            "created": int(time.time()),
-            "model": spec.model,
-        }
+        head = server.stream_head(spec)
         sent_role: set[int] = set()
         async for chunk in generation.steps():
             e = chunk.emission
             finish = e.request.finish_reason if e.finished else None
-            if spec.chat:
-                delta: dict[str, Any] = {"content": chunk.text}
-                if chunk.choice not in sent_role:
-                    sent_role.add(chunk.choice)
-                    delta = {"role": "assistant", **delta}
-                choice: dict[str, Any] = {
-                    "index": chunk.choice,
-                    "delta": delta,
-                    "logprobs": None,
-                    "finish_reason": finish,
-                }
-            else:
-                choice = {
-                    "index": chunk.choice,
-                    "text": chunk.text,
-                    "logprobs": None,
-                    "finish_reason": finish,
-                }
+            first = spec.chat and chunk.choice not in sent_role
+            sent_role.add(chunk.choice)
+            choice = server.chunk_choice(chunk.choice, chunk.text, finish, chat=spec.chat, role=first)
             payload: dict[str, Any] = {**head, "choices": [choice]}
             if finish and spec.return_spec_tokens_details and self.runtime.pool.num_speculative_tokens:
                 payload["sglext"] = {"spec_tokens_details": self._spec_details(e.request)}
                 self.runtime.truth.observe_reported()
-            await response.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+            await server.send_event(response, payload)
         if spec.include_usage:
-            final = {**head, "choices": [], "usage": self._usage(generation)}
-            await response.write(b"data: " + json.dumps(final).encode() + b"\n\n")
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
+            await server.send_event(response, {**head, "choices": [], "usage": self._usage(generation)})
+        await server.end_events(response)
         return response

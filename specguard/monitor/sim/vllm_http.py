@@ -9,8 +9,6 @@ token of that step. Errors use vLLM's envelope ``{"error": {message, type, param
 
 from __future__ import annotations
 
-import asyncio
-import json
 import secrets
 import time
 from collections.abc import Callable
@@ -18,15 +16,15 @@ from typing import Any
 
 from aiohttp import web
 
+from specguard.monitor.sim import server
 from specguard.monitor.sim.engine import SimRequest
 from specguard.monitor.sim.generation import Generation
 from specguard.monitor.sim.http_metrics import HttpMetrics
-from specguard.monitor.sim.openai_request import ApiError, GenerationSpec, parse_json, parse_openai
+from specguard.monitor.sim.openai_request import ApiError, GenerationSpec
 from specguard.monitor.sim.runtime import PoolRuntime
 from specguard.monitor.sim.vllm_metrics import VllmMetrics
 
 VLLM_VERSION = "0.33.0"
-TASK_HEADER = "x-task-type"
 CONTENT_TYPE_METRICS = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -51,17 +49,6 @@ def spec_decoding(request: SimRequest) -> dict[str, Any]:
     }
 
 
-@web.middleware
-async def fastapi_errors(request: web.Request, handler) -> web.StreamResponse:
-    """Unknown routes and methods answer like vLLM's FastAPI app: ``{"detail": "Not Found"}``."""
-    try:
-        return await handler(request)
-    except web.HTTPNotFound:
-        return web.json_response({"detail": "Not Found"}, status=404)
-    except web.HTTPMethodNotAllowed:
-        return web.json_response({"detail": "Method Not Allowed"}, status=405)
-
-
 def _stopped_on_string(spec: GenerationSpec, request: SimRequest) -> bool:
     return bool(spec.stop) and request.finish_reason == "stop"
 
@@ -70,19 +57,17 @@ def _stop_reason(spec: GenerationSpec, request: SimRequest) -> str | None:
     return spec.stop[0] if _stopped_on_string(spec, request) else None
 
 
-class VllmServer:
+class VllmServer(server.SimServer):
+    error_response = staticmethod(error_response)
+
     def __init__(self, runtime: PoolRuntime, truth: Callable[[], dict[str, Any]]):
-        self.runtime = runtime
-        self.config = runtime.config
-        self.truth = truth
-        self.metrics = VllmMetrics(runtime.config, runtime.pool)
+        super().__init__(runtime, truth, VllmMetrics(runtime.config, runtime.pool))
         self.http_metrics = HttpMetrics(self.metrics.registry)
-        runtime.sinks.append(self.metrics)
-        self.created = int(time.time())
 
     def app(self) -> web.Application:
         app = web.Application(
-            middlewares=[self.http_metrics.middleware, fastapi_errors], client_max_size=16 * 1024 * 1024
+            middlewares=[self.http_metrics.middleware, server.fastapi_errors],
+            client_max_size=server.MAX_BODY_BYTES,
         )
         app.router.add_get("/health", self.health)
         app.router.add_get("/ping", self.health)
@@ -95,9 +80,6 @@ class VllmServer:
         return app
 
     # ---- simple endpoints ------------------------------------------------------------------------
-    async def health(self, request: web.Request) -> web.Response:
-        return web.Response(status=200)
-
     async def version(self, request: web.Request) -> web.Response:
         return web.json_response({"version": VLLM_VERSION})
 
@@ -133,39 +115,19 @@ class VllmServer:
     async def metrics_page(self, request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_METRICS})
 
-    async def truth_page(self, request: web.Request) -> web.Response:
-        return web.json_response(self.truth())
-
     # ---- generation ------------------------------------------------------------------------------
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, chat=False)
-
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, chat=True)
-
-    async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+    async def _openai(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         try:
-            body = parse_json(await request.read())
-            spec = parse_openai(
-                body,
-                chat=chat,
-                served_model=self.config.model_name,
-                max_model_len=self.config.max_model_len,
-                default_temperature=self.config.default_temperature,
-                task_header=request.headers.get(TASK_HEADER),
-            )
+            spec = await self._parse_openai(request, chat=chat, task=request.headers.get(server.TASK_HEADER))
         except ApiError as exc:
-            return error_response(exc.status, exc.message, exc.err_type, exc.param)
+            return self._api_error(exc)
         generation = Generation(self.runtime, spec)
         generation.start()
-        try:
-            if spec.stream:
-                return await self._stream(request, spec, generation)
-            await generation.run()
-        except (asyncio.CancelledError, ConnectionError):
-            generation.cancel()
-            raise
-        return web.json_response(self._full_response(spec, generation))
+        return await self._serve(
+            generation,
+            (lambda: self._stream(request, spec, generation)) if spec.stream else None,
+            lambda: web.json_response(self._full_response(spec, generation)),
+        )
 
     def _per_request_metrics(self, spec: GenerationSpec, generation: Generation) -> dict[str, Any] | None:
         """The spec block, or None where vLLM gives none: K = 0, flag off, n > 1 or several prompts,
@@ -175,10 +137,6 @@ class VllmServer:
         if len(generation.requests) != 1 or _stopped_on_string(spec, generation.requests[0]):
             return None
         return {"speculative_decoding": spec_decoding(generation.requests[0])}
-
-    def _usage(self, generation: Generation) -> dict[str, Any]:
-        prompt, completion = generation.prompt_tokens, generation.completion_tokens
-        return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion}
 
     def _full_response(self, spec: GenerationSpec, generation: Generation) -> dict[str, Any]:
         choices = []
@@ -228,7 +186,7 @@ class VllmServer:
                 "tokens_per_second": None,
                 **metrics,
             }
-        usage = {**self._usage(generation), "prompt_tokens_details": None}
+        counts = {**server.usage(generation), "prompt_tokens_details": None}
         return {
             "id": ("chatcmpl-" if spec.chat else "cmpl-") + secrets.token_hex(16),
             "object": "chat.completion" if spec.chat else "text_completion",
@@ -237,7 +195,7 @@ class VllmServer:
             "choices": choices,
             "service_tier": None,
             "system_fingerprint": None,
-            "usage": usage,
+            "usage": counts,
             "prompt_logprobs": None,
             "prompt_token_ids": None,
             "kv_transfer_params": None,
@@ -249,14 +207,11 @@ class VllmServer:
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
         await response.prepare(request)
-        rid = ("chatcmpl-" if spec.chat else "cmpl-") + secrets.token_hex(16)
-        created = int(time.time())
-        obj = "chat.completion.chunk" if spec.chat else "text_completion"
-        head = {"id": rid, "object": obj, "created": created, "model": spec.model}
+        head = server.stream_head(spec, "chatcmpl-" if spec.chat else "cmpl-")
         sent_role: set[int] = set()
 
         async def send(payload: dict[str, Any]) -> None:
-            await response.write(b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n")
+            await server.send_event(response, payload, compact=True)
 
         async for chunk in generation.steps():
             e = chunk.emission
@@ -264,44 +219,24 @@ class VllmServer:
             parts = []
             if spec.chat and chunk.choice not in sent_role:
                 sent_role.add(chunk.choice)
-                parts.append(
-                    {
-                        "index": chunk.choice,
-                        "delta": {"role": "assistant", "content": ""},
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                )
-            if spec.chat:
-                choice: dict[str, Any] = {
-                    "index": chunk.choice,
-                    "delta": {"content": chunk.text},
-                    "logprobs": None,
-                    "finish_reason": finish,
-                }
-            else:
-                choice = {
-                    "index": chunk.choice,
-                    "text": chunk.text,
-                    "logprobs": None,
-                    "finish_reason": finish,
-                    "stop_reason": None,
-                }
+                parts.append(server.chunk_choice(chunk.choice, "", None, chat=True, role=True))
+            choice = server.chunk_choice(chunk.choice, chunk.text, finish, chat=spec.chat)
+            if not spec.chat:
+                choice["stop_reason"] = None
             if finish is not None:
                 choice["stop_reason"] = _stop_reason(spec, e.request)
             parts.append(choice)
             for part in parts:
                 payload = {**head, "choices": [part]}
                 if spec.include_usage and spec.continuous_usage:
-                    payload["usage"] = self._usage(generation)
+                    payload["usage"] = server.usage(generation)
                 await send(payload)
         if spec.include_usage:
-            final: dict[str, Any] = {**head, "choices": [], "usage": self._usage(generation)}
+            final: dict[str, Any] = {**head, "choices": [], "usage": server.usage(generation)}
             metrics = self._per_request_metrics(spec, generation)
             if metrics is not None:
                 self.runtime.truth.observe_reported()
                 final["metrics"] = metrics
             await send(final)
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
+        await server.end_events(response)
         return response

@@ -1,0 +1,90 @@
+"""The guard's value types: one class's state (per-rule counters, a pending shorten-K move,
+operator pin and pause) and the Decision each evaluation or override yields."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from specguard.rules.assess import Phase
+from specguard.rules.evidence import ClassKey
+
+
+@dataclass(frozen=True)
+class RuleState:
+    """Counters of one rule for one class (Argo semantics: errors never count as failures)."""
+
+    consecutive_failures: int = 0
+    failure_times: tuple[float, ...] = ()
+    consecutive_successes: int = 0
+    good_since: float | None = None
+    last_evaluated_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A shorten-K move made on a prediction, waiting to be confirmed by measurement."""
+
+    from_pool: str
+    to_pool: str
+    predicted_rc: float
+    at: float
+
+
+@dataclass(frozen=True)
+class ClassState:
+    key: ClassKey
+    pool: str
+    rules: Mapping[str, RuleState] = field(default_factory=dict)
+    consecutive_errors: int = 0
+    frozen: bool = False
+    last_action_at: float | None = None
+    action_times: tuple[float, ...] = ()
+    pending: Pending | None = None
+    confirm_successes: int = 0
+    candidate: str | None = None
+    pin: str | None = None
+    paused: bool = False
+
+    def rule(self, name: str) -> RuleState:
+        return self.rules.get(name, RuleState())
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one evaluation (or operator override) decided, why, and the numbers behind it."""
+
+    key: ClassKey
+    at: float
+    phase: Phase
+    action: str
+    from_pool: str
+    to_pool: str
+    reason: str
+    numbers: Mapping[str, Any] = field(default_factory=dict)
+    dry_run: bool = False
+    cause: str = ""
+    """Bounded code for metrics: the rule that breached, "recovered", "source_errors", "operator"..."""
+
+    @property
+    def changes_plan(self) -> bool:
+        return self.from_pool != self.to_pool and not self.dry_run
+
+    def to_json(self) -> dict[str, Any]:
+        task_type, temperature_bucket, load_bucket = self.key
+        return {
+            "time": self.at,
+            "task_type": task_type,
+            "temperature_bucket": temperature_bucket,
+            "load_bucket": load_bucket,
+            "class": f"{task_type}/{temperature_bucket}",
+            "phase": self.phase.value,
+            "action": self.action,
+            "cause": self.cause,
+            "from": self.from_pool,
+            "to": self.to_pool,
+            "reason": self.reason,
+            "dry_run": self.dry_run,
+            "numbers": dict(self.numbers),
+        }
