@@ -231,7 +231,7 @@ async def test_client_disconnect_aborts_the_request(sim):
         body = {"prompt": "long", "max_tokens": 400, "stream": True, "ignore_eos": True}
         async with session.post(url + "/v1/completions", json=body) as response:
             await response.content.readline()  # first chunk arrived: the request is running
-        for _ in range(200):
+        for _ in range(2000):  # a deadline of 20 s for a loaded machine, not a timing assertion
             if sim.truth()["pools"]["spec-k4"]["totals"]["requests_aborted"]:
                 break
             await asyncio.sleep(0.01)

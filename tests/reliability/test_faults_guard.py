@@ -126,13 +126,17 @@ class FakePrometheus:
         return app
 
 
+# generous: an answering fake Prometheus must never time out on a loaded 2-core CI machine
+SLOW_MACHINE_TIMEOUT = 2.0
+
+
 async def test_prometheus_unreachable_slow_and_broken(tmp_path):
     """Errors freeze the last plan (never a flap), recovery unfreezes, no decision is lost."""
     prom = FakePrometheus({"creative": 1.4, "code": 0.6})
     clock = relkit.Clock()
     pol = policy(PROM_RULE, local=False)
     async with relkit.serving(prom.app()) as url:
-        source = daemon.PromQLSource(PromQL(url, timeout=0.3), pol)
+        source = daemon.PromQLSource(PromQL(url, timeout=SLOW_MACHINE_TIMEOUT), pol)
         guard, router = make_guard(tmp_path, [source], clock, pol, keys=[CREATIVE, CODE])
         registry = CollectorRegistry()
         registry.register(GuardCollector(guard.counters, guard.view))
@@ -160,7 +164,7 @@ async def test_prometheus_unreachable_slow_and_broken(tmp_path):
     await rounds(2, "down")
     assert router.plan() == {CREATIVE: "nospec", CODE: "spec-k4"}
     async with relkit.serving(prom.app()) as url:
-        source._promql = PromQL(url, timeout=0.3)
+        source._promql = PromQL(url, timeout=SLOW_MACHINE_TIMEOUT)
         await rounds(2, "ok")
 
     assert frozen == 1.0 and registry.get_sample_value("specguard_guard_frozen") == 0.0
@@ -365,7 +369,9 @@ async def test_configmap_conflicts_and_api_errors_lose_no_decision(tmp_path):
     clock = relkit.Clock()
     source = ScriptedSource({CREATIVE: 1.4, CODE: 0.6})
     async with relkit.serving(kube.app()) as url:
-        cm = actuators.ConfigMapActuator("serving", "routing", timeout=2, conflict_retries=3, api_server=url)
+        cm = actuators.ConfigMapActuator(
+            "serving", "routing", timeout=SLOW_MACHINE_TIMEOUT * 5, conflict_retries=3, api_server=url
+        )
         guard, router = make_guard(tmp_path, [source], clock, acts=[cm])
         kube.script = [409, 409]  # two conflicting writers: re-read and re-applied
         await guard.evaluate()
