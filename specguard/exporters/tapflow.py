@@ -95,7 +95,10 @@ def to_record(flow: Flow, engine: str, end: float) -> RequestRecord:
     elif spec is not None and approximate:
         spec = dataclasses.replace(spec, approximate=True)
     ttft = flow.first_at - flow.t0 if flow.first_at is not None else None
-    decode = flow.last_at - flow.first_at if flow.first_at is not None and flow.last_at else None
+    # A decode phase is only observable across two or more content chunks: an engine (or its
+    # output queue under load) that sends the whole answer in one chunk gives no per-token time.
+    timed = flow.first_at is not None and flow.last_at is not None and flow.chunks >= 2
+    decode = flow.last_at - flow.first_at if timed else None  # type: ignore[operator]
     return RequestRecord(
         pool=flow.pool.name,
         task_type=flow.cls.task_type,

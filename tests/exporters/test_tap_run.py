@@ -22,7 +22,7 @@ async def test_run_serves_the_tap_until_sigterm(tmp_path):
             for n, u in sim.urls.items()
         )
         path = tmp_path / "specguard.yaml"
-        scrape = "scrape: {interval_seconds: 0.2, timeout_seconds: 2}"
+        scrape = "scrape: {interval_seconds: 1, timeout_seconds: 1}"
         path.write_text(f"pools:\n{pools}\ntap: {{listen: '127.0.0.1:0'}}\n{scrape}\n")
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "specguard", "run", "--config", str(path), stderr=asyncio.subprocess.PIPE

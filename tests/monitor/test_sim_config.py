@@ -61,6 +61,17 @@ def test_errors_name_file_line_and_path(tmp_path):
     assert "tasks.chat.output_tokens.min: (20) must be <= max (5)" in text
 
 
+def test_fingerprint_mode_is_checked_with_its_place(tmp_path):
+    path = tmp_path / "fp.yaml"
+    path.write_text("fingerprint_mode: custom\n")
+    with pytest.raises(ConfigError) as info:
+        simconfig.load(path)
+    assert f"{path}:1:" in str(info.value) and "fingerprint_mode" in str(info.value)
+    path.write_text("fingerprint_mode: full\n")
+    assert simconfig.load(path).fingerprint_mode == "full"
+    assert simconfig.load().fingerprint_mode == "none"
+
+
 def test_interpolation_between_temperature_points():
     chat = simconfig.load().task("chat")
     low, mid, high = (chat.conditional_at(t, 4)[0] for t in (0.0, 0.35, 0.7))

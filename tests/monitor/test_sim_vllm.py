@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from specguard.exporters import engines
 from specguard.monitor import loadgen
 from specguard.monitor.sim import cluster
+from specguard.monitor.sim import config as simconfig
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.32-cpu-ngram-k4.metrics.txt"
 MIX = [
@@ -293,3 +295,82 @@ async def test_an_engine_failure_fails_requests_instead_of_hanging(sim, monkeypa
         async with session.post(sim.urls["spec-k2"] + "/v1/completions", json={"prompt": "y"}) as response:
             assert response.status == 500
     assert isinstance(runtime.error, ZeroDivisionError)
+
+
+async def _events(session: aiohttp.ClientSession, url: str, path: str, body: dict) -> list[dict]:
+    async with session.post(url + path, json={**body, "stream": True}) as response:
+        text = await response.text()
+    assert text.endswith("data: [DONE]\n\n")
+    return [json.loads(line[6:]) for line in text.split("\n\n") if line.startswith("data: {")]
+
+
+@pytest.mark.parametrize("mode", ["full", "hash", "none"])
+async def test_system_fingerprint_follows_vllms_fingerprint_mode(mode):
+    config = simconfig.load().with_overrides(fingerprint_mode=mode)
+    async with cluster.SimCluster.from_config(config, seed=0, time_scale=0.01) as sim:
+        url = sim.urls["spec-k4"]
+        async with aiohttp.ClientSession() as session:
+            async with session.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 6}) as r:
+                full = await r.json()
+            async with session.post(url + "/v1/completions", json={"prompt": "y", "max_tokens": 6}) as r:
+                again = await r.json()
+            async with session.post(sim.urls["nospec"] + "/v1/completions", json={"prompt": "x"}) as r:
+                other = await r.json()
+            plain = await _events(
+                session,
+                url,
+                "/v1/chat/completions",
+                {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "n": 2},
+            )
+            usage = await _events(
+                session,
+                url,
+                "/v1/completions",
+                {"prompt": "x", "max_tokens": 6, "stream_options": {"include_usage": True}},
+            )
+    fingerprint = full["system_fingerprint"]
+    terminal = [i for i, e in enumerate(plain) if e["choices"][0]["finish_reason"] is not None]
+    assert len(terminal) == 2  # one per choice
+    stamped = [i for i, e in enumerate(plain) if "system_fingerprint" in e]
+    assert all("system_fingerprint" not in e for e in usage[:-1])
+    if mode == "none":
+        assert fingerprint is None and other["system_fingerprint"] is None
+        assert stamped == [] and "system_fingerprint" not in usage[-1]
+        return
+    assert re.fullmatch(r"vllm-0\.33\.0-[0-9a-f]{8}", fingerprint)
+    assert again["system_fingerprint"] == fingerprint != other["system_fingerprint"]
+    # Without usage: on each choice's terminal chunk, as its last key; with usage: on the usage
+    # chunk only, right after "usage".
+    assert stamped == terminal
+    assert all(list(plain[i])[-1] == "system_fingerprint" for i in terminal)
+    assert {plain[i]["system_fingerprint"] for i in terminal} == {fingerprint}
+    assert list(usage[-1])[list(usage[-1]).index("system_fingerprint") - 1] == "usage"
+    assert usage[-1]["system_fingerprint"] == fingerprint
+
+
+async def test_response_keys_where_vllm_puts_them(sim):
+    """per_step_* are null on a full response and absent from the stream's usage chunk; a
+    completion has prompt_logprobs / prompt_token_ids inside its choices only, a chat at the top."""
+    url = sim.urls["spec-k4"]
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 6}) as r:
+            completion = await r.json()
+        chat_body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6}
+        async with session.post(url + "/v1/chat/completions", json=chat_body) as r:
+            chat = await r.json()
+        usage = await _events(
+            session,
+            url,
+            "/v1/completions",
+            {"prompt": "x", "max_tokens": 6, "stream_options": {"include_usage": True}},
+        )
+    block = completion["metrics"]["speculative_decoding"]
+    assert block["per_step_accepted"] is None and block["per_step_drafted"] is None
+    streamed = usage[-1]["metrics"]["speculative_decoding"]
+    assert "per_step_accepted" not in streamed and "per_step_drafted" not in streamed
+    assert sorted(set(block) - set(streamed)) == ["per_step_accepted", "per_step_drafted"]
+    assert "prompt_logprobs" not in completion and "prompt_token_ids" not in completion
+    assert completion["choices"][0]["prompt_logprobs"] is None
+    assert completion["choices"][0]["prompt_token_ids"] is None
+    assert chat["prompt_logprobs"] is None and chat["prompt_token_ids"] is None
+    assert "prompt_logprobs" not in chat["choices"][0]

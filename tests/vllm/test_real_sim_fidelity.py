@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import urllib.request
 
 import pytest
@@ -19,6 +20,7 @@ import vllmkit as kit
 from vllmkit import LOOP_PROMPT, NUM_SPECULATIVE_TOKENS
 
 from specguard.monitor.sim import cluster
+from specguard.monitor.sim import config as simconfig
 
 pytestmark = pytest.mark.vllm
 
@@ -67,19 +69,11 @@ REAL_ONLY_KEYS: dict[str, str] = {
     "[].prompt_text": "chat stream chunks: null unless prompt echo is requested",
     "[].choices[].token_ids": "stream chunks: null unless return_token_ids is requested",
     "[].choices[].prompt_token_ids": "completion stream chunks: as above",
-    # Known simulator gaps (harmless to specguard, which ignores these keys; tell the simulator's
-    # owner and delete the entry once it sends them):
-    "metrics.speculative_decoding.per_step_accepted": "`detailed` level only; null at `summary`",
-    "metrics.speculative_decoding.per_step_drafted": "`detailed` level only; null at `summary`",
-    "system_fingerprint": "usage chunk: real sends the build id; the simulator leaves it out",
 }
 # JSON key paths only the simulator sends.
 SIM_ONLY_KEYS: dict[str, str] = {
     "choices[].message.reasoning_content": "older vLLM name of `reasoning`, null; nothing reads it",
     "choices[].message.tool_calls": "empty list; vLLM omits it here; nothing reads it",
-    # Known simulator gaps: on completions (not chat) vLLM has these inside choices[] only.
-    "prompt_logprobs": "completion: null at top level in the simulator; nothing reads it",
-    "prompt_token_ids": "completion: null at top level in the simulator; nothing reads it",
 }
 
 
@@ -231,12 +225,16 @@ def exchange(url: str, model: str) -> dict[str, object]:
         events = kit.stream(url, path, {**body, **usage})
         out[f"{name}: content chunks"] = [e for e in events if e.get("choices")]
         out[f"{name}: usage chunk"] = events[-1]
+        out[f"{name} without usage"] = kit.stream(url, path, body)
+    out["version"] = get_json(f"{url}/version")["version"]
     return out
 
 
 async def sim_exchange(pools: list[str]) -> tuple[dict[str, dict], dict[str, kit.Page], int]:
+    # The real engines run with vLLM's default --fingerprint-mode full.
+    full = simconfig.load().with_overrides(fingerprint_mode="full")
     async with cluster.SimCluster.from_config(
-        None, seed=0, dialect="vllm", time_scale=0.01, pools=pools
+        full, seed=0, dialect="vllm", time_scale=0.01, pools=pools
     ) as sim:
         model = sim.config.model_name
         answers, pages = {}, {}
@@ -323,3 +321,40 @@ def test_error_envelope_matches(both):
     sim_status, sim_body = sim_answers["spec"]["error"]
     assert (sim_status, sorted(sim_body)) == (real_status, sorted(real_body))
     assert sorted(sim_body["error"]) == sorted(real_body["error"])
+
+
+def fingerprinted(events: list[dict]) -> list[int]:
+    return [i for i, e in enumerate(events) if "system_fingerprint" in e]
+
+
+def terminal(events: list[dict]) -> list[int]:
+    return [i for i, e in enumerate(events) if any(c.get("finish_reason") for c in e.get("choices", []))]
+
+
+def test_system_fingerprint_is_where_the_real_engine_puts_it(both):
+    """``vllm-<version>-<hash8>`` on full responses; in a stream on the usage chunk when the client
+    asked for usage, else on each choice's terminal chunk (the one with ``finish_reason``)."""
+    real_answers, _, sim_answers, _, _ = both
+    for side, answers in (("real", real_answers), ("simulator", sim_answers)):
+        per_engine = {}
+        for which, got in answers.items():
+            where = f"{side} {which}"
+            prints = {
+                got[name]["system_fingerprint"]
+                for name in ("completion", "chat completion", "completion n=2")
+            }
+            assert len(prints) == 1, f"{where}: one engine, several fingerprints {prints}"
+            fingerprint = per_engine[which] = prints.pop()
+            assert re.fullmatch(rf"vllm-{re.escape(got['version'])}-[0-9a-f]{{8}}", fingerprint), where
+            for name in ("completion stream", "chat stream"):
+                plain = got[f"{name} without usage"]
+                assert fingerprinted(plain) == terminal(plain) != [], f"{where} {name}: {plain}"
+                assert {plain[i]["system_fingerprint"] for i in terminal(plain)} == {fingerprint}
+                # It is the chunk's last key (pydantic field order; unset fields are left out).
+                assert all(list(plain[i])[-1] == "system_fingerprint" for i in terminal(plain)), where
+                assert fingerprinted(got[f"{name}: content chunks"]) == [], where
+                keys = list(got[f"{name}: usage chunk"])
+                assert got[f"{name}: usage chunk"]["system_fingerprint"] == fingerprint, where
+                assert keys[keys.index("system_fingerprint") - 1] == "usage", f"{where} {name}: {keys}"
+        # The hash covers the engine's config, so engines with and without speculation differ.
+        assert per_engine["spec"] != per_engine["nospec"], f"{side}: {per_engine}"

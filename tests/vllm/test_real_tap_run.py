@@ -110,10 +110,11 @@ server: {insecure_loopback: true}
     assert len(rcs) >= 2 and all(v > 0 for lab, v in rcs)  # several classes measured
     for lab, _ in rcs:
         key = {k: lab[k] for k in labels}
+        # samples are the requests with an observable decode phase (two or more content chunks)
         spec_n = total(metrics, "specguard_relative_cost_samples", side="spec", pool="spec", **key)
-        assert spec_n == total(metrics, "specguard_requests_total", pool="spec", **key)
+        assert 2 <= spec_n <= total(metrics, "specguard_requests_total", pool="spec", **key)
         base_n = total(metrics, "specguard_relative_cost_samples", side="baseline", pool="spec", **key)
-        assert base_n == total(
+        assert 2 <= base_n <= total(
             metrics, "specguard_requests_total", pool="nospec", load_bucket=lab["load_bucket"]
         )
         source = total(metrics, "specguard_relative_cost_baseline_info", source="live", pool="spec", **key)

@@ -17,6 +17,7 @@ from specguard import configfile
 
 DEFAULT_FILE = Path(__file__).with_name("default.yaml")
 DIALECTS = ("vllm", "sglang")
+FINGERPRINT_MODES = ("full", "hash", "none")  # vLLM --fingerprint-mode (no "custom")
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,9 @@ class SimConfig:
     full_rollback_request_threshold: float = 0.5
     truth_concurrency: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 200, 256)
     custom_label_names: tuple[str, ...] = ("task",)  # SGLang --tokenizer-metrics-allowed-custom-labels
+    # vLLM --fingerprint-mode: "full"/"hash" send system_fingerprint "vllm-<version>-<hash8>"
+    # (vLLM's default is "full"); "none" sends null / leaves it out, as vLLM does.
+    fingerprint_mode: str = "none"
 
     def pool(self, name: str) -> PoolConfig:
         for pool in self.pools:
@@ -282,6 +286,7 @@ def parse(root: configfile.Section) -> SimConfig:
         ),
         truth_concurrency=tuple(int(v) for v in concurrency if isinstance(v, int)),
         custom_label_names=tuple(str(v) for v in labels),
+        fingerprint_mode=root.get("fingerprint_mode", str, "none", choices=FINGERPRINT_MODES),
     )
     root.reject_unknown()
     return config

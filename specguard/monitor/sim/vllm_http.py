@@ -5,10 +5,14 @@ Shapes follow vLLM 0.32/0.33 with ``--per-request-spec-decode-metrics summary``:
 usage-only chunk (``choices: []``, needs ``stream_options.include_usage``); ``metrics`` is null for
 n > 1 or several prompts. A stream sends one chunk per engine step per choice, carrying every
 token of that step. Errors use vLLM's envelope ``{"error": {message, type, param, code}}``.
+``system_fingerprint`` follows ``--fingerprint-mode`` (config ``fingerprint_mode``): on full
+responses, and in a stream on the usage chunk, or on each choice's terminal chunk when the client
+did not ask for usage.
 """
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import time
 from collections.abc import Callable
@@ -33,10 +37,27 @@ def error_response(status: int, message: str, err_type: str = "BadRequestError",
     return web.json_response(body, status=status)
 
 
-def spec_decoding(request: SimRequest) -> dict[str, Any]:
-    """``metrics.speculative_decoding`` (vLLM ``SpeculativeDecodingMetrics``, summary level)."""
+def system_fingerprint(runtime: PoolRuntime) -> str | None:
+    """vLLM's ``system_fingerprint`` under ``--fingerprint-mode``: ``vllm-<version>-<hash8>`` for
+    ``full`` and ``hash`` (the same on one device), where hash8 starts the engine config's hash;
+    here the hash covers what tells simulated engines apart (model, context, pool, K). ``none``:
+    None (null on full responses, left out of stream chunks)."""
+    config, pool = runtime.config, runtime.pool
+    if config.fingerprint_mode == "none":
+        return None
+    identity = repr(
+        (config.model_name, config.max_model_len, pool.name, pool.num_speculative_tokens, pool.method)
+    )
+    return f"vllm-{VLLM_VERSION}-{hashlib.sha256(identity.encode()).hexdigest()[:8]}"
+
+
+def spec_decoding(request: SimRequest, *, streamed: bool = False) -> dict[str, Any]:
+    """``metrics.speculative_decoding`` (vLLM ``SpeculativeDecodingMetrics``, summary level).
+
+    The per-step arrays exist only at the ``detailed`` level: a non-streamed response carries
+    them as null, a stream's usage chunk (serialised with ``exclude_none``) leaves them out."""
     steps = request.rounds
-    return {
+    block: dict[str, Any] = {
         "mean_acceptance_length": 1.0 + request.accepted_tokens / steps if steps else 1.0,
         "draft_acceptance_rate": request.accepted_tokens / request.draft_tokens
         if request.draft_tokens
@@ -47,6 +68,9 @@ def spec_decoding(request: SimRequest) -> dict[str, Any]:
         "num_draft_tokens": request.draft_tokens,
         "num_spec_tokens": request.k,
     }
+    if not streamed:
+        block.update(per_step_accepted=None, per_step_drafted=None)
+    return block
 
 
 def _stopped_on_string(spec: GenerationSpec, request: SimRequest) -> bool:
@@ -63,6 +87,7 @@ class VllmServer(server.SimServer):
     def __init__(self, runtime: PoolRuntime, truth: Callable[[], dict[str, Any]]):
         super().__init__(runtime, truth, VllmMetrics(runtime.config, runtime.pool))
         self.http_metrics = HttpMetrics(self.metrics.registry)
+        self.system_fingerprint = system_fingerprint(runtime)
 
     def app(self) -> web.Application:
         app = web.Application(
@@ -129,14 +154,16 @@ class VllmServer(server.SimServer):
             lambda: web.json_response(self._full_response(spec, generation)),
         )
 
-    def _per_request_metrics(self, spec: GenerationSpec, generation: Generation) -> dict[str, Any] | None:
+    def _per_request_metrics(
+        self, spec: GenerationSpec, generation: Generation, *, streamed: bool = False
+    ) -> dict[str, Any] | None:
         """The spec block, or None where vLLM gives none: K = 0, flag off, n > 1 or several prompts,
         or a request that ended on a stop string (its drafts still count in /metrics)."""
         if self.runtime.pool.num_speculative_tokens == 0 or not self.runtime.pool.per_request_spec_metrics:
             return None
         if len(generation.requests) != 1 or _stopped_on_string(spec, generation.requests[0]):
             return None
-        return {"speculative_decoding": spec_decoding(generation.requests[0])}
+        return {"speculative_decoding": spec_decoding(generation.requests[0], streamed=streamed)}
 
     def _full_response(self, spec: GenerationSpec, generation: Generation) -> dict[str, Any]:
         choices = []
@@ -187,20 +214,20 @@ class VllmServer(server.SimServer):
                 **metrics,
             }
         counts = {**server.usage(generation), "prompt_tokens_details": None}
-        return {
+        body: dict[str, Any] = {
             "id": ("chatcmpl-" if spec.chat else "cmpl-") + secrets.token_hex(16),
             "object": "chat.completion" if spec.chat else "text_completion",
             "created": int(time.time()),
             "model": spec.model,
             "choices": choices,
             "service_tier": None,
-            "system_fingerprint": None,
+            "system_fingerprint": self.system_fingerprint,
             "usage": counts,
-            "prompt_logprobs": None,
-            "prompt_token_ids": None,
-            "kv_transfer_params": None,
-            "metrics": metrics,
         }
+        if spec.chat:  # a completion has these inside each choice only
+            body.update(prompt_logprobs=None, prompt_token_ids=None)
+        body.update(kv_transfer_params=None, metrics=metrics)
+        return body
 
     async def _stream(
         self, request: web.Request, spec: GenerationSpec, generation: Generation
@@ -230,10 +257,20 @@ class VllmServer(server.SimServer):
                 payload = {**head, "choices": [part]}
                 if spec.include_usage and spec.continuous_usage:
                     payload["usage"] = server.usage(generation)
+                if (
+                    not spec.include_usage
+                    and self.system_fingerprint is not None
+                    and part["finish_reason"] is not None
+                ):
+                    # vLLM stamps the fingerprint on a choice's terminal chunk only when no
+                    # usage chunk follows; otherwise the usage chunk carries it.
+                    payload["system_fingerprint"] = self.system_fingerprint
                 await send(payload)
         if spec.include_usage:
             final: dict[str, Any] = {**head, "choices": [], "usage": server.usage(generation)}
-            metrics = self._per_request_metrics(spec, generation)
+            if self.system_fingerprint is not None:  # vLLM serialises this chunk without nulls
+                final["system_fingerprint"] = self.system_fingerprint
+            metrics = self._per_request_metrics(spec, generation, streamed=True)
             if metrics is not None:
                 self.runtime.truth.observe_reported()
                 final["metrics"] = metrics
