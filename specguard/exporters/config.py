@@ -28,6 +28,9 @@ class PoolConfig:
     engine: str = "auto"  # vllm | sglang | trtllm | llamacpp | tgi | auto (detected from /metrics)
     num_speculative_tokens: int = 0  # K the pool was launched with; 0 = no speculation
     metrics_path: str = "/metrics"  # path of the engine's Prometheus page
+    # the server runs vLLM's --enable-force-include-usage (usage sent even when not asked for):
+    # the tap then neither adds stream_options.include_usage nor strips the usage chunk
+    force_include_usage: bool = False
 
     @property
     def speculative(self) -> bool:
@@ -137,6 +140,7 @@ def parse_pools(root: Section) -> tuple[PoolConfig, ...]:
         engine = item.get("engine", str, "auto", choices=ENGINES)
         k = item.get("num_speculative_tokens", int, 0, minimum=0, maximum=64)
         metrics_path = item.get("metrics_path", str, "/metrics")
+        force_usage = item.get("force_include_usage", bool, False)
         item.reject_unknown()
         if name is not None:
             if not item.check(bool(NAME_RE.match(name)), "name", f"({name!r}) must match {NAME_RE.pattern}"):
@@ -153,7 +157,9 @@ def parse_pools(root: Section) -> tuple[PoolConfig, ...]:
         if name is None or url is None:
             continue
         seen.add(name)
-        pools.append(PoolConfig(name, url.rstrip("/"), engine, k, metrics_path or "/metrics"))
+        pools.append(
+            PoolConfig(name, url.rstrip("/"), engine, k, metrics_path or "/metrics", force_usage is True)
+        )
     if "pools" in root.data and isinstance(root.data["pools"], list) and not root.data["pools"]:
         root.error("pools", "must list at least one pool")
     return tuple(pools)

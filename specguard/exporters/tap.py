@@ -15,6 +15,7 @@ import logging
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -50,7 +51,59 @@ HOP_BY_HOP = frozenset(
 _MARKERS = re.compile(rb'"(?:usage|metrics|sglext|timings|meta_info)"\s*:')
 # a chunk carrying generated text: a non-empty text/content string, or tool calls
 _CONTENT = re.compile(rb'"(?:text|content|reasoning_content)"\s*:\s*"(?!")|"tool_calls"\s*:\s*\[')
+# a choice's terminal chunk (a non-null finish_reason); confirmed by a parse before it is held
+_FINISH = re.compile(rb'"finish_reason"\s*:\s*"')
 _CLIENT_GONE = (ConnectionResetError, aiohttp.ClientConnectionResetError)
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """One inspected stream event: the bytes to forward (None = drop) and what it was."""
+
+    event: bytes | None
+    finish: bool = False  # ends a choice of an n = 1 stream whose usage the tap added
+    usage: bool = False  # the tap's own usage event (dropped)
+    fingerprint: bytes | None = None  # raw JSON value of the usage event's system_fingerprint
+
+
+class _Relay:
+    """Holds the terminal event of a tapped n = 1 stream until the usage event follows it."""
+
+    def __init__(self) -> None:
+        self._held: bytes | None = None
+
+    def feed(self, raw: bytes, seen: _Seen) -> list[bytes]:
+        """The events to forward now, in order, after ``raw`` was inspected as ``seen``."""
+        out: list[bytes] = []
+        if seen.usage:
+            if self._held is not None:
+                held, self._held = self._held, None
+                out.append(_with_fingerprint(held, seen.fingerprint) if seen.fingerprint else held)
+            return out
+        if self._held is not None:  # not the expected usage event: give up, keep the order
+            out.append(self._held)
+            self._held = None
+        if seen.event is None:
+            return out
+        if seen.finish:
+            self._held = seen.event
+        else:
+            out.append(seen.event)
+        return out
+
+    def release(self) -> bytes:
+        """The held event, unchanged (the stream ended or broke without a usage event)."""
+        held, self._held = self._held, None
+        return held or b""
+
+
+def _with_fingerprint(event: bytes, fingerprint: bytes) -> bytes:
+    """``event`` with ``"system_fingerprint":<fingerprint>`` appended to its JSON data."""
+    start = event.find(b"data:")
+    payload = event[start + 5 :].strip()
+    at = event.find(payload, start)
+    patched = tapstream.append_key(payload, "system_fingerprint", fingerprint)
+    return event[:at] + patched + event[at + len(payload) :]
 
 
 def openai_error(status: int, message: str, kind: str) -> web.Response:
@@ -211,7 +264,9 @@ class Tap:
         )
         payload = raw
         if body is not None:
-            new, flow.additions = tapstream.prepare(self.engines[pool.name], body)
+            new, flow.additions = tapstream.prepare(
+                self.engines[pool.name], body, force_include_usage=pool.force_include_usage
+            )
             if new is not None:
                 payload = json.dumps(new).encode()
         headers = forward_headers(request.headers, identity=True)
@@ -303,56 +358,75 @@ class Tap:
     async def _relay_stream(
         self, resp: aiohttp.ClientResponse, out: web.StreamResponse, flow: tapflow.Flow
     ) -> None:
-        """Forward SSE events as they complete; drop or trim only the tap's own additions."""
-        buffer = b""
-        async for data in resp.content.iter_any():
-            buffer += data
-            pending: list[bytes] = []
-            while True:
-                end = buffer.find(b"\n\n")
-                sep = 2
-                crlf = buffer.find(b"\r\n\r\n")
-                if crlf >= 0 and (end < 0 or crlf < end):
-                    end, sep = crlf, 4
-                if end < 0:
-                    break
-                event, buffer = buffer[: end + sep], buffer[end + sep :]
-                kept = self._inspect_event(event, flow)
-                if kept is not None:
-                    pending.append(kept)
-            if pending:
-                await out.write(b"".join(pending))
-        if buffer:
-            kept = self._inspect_event(buffer, flow)
-            if kept is not None:
-                await out.write(kept)
+        """Forward SSE events as they complete; drop or trim only the tap's own additions.
 
-    def _inspect_event(self, event: bytes, flow: tapflow.Flow) -> bytes | None:
+        When the tap added usage to an n = 1 stream, the event that finishes the choice is held
+        until the usage event (which follows at once) so the ``system_fingerprint`` vLLM moved
+        there goes back onto it; at most that one event is ever held.
+        """
+        buffer = b""
+        relay = _Relay()
+        try:
+            async for data in resp.content.iter_any():
+                buffer += data
+                pending: list[bytes] = []
+                while True:
+                    end = buffer.find(b"\n\n")
+                    sep = 2
+                    crlf = buffer.find(b"\r\n\r\n")
+                    if crlf >= 0 and (end < 0 or crlf < end):
+                        end, sep = crlf, 4
+                    if end < 0:
+                        break
+                    event, buffer = buffer[: end + sep], buffer[end + sep :]
+                    pending.extend(relay.feed(event, self._inspect_event(event, flow)))
+                if pending:
+                    await out.write(b"".join(pending))
+            if buffer:
+                tail = relay.feed(buffer, self._inspect_event(buffer, flow))
+                if tail:
+                    await out.write(b"".join(tail))
+        except (TimeoutError, aiohttp.ClientError):
+            held = relay.release()
+            if held:
+                try:
+                    await out.write(held)
+                except _CLIENT_GONE:
+                    pass
+            raise
+        held = relay.release()
+        if held:
+            await out.write(held)
+
+    def _inspect_event(self, event: bytes, flow: tapflow.Flow) -> _Seen:
         start = event.find(b"data:")
         if start < 0:
-            return event
+            return _Seen(event)
         payload = event[start + 5 :].strip()
         if not payload.startswith(b"{"):
-            return event
+            return _Seen(event)
         now = self._mono()
+        hold = flow.additions.hold_finish
         if _MARKERS.search(payload) is None:
             # fast path: an ordinary token chunk (no usage, metrics or extensions): no JSON parse
             if _CONTENT.search(payload) is not None:
                 self._saw_content(flow, now)
-            return event
+            if not (hold and _FINISH.search(payload)):
+                return _Seen(event)
         obj = json_object(payload)
         if obj is None:
-            return event
-        if tapstream.has_content(obj):
+            return _Seen(event)
+        if tapstream.has_content(obj) and _MARKERS.search(payload) is not None:
             self._saw_content(flow, now)
         self._absorb(obj, flow)
         if flow.additions.usage and tapstream.is_usage_only(obj):
-            return None
+            fingerprint = tapstream.raw_value(payload, "system_fingerprint") if hold else None
+            return _Seen(None, usage=True, fingerprint=fingerprint)
         if flow.additions.spec_details and "sglext" in obj:
             trimmed = tapstream.remove_key(payload, "sglext")
             at = event.find(payload, start)
-            return event[:at] + trimmed + event[at + len(payload) :]
-        return event
+            event = event[:at] + trimmed + event[at + len(payload) :]
+        return _Seen(event, finish=hold and tapstream.has_finish(obj))
 
     @staticmethod
     def _saw_content(flow: tapflow.Flow, now: float) -> None:

@@ -26,21 +26,45 @@ class Additions:
 
     usage: bool = False  # vLLM/SGLang stream: stream_options.include_usage set by the tap
     spec_details: bool = False  # SGLang: return_spec_tokens_details set by the tap
+    # n = 1 stream with added usage: vLLM then moves ``system_fingerprint`` from the terminal
+    # chunk to the usage chunk, so the tap holds the terminal chunk and moves it back
+    hold_finish: bool = False
 
     @property
     def any(self) -> bool:
         return self.usage or self.spec_details
 
 
-def prepare(engine: str, body: dict[str, Any]) -> tuple[dict[str, Any] | None, Additions]:
-    """The body to send upstream (None = unchanged) and the additions to undo on the way back."""
+def single_choice(body: Mapping[str, Any]) -> bool:
+    """False for requests that produce several sequences (n > 1, best_of > 1, several prompts).
+
+    vLLM reports no per-request speculative metrics for those, so the tap asks it for nothing.
+    """
+    n = body.get("n")
+    best_of = body.get("best_of")
+    if (isinstance(n, int) and n > 1) or (isinstance(best_of, int) and best_of > 1):
+        return False
+    prompt = body.get("prompt")
+    return not (isinstance(prompt, list) and len(prompt) > 1 and not isinstance(prompt[0], int))
+
+
+def prepare(
+    engine: str, body: dict[str, Any], *, force_include_usage: bool = False
+) -> tuple[dict[str, Any] | None, Additions]:
+    """The body to send upstream (None = unchanged) and the additions to undo on the way back.
+
+    ``force_include_usage``: the pool's server runs with ``--enable-force-include-usage`` and
+    sends usage unasked, so the tap neither adds nor strips it.
+    """
     usage = False
     details = False
     new = None
     stream = body.get("stream") is True
     options = body.get("stream_options")
     asked_usage = isinstance(options, Mapping) and options.get("include_usage") is True
-    if engine in ("vllm", "sglang") and stream and not asked_usage:
+    single = single_choice(body)
+    wanted = engine == "sglang" or (engine == "vllm" and single)
+    if wanted and stream and not asked_usage and not force_include_usage:
         new = dict(body)
         extra: dict[str, Any] = {"include_usage": True}
         if isinstance(options, Mapping) and "continuous_usage_stats" in options:
@@ -52,7 +76,7 @@ def prepare(engine: str, body: dict[str, Any]) -> tuple[dict[str, Any] | None, A
         new = dict(new or body)
         new["return_spec_tokens_details"] = True
         details = True
-    return new, Additions(usage, details)
+    return new, Additions(usage, details, hold_finish=usage and single)
 
 
 _WS = re.compile(rb"\s*")
@@ -107,6 +131,93 @@ def remove_key(raw: bytes, key: str) -> bytes:
     if isinstance(obj, dict):
         obj.pop(key, None)
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _value_span(raw: bytes, key: str) -> tuple[int, int, int] | None:
+    """(key start, value start, value end) byte offsets of a top-level key of a JSON object text."""
+    needle = json.dumps(key).encode()
+    decoder = json.JSONDecoder()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    depth = 0
+    pos = 0
+    start = 0
+    while True:
+        at = raw.find(needle, start)
+        if at < 0:
+            return None
+        start = at + 1
+        if at > 0 and raw[at - 1 : at] == b"\\":
+            continue
+        colon = _WS.match(raw, at + len(needle)).end()
+        if raw[colon : colon + 1] != b":":
+            continue
+        # top level only: the key must sit at nesting depth 1 (outside strings)
+        depth += _depth_change(raw[pos:at])
+        pos = at
+        if depth != 1:
+            continue
+        value_at = _WS.match(raw, colon + 1).end()
+        char_at = len(raw[:value_at].decode("utf-8", errors="replace"))
+        try:
+            _, char_end = decoder.raw_decode(text, char_at)
+        except ValueError:
+            return None
+        return at, value_at, len(text[:char_end].encode("utf-8"))
+
+
+def _depth_change(segment: bytes) -> int:
+    """Net ``{``/``[`` nesting change over ``segment``, which starts outside a JSON string."""
+    depth = 0
+    in_string = False
+    escaped = False
+    for byte in segment:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x7B, 0x5B):
+            depth += 1
+        elif byte in (0x7D, 0x5D):
+            depth -= 1
+    return depth
+
+
+def raw_value(raw: bytes, key: str) -> bytes | None:
+    """The exact JSON text of a top-level key's value in an object's text (None if absent)."""
+    span = _value_span(raw, key)
+    return None if span is None else raw[span[1] : span[2]]
+
+
+def append_key(raw: bytes, key: str, value: bytes) -> bytes:
+    """``raw`` (a non-empty JSON object's text) with ``"key":value`` added as its last key.
+
+    Textual: every other byte stays; returns ``raw`` unchanged if it is not such an object
+    or already has ``key``.
+    """
+    end = raw.rstrip()
+    if not end.endswith(b"}") or _value_span(raw, key) is not None:
+        return raw
+    body = end[:-1].rstrip()
+    if body.endswith(b"{"):
+        return raw
+    cut = len(end) - 1
+    return raw[:cut] + b"," + json.dumps(key).encode() + b":" + value + raw[cut:]
+
+
+def has_finish(chunk: Mapping[str, Any]) -> bool:
+    """True when a stream chunk ends a choice (some choice has a ``finish_reason``)."""
+    choices = chunk.get("choices")
+    return isinstance(choices, list) and any(
+        isinstance(c, Mapping) and c.get("finish_reason") is not None for c in choices
+    )
 
 
 _AUTO_ORDER = ("vllm", "sglang", "llamacpp")

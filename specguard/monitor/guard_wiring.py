@@ -106,6 +106,7 @@ def build(
                 profile=_profile(cfg),
                 window_seconds=policy.window_seconds,
                 on_costs=cost_collector.update if cost_collector is not None else None,
+                policy=policy,
             )
         )
     if policy.prometheus_url and any(r.query for r in policy.rules):

@@ -263,11 +263,13 @@ class SpecguardPolicy:
 
 
 def _explained(decision: guard_mod.Decision, evidence: evidence_mod.Evidence) -> dict:
-    """The decision as JSON, its reason extended by the note of inherited evidence it acted on."""
+    """The decision as JSON, with the load bucket of inherited evidence it acted on.
+
+    (The reason itself already carries the evidence's note: ``rules.assess`` appends it.)
+    """
     out = decision.to_json()
     watched = evidence.pools.get(decision.from_pool)
     if watched is not None and watched.inherited_from is not None:
-        out["reason"] = f"{out['reason']} [{watched.note}]"
         out["numbers"]["inherited_from"] = watched.inherited_from
     return out
 

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from specguard.errors import SourceError
 from specguard.monitor.promql import PromQL
 from specguard.rules import policy as policy_mod
-from specguard.rules.evidence import ClassKey, Evidence, PoolEvidence, evidence_from_costs
+from specguard.rules.evidence import ClassKey, Evidence, PoolEvidence, evidence_from_costs, load_order
 
 
 class EvidenceSource(Protocol):
@@ -34,8 +34,10 @@ class LocalSource:
         profile: Any = None,
         window_seconds: float = 300,
         on_costs: Callable[[Sequence[Any]], None] | None = None,
+        policy: policy_mod.Policy | None = None,
     ):
         self._stats, self._pools, self._settings = stats, pools, settings
+        self.policy = policy  # kept current by Guard.set_policy (rc_rises_with_load lives there)
         self._profile = profile
         self._window = window_seconds
         self._on_costs = on_costs  # e.g. CostCollector.update, so /metrics shows what the guard saw
@@ -49,7 +51,8 @@ class LocalSource:
         )
         if self._on_costs is not None:
             self._on_costs(costs)
-        return evidence_from_costs(costs)
+        order = load_order(getattr(self._settings, "load_buckets", ()))
+        return evidence_from_costs(costs, policy=self.policy, load_order=order)
 
 
 class PromQLSource:

@@ -117,6 +117,8 @@ def assess(
     else:
         reason = f"{name} ({value:.3f}) within threshold ({rule.threshold})"
         phase = Phase.OK
+    if found.note:  # e.g. a loss inherited from a lower load bucket: say where the number came from
+        reason = f"{reason}; {found.note}"
     return Assessment(
         rule, pool, phase, reason, value=value, samples=found.samples, predicted=found.predicted
     )

@@ -59,15 +59,19 @@ def ratio_of_sums(numerators: np.ndarray, denominators: np.ndarray) -> RatioEsti
     value = num / den
     if n < 2 or value <= 0:
         return RatioEstimate(value, n, num, den, None)
-    residuals = x - value * y
     ybar = den / n
-    var_value = float((residuals**2).sum()) / ((n - 1) * n * ybar**2)
+    # Var(log value) by the delta method, computed on relative residuals so that a tiny value
+    # cannot underflow to a division by zero: sum(((x/value - y) / ybar)^2) / ((n-1) n).
+    relative = (x / value - y) / ybar
+    log_variance = float((relative**2).sum()) / ((n - 1) * n)
+    if not math.isfinite(log_variance):
+        return RatioEstimate(value, n, num, den, None)
     jackknife = None
     rest_num, rest_den = num - x, den - y
     if np.all(rest_den > 0) and np.all(rest_num > 0):
         logs = np.log(rest_num / rest_den)
         jackknife = float((n - 1) / n * ((logs - logs.mean()) ** 2).sum())
-    return RatioEstimate(value, n, num, den, var_value / value**2, jackknife)
+    return RatioEstimate(value, n, num, den, log_variance, jackknife)
 
 
 def z_value(confidence: float) -> float:

@@ -42,6 +42,15 @@ def test_good_config_parses_with_defaults_and_derived_pools():
     assert cfg.scrape.interval_seconds == 15.0
 
 
+def test_force_include_usage_is_a_checked_pool_option():
+    assert [p.force_include_usage for p in config.parse_text(GOOD, "c.yaml").exporter.pools] == [False, False]
+    k4 = "num_speculative_tokens: 4"
+    forced = GOOD.replace(k4 + "}", k4 + ", force_include_usage: true}")
+    assert config.parse_text(forced, "c.yaml").exporter.pools[0].force_include_usage is True
+    bad = issues(forced.replace("force_include_usage: true", "force_include_usage: yes-please"))
+    assert any("c.yaml:2:" in line and "pools[0].force_include_usage" in line for line in bad), bad
+
+
 def test_shipped_example_config_is_valid_and_matches_the_simulator():
     cfg = config.load_default().exporter
     assert [(p.name, p.num_speculative_tokens) for p in cfg.pools] == [

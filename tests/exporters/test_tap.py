@@ -49,6 +49,29 @@ SGL_PLAIN = (
 )
 
 
+FINGERPRINT = b'"vllm-0.32.0-83df1de2"'
+
+
+def vllm_chunks(n: int = 1, fingerprint: bytes | None = None) -> list[bytes]:
+    """vLLM's content chunks for ``n`` choices; without usage asked, each choice's terminal chunk
+    ends with ``system_fingerprint`` (vLLM 0.32's placement)."""
+    out = []
+    for chunk in VLLM_CHUNKS:
+        for index in range(n):
+            one = chunk.replace(b'"index":0', b'"index":%d' % index)
+            if fingerprint is not None and b'"finish_reason"' in one:
+                one = one[: one.rindex(b"}")] + b',"system_fingerprint":' + fingerprint + b"}\n\n"
+            out.append(one)
+    return out
+
+
+def usage_chunk(fingerprint: bytes | None = None) -> bytes:
+    """The usage chunk; with a fingerprint it sits between ``usage`` and ``metrics`` (vLLM 0.32)."""
+    if fingerprint is None:
+        return USAGE_CHUNK
+    return USAGE_CHUNK.replace(b',"metrics":', b',"system_fingerprint":' + fingerprint + b',"metrics":')
+
+
 class Upstream:
     """A scripted engine: records what it received, answers with fixed bytes."""
 
@@ -57,6 +80,8 @@ class Upstream:
         self.headers: list[dict] = []
         self.cancelled = asyncio.Event()
         self.mode = "vllm"
+        self.fingerprint: bytes | None = None  # vLLM --fingerprint-mode full: b'"vllm-..."'
+        self.force_usage = False  # vLLM --enable-force-include-usage
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
@@ -95,7 +120,8 @@ class Upstream:
     async def _stream(self, request, body, sglang=False):
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "X-Engine": "v"})
         await resp.prepare(request)
-        for index, chunk in enumerate(VLLM_CHUNKS):
+        usage = bool((body.get("stream_options") or {}).get("include_usage")) or self.force_usage
+        for index, chunk in enumerate(vllm_chunks(body.get("n") or 1, None if usage else self.fingerprint)):
             if self.mode == "break" and index == 1:
                 request.transport.close()
                 return resp
@@ -112,8 +138,11 @@ class Upstream:
                     b'"spec_num_correct_drafts":1,"spec_num_proposed_drafts":6}}}',
                 )
             await resp.write(chunk)
-        if (body.get("stream_options") or {}).get("include_usage"):
-            await resp.write(USAGE_CHUNK)
+        if self.mode == "break_after_finish":
+            request.transport.close()
+            return resp
+        if usage and self.mode != "no_usage_chunk":
+            await resp.write(usage_chunk(self.fingerprint))
         await resp.write(DONE)
         await resp.write_eof()
         return resp
@@ -189,6 +218,100 @@ async def test_stream_without_usage_is_byte_identical_and_stats_are_read(env):
     )
     assert record.output_tokens == 4 and record.streamed and record.unattributed_reason is None
     assert record.ttft_seconds is not None and record.decode_seconds is not None
+
+
+@pytest.mark.parametrize("fingerprint", [FINGERPRINT, None], ids=["fingerprint", "no-fingerprint"])
+@pytest.mark.parametrize("asked", [False, True], ids=["usage-not-asked", "usage-asked"])
+@pytest.mark.parametrize("n", [1, 2])
+async def test_stream_is_byte_identical_with_and_without_fingerprint(env, n, asked, fingerprint):
+    """vLLM moves system_fingerprint to the usage chunk when usage is asked for; the tap asks for
+    it on n = 1 streams, so it moves the fingerprint back onto the terminal chunk, byte for byte."""
+    upstream, up_url, monitor, tap_url, session = env
+    upstream.fingerprint = fingerprint
+    body = {"model": "m", "prompt": "x", "stream": True, "n": n}
+    if asked:
+        body["stream_options"] = {"include_usage": True}
+    _, _, via_tap = await fetch(session, tap_url + "/v1/completions", body)
+    _, _, direct = await fetch(session, up_url + "/v1/completions", body)
+    expected = b"".join(vllm_chunks(n, None if asked else fingerprint))
+    expected += (usage_chunk(fingerprint) if asked else b"") + DONE
+    assert via_tap == direct == expected
+    added = not asked and n == 1  # n > 1: vLLM has no per-request numbers, nothing is asked for
+    assert ("stream_options" in upstream.bodies[0]) == (asked or added)
+    assert (fingerprint is not None) == (b"system_fingerprint" in via_tap)
+    (record,) = monitor.stats.records()
+    # (this scripted engine sends metrics whenever it sends usage; vLLM would not for n = 2)
+    assert (record.spec is not None) == (n == 1 or asked)
+    assert record.unattributed_reason == (None if n == 1 or asked else "n_gt_1")
+
+
+@pytest.mark.parametrize("mode", ["no_usage_chunk", "break_after_finish"])
+async def test_held_terminal_chunk_is_released_unchanged_without_a_usage_chunk(env, mode):
+    upstream, up_url, monitor, tap_url, session = env
+    upstream.mode = mode
+    upstream.fingerprint = FINGERPRINT
+    body = {"prompt": "x", "stream": True}
+    received = []
+    async with session.post(tap_url + "/v1/completions", json=body) as r:
+        try:
+            async for chunk in r.content.iter_any():
+                received.append(chunk)
+        except aiohttp.ClientPayloadError:
+            assert mode == "break_after_finish"
+    # the engine put the fingerprint on the usage chunk it never sent: the client gets the rest
+    assert b"".join(received) == b"".join(VLLM_CHUNKS) + (DONE if mode == "no_usage_chunk" else b"")
+
+
+async def test_force_include_usage_pool_adds_and_strips_nothing():
+    upstream = Upstream()
+    upstream.force_usage = True
+    upstream.fingerprint = FINGERPRINT
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", upstream.handle)
+    up_runner, up_url = await serve(app)
+    cfg = config.parse_text(
+        f"""
+pools:
+  - {{name: spec, url: "{up_url}", engine: vllm, num_speculative_tokens: 4, force_include_usage: true}}
+tap: {{holdout_share: 0, probe_share: 0}}
+scrape: {{interval_seconds: 3600}}
+"""
+    )
+    monitor = Monitor(cfg, fetch=no_scrape)
+    tap_url = await monitor.start("127.0.0.1", 0)
+    try:
+        async with aiohttp.ClientSession() as session:
+            _, _, via_tap = await fetch(session, tap_url + "/v1/completions", {"prompt": "x", "stream": True})
+    finally:
+        await monitor.stop()
+        await up_runner.cleanup()
+    assert via_tap == b"".join(VLLM_CHUNKS) + usage_chunk(FINGERPRINT) + DONE
+    assert "stream_options" not in upstream.bodies[0]
+    assert monitor.stats.records()[0].spec.rounds == 2
+
+
+@pytest.mark.parametrize(
+    "raw, value, expected",
+    [
+        (
+            b'{"a":1,"choices":[{"x":"}"}]}',
+            b'"fp"',
+            b'{"a":1,"choices":[{"x":"}"}],"system_fingerprint":"fp"}',
+        ),
+        (b'{"a": 1}  ', b"null", b'{"a": 1,"system_fingerprint":null}  '),
+        (b'{"a":1,"system_fingerprint":"old"}', b'"fp"', b'{"a":1,"system_fingerprint":"old"}'),
+        (b"{}", b'"fp"', b"{}"),
+    ],
+)
+def test_append_key_keeps_every_other_byte(raw, value, expected):
+    assert tapstream.append_key(raw, "system_fingerprint", value) == expected
+
+
+def test_raw_value_reads_only_top_level_keys():
+    raw = b'{"u":{"system_fingerprint":"inner"},"s":"\\","system_fingerprint": "vllm-1-\\u00e9" ,"m":{}}'
+    assert tapstream.raw_value(raw, "system_fingerprint") == b'"vllm-1-\\u00e9"'
+    assert tapstream.raw_value(b'{"u":{"system_fingerprint":"inner"}}', "system_fingerprint") is None
+    assert tapstream.raw_value(b'{"a":"\\"system_fingerprint\\": 1"}', "system_fingerprint") is None
 
 
 async def test_stream_with_usage_requested_keeps_the_usage_chunk(env):
@@ -469,6 +592,16 @@ def test_remove_key_equals_serialising_without_the_key(before, after, value, com
         pytest.param("vllm", {"stream": False}, None, (0, 0)),
         pytest.param("sglang", {}, {"return_spec_tokens_details": True}, (0, 1)),
         pytest.param("sglang", {"return_spec_tokens_details": True}, None, (0, 0)),
+        pytest.param("vllm", {"stream": True, "n": 2}, None, (0, 0), id="n2-nothing-to-gain"),
+        pytest.param("vllm", {"stream": True, "best_of": 3}, None, (0, 0), id="best-of"),
+        pytest.param("vllm", {"stream": True, "prompt": ["a", "b"]}, None, (0, 0), id="prompt-list"),
+        pytest.param(
+            "vllm",
+            {"stream": True, "prompt": [1, 2]},
+            {"stream": True, "prompt": [1, 2], "stream_options": {"include_usage": True}},
+            (1, 0),
+            id="token-prompt",
+        ),
         pytest.param("llamacpp", {"stream": True}, None, (0, 0)),
         pytest.param("auto", {"stream": True}, None, (0, 0)),
     ],
@@ -477,3 +610,7 @@ def test_prepare_adds_only_what_is_missing(engine, body, sent, additions):
     new, added = tapstream.prepare(engine, body)
     assert new == sent
     assert (int(added.usage), int(added.spec_details)) == additions
+    assert added.hold_finish == added.usage
+    # a pool whose server forces usage on: nothing to add for usage
+    forced, added = tapstream.prepare(engine, body, force_include_usage=True)
+    assert not added.usage and (forced is None) == (not added.spec_details)

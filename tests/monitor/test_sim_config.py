@@ -67,9 +67,9 @@ def test_fingerprint_mode_is_checked_with_its_place(tmp_path):
     with pytest.raises(ConfigError) as info:
         simconfig.load(path)
     assert f"{path}:1:" in str(info.value) and "fingerprint_mode" in str(info.value)
-    path.write_text("fingerprint_mode: full\n")
-    assert simconfig.load(path).fingerprint_mode == "full"
-    assert simconfig.load().fingerprint_mode == "none"
+    path.write_text("fingerprint_mode: none\n")
+    assert simconfig.load(path).fingerprint_mode == "none"
+    assert simconfig.load().fingerprint_mode == "full"  # vLLM's default
 
 
 def test_interpolation_between_temperature_points():

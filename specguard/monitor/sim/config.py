@@ -203,8 +203,8 @@ class SimConfig:
     truth_concurrency: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 200, 256)
     custom_label_names: tuple[str, ...] = ("task",)  # SGLang --tokenizer-metrics-allowed-custom-labels
     # vLLM --fingerprint-mode: "full"/"hash" send system_fingerprint "vllm-<version>-<hash8>"
-    # (vLLM's default is "full"); "none" sends null / leaves it out, as vLLM does.
-    fingerprint_mode: str = "none"
+    # (vLLM's default, and the simulator's); "none" sends null / leaves it out, as vLLM does.
+    fingerprint_mode: str = "full"
 
     def pool(self, name: str) -> PoolConfig:
         for pool in self.pools:
@@ -286,7 +286,7 @@ def parse(root: configfile.Section) -> SimConfig:
         ),
         truth_concurrency=tuple(int(v) for v in concurrency if isinstance(v, int)),
         custom_label_names=tuple(str(v) for v in labels),
-        fingerprint_mode=root.get("fingerprint_mode", str, "none", choices=FINGERPRINT_MODES),
+        fingerprint_mode=root.get("fingerprint_mode", str, "full", choices=FINGERPRINT_MODES),
     )
     root.reject_unknown()
     return config
