@@ -407,7 +407,8 @@ class Tap:
             return _Seen(event)
         now = self._mono()
         hold = flow.additions.hold_finish
-        if _MARKERS.search(payload) is None:
+        marked = _MARKERS.search(payload) is not None
+        if not marked:
             # fast path: an ordinary token chunk (no usage, metrics or extensions): no JSON parse
             if _CONTENT.search(payload) is not None:
                 self._saw_content(flow, now)
@@ -416,7 +417,7 @@ class Tap:
         obj = json_object(payload)
         if obj is None:
             return _Seen(event)
-        if tapstream.has_content(obj) and _MARKERS.search(payload) is not None:
+        if marked and tapstream.has_content(obj):  # (unmarked chunks were counted above)
             self._saw_content(flow, now)
         self._absorb(obj, flow)
         if flow.additions.usage and tapstream.is_usage_only(obj):
