@@ -112,9 +112,9 @@ server: {insecure_loopback: true}
         key = {k: lab[k] for k in labels}
         # samples are the requests with an observable decode phase (two or more content chunks)
         spec_n = total(metrics, "specguard_relative_cost_samples", side="spec", pool="spec", **key)
-        assert 2 <= spec_n <= total(metrics, "specguard_requests_total", pool="spec", **key)
+        assert 1 <= spec_n <= total(metrics, "specguard_requests_total", pool="spec", **key)
         base_n = total(metrics, "specguard_relative_cost_samples", side="baseline", pool="spec", **key)
-        assert 2 <= base_n <= total(
+        assert 1 <= base_n <= total(
             metrics, "specguard_requests_total", pool="nospec", load_bucket=lab["load_bucket"]
         )
         source = total(metrics, "specguard_relative_cost_baseline_info", source="live", pool="spec", **key)
