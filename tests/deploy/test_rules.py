@@ -22,7 +22,7 @@ from deployhelp import (
 )
 
 LEVELS = {"pool_class_load", "pool_class", "pool_load", "class_load"}
-RUNBOOK_BASE = "https://github.com/specguard/specguard/blob/main/deploy/README.md#"
+RUNBOOK_BASE = "https://github.com/specguard/specguard/blob/main/README.md#"
 
 
 def test_promtool_check_rules_passes():
