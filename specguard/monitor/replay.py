@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from specguard.exporters.records import RequestRecord, SpecStats
+from specguard.exporters.records import RequestRecord
 from specguard.monitor.scenario import ClassLoad, Scenario
 from specguard.monitor.sim.config import SimConfig
 from specguard.monitor.sim.engine import EngineCore, SimRequest, StepOutcome
@@ -317,18 +317,7 @@ class Replay:
 
 def to_record(request: SimRequest, done: Finished, load_bucket: str) -> RequestRecord:
     """What the tap would have recorded for this request (vLLM per-request summary fields)."""
-    spec = None
-    if request.k:
-        spec = SpecStats(
-            source="vllm",
-            rounds=request.rounds,
-            draft_tokens=request.draft_tokens,
-            accepted_tokens=request.accepted_tokens,
-            accepted_histogram=tuple(request.histogram),
-            full_rollback_rounds=request.full_rollback_rounds,
-            output_tokens=request.generated,
-            num_speculative_tokens=request.k,
-        )
+    spec = request.spec_stats()
     return RequestRecord(
         pool=done.pool,
         task_type=done.task_type,

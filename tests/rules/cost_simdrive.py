@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 
-from specguard.exporters.records import RequestRecord, SpecStats
+from specguard.exporters.records import RequestRecord
 from specguard.monitor.sim import config as sim_config
 from specguard.monitor.sim.engine import EngineCore, SimRequest
 
@@ -63,18 +63,7 @@ def run_closed_loop(
 
 
 def _record(request: SimRequest, pool: str, now: float, load_bucket: str, route: str) -> RequestRecord:
-    spec = None
-    if request.k:
-        spec = SpecStats(
-            source="vllm",
-            rounds=request.rounds,
-            draft_tokens=request.draft_tokens,
-            accepted_tokens=request.accepted_tokens,
-            accepted_histogram=tuple(request.histogram),
-            full_rollback_rounds=request.full_rollback_rounds,
-            output_tokens=request.generated,
-            num_speculative_tokens=request.k,
-        )
+    spec = request.spec_stats()
     return RequestRecord(
         pool=pool,
         task_type=request.task,

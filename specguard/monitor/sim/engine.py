@@ -18,6 +18,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from specguard.exporters.records import SpecStats
 from specguard.monitor.sim.config import PoolConfig, SimConfig, clamp_probability
 
 
@@ -57,6 +58,21 @@ class SimRequest:
     @property
     def full_rollback_rounds(self) -> int:
         return self.histogram[0] if self.histogram else 0
+
+    def spec_stats(self) -> SpecStats | None:
+        """What vLLM's per-request summary would report (None on a K = 0 pool), as the tap reads it."""
+        if not self.k:
+            return None
+        return SpecStats(
+            source="vllm",
+            rounds=self.rounds,
+            draft_tokens=self.draft_tokens,
+            accepted_tokens=self.accepted_tokens,
+            accepted_histogram=tuple(self.histogram),
+            full_rollback_rounds=self.full_rollback_rounds,
+            output_tokens=self.generated,
+            num_speculative_tokens=self.k,
+        )
 
     stop_at: int = 0  # tokens after which the request finishes (set from the above at creation)
 
