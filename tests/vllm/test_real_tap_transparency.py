@@ -42,10 +42,11 @@ def stream_view(data: bytes) -> dict:
         if "system_fingerprint" in chunk:  # where it sits (which chunk, which key), and its value
             where = [c.get("finish_reason") for c in chunk["choices"]] if chunk["choices"] else "usage"
             fingerprints.append((str(where), list(chunk)[-1], chunk["system_fingerprint"]))
-        keys |= {
-            (tuple(sorted(chunk)), tuple(sorted(c)) if isinstance(c, dict) else ()) for c in chunk["choices"]
-        }
-        keys.add((tuple(sorted(chunk)), None))
+        # the fingerprint's placement is compared above; here only the chunk shapes, which must not
+        # depend on how many chunks vLLM coalesced (a one-chunk answer has no fingerprint-free chunk)
+        top = tuple(sorted(k for k in chunk if k != "system_fingerprint"))
+        keys |= {(top, tuple(sorted(c)) if isinstance(c, dict) else ()) for c in chunk["choices"]}
+        keys.add((top, None))
         for choice in chunk["choices"]:
             piece = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
             text[choice.get("index")] = text.get(choice.get("index"), "") + piece
