@@ -39,6 +39,7 @@ class RequestResult:
     draft_tokens: int
     accepted_tokens: int
     histogram: tuple[int, ...]
+    spec: SpecStats | None = None  # what vLLM's per-request summary reports (engine.SimRequest)
 
     @property
     def ttft(self) -> float:
@@ -63,18 +64,7 @@ class RequestResult:
 
     def spec_stats(self) -> SpecStats | None:
         """The normalised per-request spec numbers (None on a K = 0 pool), as the tap builds them."""
-        if not self.num_speculative_tokens:
-            return None
-        return SpecStats(
-            source="vllm",
-            rounds=self.rounds,
-            draft_tokens=self.draft_tokens,
-            accepted_tokens=self.accepted_tokens,
-            accepted_histogram=self.histogram,
-            full_rollback_rounds=self.full_rollback_rounds,
-            output_tokens=self.output_tokens,
-            num_speculative_tokens=self.num_speculative_tokens,
-        )
+        return self.spec
 
 
 @dataclass(frozen=True)
@@ -279,6 +269,7 @@ def _result(pool: str, request: SimRequest) -> RequestResult:
         draft_tokens=request.draft_tokens,
         accepted_tokens=request.accepted_tokens,
         histogram=tuple(request.histogram),
+        spec=request.spec_stats(),
     )
 
 
