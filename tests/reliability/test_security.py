@@ -248,7 +248,11 @@ async def test_tap_forwards_only_to_configured_pools():
     async with relkit.serving(evil.app()) as evil_url, relkit.serving(pool_side.app()) as pool_url:
         redirector = Recorder(redirect_to=evil_url + "/stolen")
         async with relkit.serving(redirector.app()) as redirect_url:
-            cfg = relkit.monitor_config({"spec-k4": pool_url, "nospec": redirect_url})
+            # no holdout or probe draws: the redirecting pool must get the class every time
+            cfg = relkit.monitor_config(
+                {"spec-k4": pool_url, "nospec": redirect_url},
+                extra="tap: {holdout_share: 0, probe_share: 0}\n",
+            )
             monitor = Monitor(cfg)
             monitor.router.set_plan({("other", "high", "low"): "nospec"})
             url = await monitor.start("127.0.0.1", 0)
