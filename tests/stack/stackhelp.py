@@ -22,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -88,6 +89,31 @@ def http_get(url: str, timeout: float = 5.0, headers: dict | None = None) -> tup
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
+
+
+def scrape(url: str) -> list:
+    """Every sample on ``url``/metrics."""
+    status, body = http_get(url + "/metrics")
+    assert status == 200
+    return [s for f in text_string_to_metric_families(body.decode()) for s in f.samples]
+
+
+def moved_off(specguard: str, task_type: str, temperature_bucket: str):
+    """(delivered firing alerts, plan, samples) once the class is on ``nospec`` at every load, else None."""
+    samples = scrape(specguard)
+    delivered = sum(
+        s.value
+        for s in samples
+        if s.name == "specguard_webhook_alerts_total" and s.labels["status"] == "firing"
+    )
+    plan = {
+        (s.labels["task_type"], s.labels["temperature_bucket"], s.labels["load_bucket"]): s.labels["pool"]
+        for s in samples
+        if s.name == "specguard_plan_info" and s.value == 1
+    }
+    pools = [pool for key, pool in plan.items() if key[:2] == (task_type, temperature_bucket)]
+    off = pools and all(pool == "nospec" for pool in pools)
+    return (delivered, plan, samples) if delivered > 0 and off else None
 
 
 def wait_until(what: str, check, timeout: float, procs: list[Proc] = (), interval: float = 0.5):

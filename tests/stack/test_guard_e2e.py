@@ -22,14 +22,13 @@ import time
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from stackhelp import (
     TOKEN,
     Receiver,
     Stack,
     dashboard_exprs,
-    http_get,
     metric_names,
+    moved_off,
     specguard_config,
     substitute,
     wait_until,
@@ -104,26 +103,12 @@ def test_alert_moves_the_losing_class_off_speculation(tmp_path: Path):
         assert posted[0][1] == f"Bearer {TOKEN}"
 
         # Alertmanager delivers it to specguard, and the guard moves creative off speculation
-        def moved():
-            status, body = http_get(specguard + "/metrics")
-            samples = [s for f in text_string_to_metric_families(body.decode()) for s in f.samples]
-            delivered = sum(
-                s.value
-                for s in samples
-                if s.name == "specguard_webhook_alerts_total" and s.labels["status"] == "firing"
-            )
-            plan = {
-                (s.labels["task_type"], s.labels["temperature_bucket"], s.labels["load_bucket"]): s.labels[
-                    "pool"
-                ]
-                for s in samples
-                if s.name == "specguard_plan_info" and s.value == 1
-            }
-            creative = {k: v for k, v in plan.items() if k[:2] == ("creative", "high")}
-            off = creative and all(pool == "nospec" for pool in creative.values())
-            return (delivered, plan, samples) if delivered > 0 and off else None
-
-        delivered, plan, samples = wait_until("creative moved off speculation", moved, 40, stack.procs)
+        delivered, plan, samples = wait_until(
+            "creative moved off speculation",
+            lambda: moved_off(specguard, "creative", "high"),
+            40,
+            stack.procs,
+        )
         timings["class moved"] = time.monotonic() - t0
         assert all(
             pool != "nospec" for (task, temp, _), pool in plan.items() if (task, temp) == ("code", "greedy")

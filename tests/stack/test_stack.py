@@ -38,6 +38,8 @@ from stackhelp import (
     dashboard_variables,
     http_get,
     metric_names,
+    moved_off,
+    scrape,
     specguard_config,
     substitute,
     wait_until,
@@ -98,12 +100,6 @@ def drive_load(url: str, seconds: float, results: list) -> threading.Thread:
     thread = threading.Thread(target=run, name="loadgen", daemon=True)
     thread.start()
     return thread
-
-
-def scrape(url: str) -> list:
-    status, body = http_get(url + "/metrics")
-    assert status == 200
-    return [s for f in text_string_to_metric_families(body.decode()) for s in f.samples]
 
 
 def http_post(url: str, payload: dict, headers: dict | None = None) -> tuple[int, bytes]:
@@ -240,25 +236,12 @@ def test_stack_end_to_end(tmp_path: Path):
         assert status in (401, 403), status
 
         # ... accepted Alertmanager's, and the guard moved the losing class off speculation
-        def moved():
-            samples = scrape(specguard)
-            delivered = sum(
-                s.value
-                for s in samples
-                if s.name == "specguard_webhook_alerts_total" and s.labels["status"] == "firing"
-            )
-            plan = {
-                (s.labels["task_type"], s.labels["temperature_bucket"], s.labels["load_bucket"]): s.labels[
-                    "pool"
-                ]
-                for s in samples
-                if s.name == "specguard_plan_info" and s.value == 1
-            }
-            creative = [pool for key, pool in plan.items() if key[:2] == ("creative", "high")]
-            off = creative and all(pool == "nospec" for pool in creative)
-            return (plan, samples) if delivered > 0 and off else None
-
-        plan, samples = wait_until("creative moved off speculation", moved, 30, stack.procs)
+        _, plan, samples = wait_until(
+            "creative moved off speculation",
+            lambda: moved_off(specguard, "creative", "high"),
+            30,
+            stack.procs,
+        )
         timings["class moved"] = time.monotonic() - t0
         code = [pool for key, pool in plan.items() if key[:2] == ("code", "greedy")]
         assert code and "nospec" not in code, plan
