@@ -1,14 +1,22 @@
-"""What the tap costs: added latency and throughput vs direct to the simulator, and its memory.
+"""What the tap costs: added latency and throughput vs direct to an upstream, and its memory.
 
 Four processes: two identically seeded upstreams, the tap (``specguard`` Monitor) in front of
-the second, and this load generator. At each concurrency (1, 16, 128 streams) the same
-streamed chat requests are sent directly and through the tap *at the same time*, so the
-machine's contention hits both sides alike. Reported per concurrency: p50/p99 of TTFT and
-end-to-end latency on each side; the added latency as p50/p99 of the per-request difference
-(request (worker, i) is the same request on both sides); request throughput of each side; the
-tap's CPU time per request; and the tap process's resident memory (start, end, peak).
+the second, and this load generator (``--pin on`` gives the tap the last CPU to itself and the
+rest the others; on 2 CPUs that starves the load generator, so it is off by default). At each
+concurrency (1, 16, 128 streams) direct and through-the-tap rounds alternate with the same
+prompts, so drift in the machine's load hits both sides alike. Reported per concurrency and side:
+p50/p99 of TTFT, end-to-end latency and (``--upstream paced``) chunk delivery latency (each stream
+chunk carries the upstream's send time, so its delivery latency is exact); the added latency is
+the difference of the two sides' quantiles; request throughput; the tap's CPU time per request;
+the tap process's resident memory.
 
-    python3 bench/bench_tap.py [--seconds 4] [--rounds 2] [--json]
+Upstreams: ``paced`` (default) is an engine stand-in that emits one chunk per stream every
+``--interval`` seconds, all streams on one shared tick as an engine step does (``--pacing step``)
+or each on its own timer (``--pacing independent``); ``sim`` is the simulator (pool spec-k4,
+vLLM dialect).
+
+    python3 bench/bench_tap.py [--upstream paced|sim] [--pacing step|independent] [--seconds 3]
+        [--rounds 4] [--levels 1,16,128] [--pin on|off] [--profile FILE] [--json]
 
 Targets (issue 4): p99 added latency <= 2 ms at 128 streams; tap RSS <= 150 MB.
 """
@@ -20,16 +28,24 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
-import statistics
+import re
+import signal
+import subprocess
 import sys
 import time
+import zlib
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import aiohttp
 
 LEVELS = (1, 16, 128)
+T = TypeVar("T")
 
 
-def _sim_main(queue: mp.Queue, time_scale: float) -> None:
+def _sim_main(queue: mp.Queue, time_scale: float, cpus: set[int] | None) -> None:
+    _pin(cpus)
     from specguard.monitor.sim import cluster
 
     async def main() -> None:
@@ -39,11 +55,20 @@ def _sim_main(queue: mp.Queue, time_scale: float) -> None:
             queue.put((sim.urls["spec-k4"], sim.config.model_name))
             await asyncio.Event().wait()
 
-    asyncio.run(main())
+    _run(main())
 
 
-def _paced_main(queue: mp.Queue, chunks: int, interval: float) -> None:
-    """An engine stand-in with exact pacing: ``chunks`` stream chunks, ``interval`` s apart."""
+def _paced_main(
+    queue: mp.Queue, chunks: int, interval: float, cpus: set[int] | None, pacing: str, spread: bool = True
+) -> None:
+    """An engine stand-in with exact pacing: one stream chunk per ``interval`` seconds.
+
+    A request gets ``chunks`` / 2 to 3 * ``chunks`` / 2 chunks (``chunks`` on average), chosen by a hash of
+    its body so twin upstreams answer the same request alike; varied lengths keep the streams from
+    finishing, and so restarting, in lockstep (``spread=False``: exactly ``chunks``). Each chunk's
+    text carries its send time (``time.perf_counter``, one clock for every process on the machine).
+    """
+    _pin(cpus)
     from aiohttp import web
 
     head = b'data: {"id":"cmpl-1","object":"chat.completion.chunk","created":1,"model":"paced","choices":'
@@ -51,17 +76,35 @@ def _paced_main(queue: mp.Queue, chunks: int, interval: float) -> None:
         head + b'[],"usage":{"prompt_tokens":8,"total_tokens":%d,"completion_tokens":%d},'
         b'"metrics":{"speculative_decoding":{"num_spec_steps":%d,"num_draft_tokens":%d,'
         b'"num_accepted_draft_tokens":%d,"acceptance_histogram":[0,0,0,%d,0],"num_spec_tokens":4}}}\n\n'
-    ) % (8 + 3 * chunks, 3 * chunks, chunks, 4 * chunks, 2 * chunks, chunks)
+    )
+    step = {"tick": asyncio.Event()}
+
+    async def ticker() -> None:
+        """An engine step: every stream gets its next chunk at the same moment."""
+        while True:
+            await asyncio.sleep(interval)
+            done, step["tick"] = step["tick"], asyncio.Event()
+            done.set()
 
     async def handle(request: web.Request) -> web.StreamResponse:
-        body = await request.json()
+        raw = await request.read()
+        body = json.loads(raw)
+        count = chunks
+        if spread:
+            count = chunks // 2 + zlib.crc32(json.dumps(body["messages"]).encode()) % (chunks + 1)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        for _ in range(chunks):
-            await asyncio.sleep(interval)
-            await resp.write(head + b'[{"index":0,"delta":{"content":" a b c"},"finish_reason":null}]}\n\n')
+        for _ in range(count):
+            if pacing == "step":
+                await step["tick"].wait()
+            else:
+                await asyncio.sleep(interval)
+            stamp = b"%.6f" % time.perf_counter()
+            await resp.write(
+                head + b'[{"index":0,"delta":{"content":" t=' + stamp + b'"},"finish_reason":null}]}\n\n'
+            )
         if (body.get("stream_options") or {}).get("include_usage"):
-            await resp.write(usage)
+            await resp.write(usage % (8 + 3 * count, 3 * count, count, 4 * count, 2 * count, count))
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
@@ -73,13 +116,30 @@ def _paced_main(queue: mp.Queue, chunks: int, interval: float) -> None:
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
+        ticking = asyncio.create_task(ticker())  # noqa: F841 (runs for the process's life)
         queue.put((f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", "paced"))
         await asyncio.Event().wait()
 
-    asyncio.run(main())
+    _run(main())
 
 
-def _tap_main(queue: mp.Queue, upstream: str, scrape_seconds: float) -> None:
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    """The harness (load generator, upstreams) runs on uvloop when installed, to keep its own
+    overhead and jitter small; the tap runs on asyncio, as ``specguard run`` does."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def _pin(cpus: set[int] | None) -> None:
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
+def _tap_main(queue: mp.Queue, upstream: str, scrape_seconds: float, cpus: set[int] | None) -> None:
+    _pin(cpus)
     from specguard.monitor import config
     from specguard.monitor.app import Monitor
 
@@ -98,14 +158,16 @@ scrape: {{interval_seconds: {scrape_seconds}, timeout_seconds: 2}}
         queue.put((url, os.getpid()))
         await asyncio.Event().wait()
 
-    asyncio.run(main())
+    asyncio.run(main())  # as `specguard run` runs it
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds a process used so far (from /proc/PID/stat)."""
-    with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
-        fields = fh.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds a process (all its threads) ran so far: the scheduler's exact count, not ticks."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/schedstat", encoding="ascii") as fh:
+            total += int(fh.read().split()[0])
+    return total / 1e9
 
 
 def rss_kib(pid: int) -> tuple[int, int]:
@@ -119,30 +181,50 @@ def rss_kib(pid: int) -> tuple[int, int]:
     return values["VmRSS"], values["VmHWM"]
 
 
-async def one(session: aiohttp.ClientSession, url: str, body: bytes) -> tuple[float, float, int]:
+_STAMP = re.compile(rb"t=(\d+\.\d+)")
+
+
+@dataclass
+class Outcome:
+    """One request as the client saw it."""
+
+    ttft: float
+    e2e: float
+    status: int
+    deliveries: list[float]  # per stamped chunk: receive time - the upstream's send time
+
+
+async def one(session: aiohttp.ClientSession, url: str, body: bytes) -> Outcome:
     start = time.perf_counter()
     ttft = None
+    deliveries: list[float] = []
     async with session.post(
         url + "/v1/chat/completions",
         data=body,
         headers={"Content-Type": "application/json", "x-task-type": "code"},
     ) as resp:
-        async for _chunk in resp.content.iter_any():
+        async for chunk in resp.content.iter_any():
+            now = time.perf_counter()
             if ttft is None:
-                ttft = time.perf_counter() - start
+                ttft = now - start
+            deliveries.extend(now - float(m.group(1)) for m in _STAMP.finditer(chunk))
         status = resp.status
-    return ttft or 0.0, time.perf_counter() - start, status
+    return Outcome(ttft or 0.0, time.perf_counter() - start, status, deliveries)
 
 
-async def run_side(url: str, model: str, concurrency: int, seconds: float, tag: str) -> dict:
-    """Closed-loop streams for ``seconds``; worker w sends prompts "tag w i" (same on both sides)."""
-    latencies: dict[tuple[int, int], tuple[float, float]] = {}
-    errors = 0
+async def run_side(
+    url: str, model: str, concurrency: int, seconds: float, tag: str, stagger: float = 0.0
+) -> dict:
+    """Closed-loop streams for ``seconds``; worker w sends prompts "tag w i" (same on both sides).
+
+    Worker w starts ``stagger * w / concurrency`` seconds late, so the streams do not start in lockstep.
+    """
+    outcomes: list[Outcome] = []
     deadline = time.perf_counter() + seconds
 
     async def worker(session: aiohttp.ClientSession, w: int) -> None:
-        nonlocal errors
         i = 0
+        await asyncio.sleep(stagger * w / concurrency)
         while time.perf_counter() < deadline:
             i += 1
             body = json.dumps(
@@ -154,132 +236,182 @@ async def run_side(url: str, model: str, concurrency: int, seconds: float, tag: 
                     "stream": True,
                 }
             ).encode()
-            ttft, e2e, status = await one(session, url, body)
-            if status != 200:
-                errors += 1
-            latencies[(w, i)] = (ttft, e2e)
+            outcomes.append(await one(session, url, body))
 
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         started = time.perf_counter()
         await asyncio.gather(*(worker(session, w) for w in range(concurrency)))
         elapsed = time.perf_counter() - started
-    return {"latencies": latencies, "errors": errors, "seconds": elapsed}
+    return {"outcomes": outcomes, "seconds": elapsed}
 
 
 def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
 
 
-def summary(latencies: list[tuple[float, float]], errors: int, seconds: float) -> dict:
-    ttft = [t for t, _ in latencies]
-    e2e = [e for _, e in latencies]
+def summary(outcomes: list[Outcome], seconds: float) -> dict:
+    ttft = [o.ttft for o in outcomes]
+    e2e = [o.e2e for o in outcomes]
+    chunks = [d for o in outcomes for d in o.deliveries]
     return {
         "requests": len(e2e),
-        "errors": errors,
+        "errors": sum(1 for o in outcomes if o.status != 200),
         "requests_per_second": len(e2e) / seconds,
         "ttft_p50_ms": 1e3 * pct(ttft, 0.5),
         "ttft_p99_ms": 1e3 * pct(ttft, 0.99),
         "e2e_p50_ms": 1e3 * pct(e2e, 0.5),
         "e2e_p99_ms": 1e3 * pct(e2e, 0.99),
-        "e2e_mean_ms": 1e3 * statistics.fmean(e2e),
+        "chunks": len(chunks),
+        "chunk_p50_ms": 1e3 * pct(chunks, 0.5),
+        "chunk_p99_ms": 1e3 * pct(chunks, 0.99),
     }
 
 
-async def measure(direct: str, tap: str, model: str, seconds: float, rounds: int, tap_pid: int) -> list[dict]:
-    """Both sides run at the same time with the same prompts against twin upstreams.
+async def measure(
+    direct: str,
+    tap: str,
+    model: str,
+    seconds: float,
+    rounds: int,
+    tap_pid: int,
+    levels: tuple[int, ...] = LEVELS,
+    stagger: float = 0.0,
+) -> list[dict]:
+    """Direct and through-the-tap rounds alternate (direct first on even rounds, tap first on odd).
 
-    The machine's contention then hits both sides alike, and request (worker, i) on one side
-    is the same request as (worker, i) on the other, so the per-request difference of their
-    latencies is the tap's added latency for that request.
+    One side runs at a time, so the harness loads the machine half as much as running both at
+    once, and drift in the machine's load hits both sides alike over the rounds. The added
+    latency is the difference of the two sides' quantiles (the same prompts on twin upstreams).
     """
     out = []
-    for level in LEVELS:
-        await asyncio.gather(
-            run_side(direct, model, level, 0.5, tag=f"warm{level}"),
-            run_side(tap, model, level, 0.5, tag=f"warm{level}"),
-        )
-        sides: dict[str, dict] = {
-            name: {"latencies": [], "errors": 0, "seconds": 0.0} for name in ("direct", "tap")
-        }
-        pairs: list[tuple[float, float]] = []
+    for level in levels:
+        for url in (direct, tap):
+            await run_side(url, model, level, 0.5, tag=f"warm{level}", stagger=stagger)
+        sides: dict[str, dict] = {name: {"outcomes": [], "seconds": 0.0} for name in ("direct", "tap")}
+        per_round: list[dict[str, float]] = []
         cpu = 0.0
         for r in range(rounds):
-            before = cpu_seconds(tap_pid)
-            got_direct, got_tap = await asyncio.gather(
-                run_side(direct, model, level, seconds, tag=f"c{level}r{r}"),
-                run_side(tap, model, level, seconds, tag=f"c{level}r{r}"),
-            )
-            cpu += cpu_seconds(tap_pid) - before
-            for name, got in (("direct", got_direct), ("tap", got_tap)):
-                side = sides[name]
-                side["latencies"] += list(got["latencies"].values())
-                side["errors"] += got["errors"]
-                side["seconds"] += got["seconds"]
-            for key, (ttft, e2e) in got_tap["latencies"].items():
-                if key in got_direct["latencies"]:
-                    d_ttft, d_e2e = got_direct["latencies"][key]
-                    pairs.append((ttft - d_ttft, e2e - d_e2e))
+            order = (("direct", direct), ("tap", tap)) if r % 2 == 0 else (("tap", tap), ("direct", direct))
+            got: dict[str, dict] = {}
+            for name, url in order:
+                before = cpu_seconds(tap_pid)
+                got[name] = await run_side(url, model, level, seconds, tag=f"c{level}r{r}", stagger=stagger)
+                if name == "tap":
+                    cpu += cpu_seconds(tap_pid) - before
+                sides[name]["outcomes"] += got[name]["outcomes"]
+                sides[name]["seconds"] += got[name]["seconds"]
+            d, t = (summary(got[n]["outcomes"], got[n]["seconds"]) for n in ("direct", "tap"))
+            per_round.append({k: t[k] - d[k] for k in ("e2e_p99_ms", "chunk_p99_ms")})
         row: dict = {
             "concurrency": level,
-            "tap_cpu_ms_per_request": 1e3 * cpu / max(1, len(sides["tap"]["latencies"])),
+            "tap_cpu_ms_per_request": 1e3 * cpu / max(1, len(sides["tap"]["outcomes"])),
         }
         for name, side in sides.items():
-            row[name] = summary(side["latencies"], side["errors"], side["seconds"])
-        row["added"] = {
-            "pairs": len(pairs),
-            "ttft_p50_ms": 1e3 * pct([p[0] for p in pairs], 0.5),
-            "ttft_p99_ms": 1e3 * pct([p[0] for p in pairs], 0.99),
-            "e2e_p50_ms": 1e3 * pct([p[1] for p in pairs], 0.5),
-            "e2e_p99_ms": 1e3 * pct([p[1] for p in pairs], 0.99),
-            "throughput_ratio": row["tap"]["requests_per_second"] / row["direct"]["requests_per_second"],
-        }
+            row[name] = summary(side["outcomes"], side["seconds"])
+        d, t = row["direct"], row["tap"]
+        added = {k: t[k] - d[k] for k in ("ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "e2e_p99_ms")}
+        added |= {k: t[k] - d[k] for k in ("chunk_p50_ms", "chunk_p99_ms")}
+        added["per_round"] = per_round
+        added["throughput_ratio"] = t["requests_per_second"] / d["requests_per_second"]
+        row["added"] = added
         out.append(row)
     return out
 
 
+def report(result: dict, args: argparse.Namespace) -> None:
+    if args.upstream == "sim":
+        what = "the simulator (pool spec-k4, vLLM dialect, max_tokens 48)"
+    else:
+        what = f"a paced stand-in (8-24 chunks, one per {args.interval * 1e3:g} ms, pacing {args.pacing})"
+    pinned = "the tap on its own CPU" if result["pinned"] else "no pinning"
+    print(f"tap vs direct to {what}; streamed chat, twin upstreams, {result['cpus']} CPUs, {pinned}")
+    print("streams  side    req/s   TTFT p50/p99 ms    e2e p50/p99 ms   chunk delivery p50/p99 ms")
+    for row in result["levels"]:
+        for name in ("direct", "tap"):
+            s = row[name]
+            print(
+                f"{row['concurrency']:>7}  {name:<6} {s['requests_per_second']:7.1f}  "
+                f"{s['ttft_p50_ms']:7.2f}/{s['ttft_p99_ms']:7.2f}  "
+                f"{s['e2e_p50_ms']:7.2f}/{s['e2e_p99_ms']:7.2f}  "
+                f"{s['chunk_p50_ms']:7.2f}/{s['chunk_p99_ms']:7.2f}"
+                + (f"  errors {s['errors']}" if s["errors"] else "")
+            )
+        a = row["added"]
+        rounds = ", ".join(f"{r['chunk_p99_ms']:+.2f}" for r in a["per_round"])
+        print(
+            f"{'':>7}  added (tap - direct): chunk p50 {a['chunk_p50_ms']:+.2f} ms, "
+            f"p99 {a['chunk_p99_ms']:+.2f} ms "
+            f"(per round {rounds}); e2e p50 {a['e2e_p50_ms']:+.2f}, p99 {a['e2e_p99_ms']:+.2f} ms; "
+            f"TTFT p50 {a['ttft_p50_ms']:+.2f}, p99 {a['ttft_p99_ms']:+.2f} ms; "
+            f"throughput x{a['throughput_ratio']:.3f}; tap CPU {row['tap_cpu_ms_per_request']:.2f} ms/request"
+        )
+    print(
+        f"tap RSS: start {result['tap_rss_mib_start']:.1f} MiB, end {result['tap_rss_mib_end']:.1f} MiB, "
+        f"peak {result['tap_rss_mib_peak']:.1f} MiB"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=4.0, help="seconds per side per round")
-    parser.add_argument("--rounds", type=int, default=2, help="alternating direct/tap rounds per level")
+    parser.add_argument("--seconds", type=float, default=3.0, help="seconds per side per round")
+    parser.add_argument("--rounds", type=int, default=4, help="alternating direct/tap rounds per level")
     parser.add_argument(
         "--time-scale", type=float, default=1.0, help="simulator wall seconds per model second"
     )
+    parser.add_argument("--upstream", choices=("paced", "sim"), default="paced")
     parser.add_argument(
-        "--upstream",
-        choices=("sim", "paced"),
-        default="sim",
-        help="sim: the simulator; paced: a stand-in streaming 16 chunks exactly --interval apart",
+        "--interval", type=float, default=0.02, help="paced: seconds between a stream's chunks"
     )
-    parser.add_argument("--interval", type=float, default=0.02, help="paced upstream: seconds between chunks")
+    parser.add_argument("--pacing", choices=("step", "independent"), default="step")
+    parser.add_argument(
+        "--levels", default=",".join(map(str, LEVELS)), help="concurrent streams (comma-separated)"
+    )
+    parser.add_argument(
+        "--pin", choices=("on", "off"), default="off", help="on: the tap gets the last CPU to itself"
+    )
+    parser.add_argument(
+        "--profile", metavar="FILE", help="sample the tap with py-spy into FILE (collapsed stacks)"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    levels = tuple(int(x) for x in args.levels.split(","))
     ctx = mp.get_context("spawn")
     queue: mp.Queue = ctx.Queue()
+    cpus = sorted(os.sched_getaffinity(0))
+    tap_cpus = rest_cpus = None
+    if args.pin == "on" and len(cpus) >= 2:
+        tap_cpus, rest_cpus = {cpus[-1]}, set(cpus[:-1])
+        _pin(rest_cpus)
     if args.upstream == "sim":
-        target, target_args = _sim_main, (queue, args.time_scale)
+        target, target_args = _sim_main, (queue, args.time_scale, rest_cpus)
     else:
-        target, target_args = _paced_main, (queue, 16, args.interval)
+        target, target_args = _paced_main, (queue, 16, args.interval, rest_cpus, args.pacing)
     procs = [ctx.Process(target=target, args=target_args, daemon=True) for _ in range(2)]
+    spy = None
     try:
         procs[0].start()
         direct_url, model = queue.get(timeout=60)
         procs[1].start()
         behind_url, _ = queue.get(timeout=60)
-        procs.append(
-            ctx.Process(
-                target=_tap_main,
-                args=(queue, behind_url, 5.0 if args.upstream == "sim" else 3600.0),
-                daemon=True,
-            )
-        )
+        scrape = 5.0 if args.upstream == "sim" else 3600.0  # the stand-in has no /metrics
+        procs.append(ctx.Process(target=_tap_main, args=(queue, behind_url, scrape, tap_cpus), daemon=True))
         procs[2].start()
         tap_url, tap_pid = queue.get(timeout=60)
         rss_start = rss_kib(tap_pid)
-        rows = asyncio.run(measure(direct_url, tap_url, model, args.seconds, args.rounds, tap_pid))
+        if args.profile:
+            command = ["py-spy", "record", "--nonblocking", "-f", "raw", "-r", "100", "-p", str(tap_pid)]
+            spy = subprocess.Popen([*command, "-o", args.profile])
+        stagger = 16 * args.interval if args.upstream == "paced" else 0.5
+        rows = _run(measure(direct_url, tap_url, model, args.seconds, args.rounds, tap_pid, levels, stagger))
         rss_end, rss_peak = rss_kib(tap_pid)
     finally:
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(30)
         for proc in reversed(procs):
             if proc.pid is not None:
                 proc.terminate()
@@ -290,38 +422,14 @@ def main() -> int:
         "tap_rss_mib_end": rss_end / 1024,
         "tap_rss_mib_peak": rss_peak / 1024,
         "cpus": os.cpu_count(),
+        "pinned": tap_cpus is not None,
         "upstream": args.upstream,
+        "pacing": args.pacing if args.upstream == "paced" else None,
     }
     if args.json:
         print(json.dumps(result, indent=2))
-        return 0
-    if args.upstream == "sim":
-        what = "the simulator (pool spec-k4, vLLM dialect, max_tokens 48)"
     else:
-        what = f"a paced stand-in (16 chunks, {args.interval * 1e3:g} ms apart)"
-    print(f"tap vs direct to {what}; streamed chat, twin upstreams, {os.cpu_count()} CPUs")
-    header = "streams  side    req/s   TTFT p50/p99 ms   e2e p50/p99 ms"
-    print(header)
-    for row in rows:
-        for name in ("direct", "tap"):
-            s = row[name]
-            print(
-                f"{row['concurrency']:>7}  {name:<6} {s['requests_per_second']:7.1f}  "
-                f"{s['ttft_p50_ms']:7.2f}/{s['ttft_p99_ms']:7.2f}  "
-                f"{s['e2e_p50_ms']:7.2f}/{s['e2e_p99_ms']:7.2f}"
-                + (f"  errors {s['errors']}" if s["errors"] else "")
-            )
-        a = row["added"]
-        print(
-            f"{'':>7}  added per request ({a['pairs']} pairs): "
-            f"e2e p50 {a['e2e_p50_ms']:+.2f} ms, p99 {a['e2e_p99_ms']:+.2f} ms; "
-            f"TTFT p50 {a['ttft_p50_ms']:+.2f} ms, p99 {a['ttft_p99_ms']:+.2f} ms; "
-            f"throughput x{a['throughput_ratio']:.3f}; tap CPU {row['tap_cpu_ms_per_request']:.2f} ms/request"
-        )
-    print(
-        f"tap RSS: start {result['tap_rss_mib_start']:.1f} MiB, end {result['tap_rss_mib_end']:.1f} MiB, "
-        f"peak {result['tap_rss_mib_peak']:.1f} MiB"
-    )
+        report(result, args)
     return 0
 
 

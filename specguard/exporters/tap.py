@@ -22,7 +22,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from specguard.exporters import httpbody, tapflow, tapstream
+from specguard.exporters import httpbody, readwatch, tapflow, tapstream
 from specguard.exporters.classify import Classifier
 from specguard.exporters.config import ExporterConfig
 from specguard.exporters.routing import Router
@@ -366,8 +366,11 @@ class Tap:
         """
         buffer = b""
         relay = _Relay()
+        watch = readwatch.ReadWatch.take_over(resp, self._timeout.sock_read)
         try:
             async for data in resp.content.iter_any():
+                if watch is not None:
+                    watch.read()
                 buffer += data
                 pending: list[bytes] = []
                 while True:
@@ -394,6 +397,9 @@ class Tap:
                 except _CLIENT_GONE:
                     pass
             raise
+        finally:
+            if watch is not None:
+                watch.close()
         held = relay.release()
         if held:
             await out.write(held)

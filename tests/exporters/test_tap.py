@@ -125,6 +125,8 @@ class Upstream:
             if self.mode == "break" and index == 1:
                 request.transport.close()
                 return resp
+            if self.mode in ("trickle", "trickle_stall"):
+                await asyncio.sleep(0.2)
             if self.mode == "slowstream" and index == 1:
                 try:
                     await asyncio.sleep(30)
@@ -138,6 +140,12 @@ class Upstream:
                     b'"spec_num_correct_drafts":1,"spec_num_proposed_drafts":6}}}',
                 )
             await resp.write(chunk)
+        if self.mode == "trickle_stall":
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                self.cancelled.set()
+                raise
         if self.mode == "break_after_finish":
             request.transport.close()
             return resp
@@ -384,6 +392,32 @@ async def test_upstream_timeout_is_504_and_cancels_upstream(env):
     await asyncio.wait_for(upstream.cancelled.wait(), 5)
     assert monitor.stats.upstream_errors() == {("spec", "timeout"): 1}
     assert monitor.stats.records()[0].status == 504
+
+
+async def test_stream_stalled_longer_than_the_timeout_is_cut_and_counted(env):
+    upstream, up_url, monitor, tap_url, session = env
+    upstream.mode = "trickle_stall"  # the chunks 0.2 s apart (each its own read), then silence
+    received = b""
+    with pytest.raises(aiohttp.ClientPayloadError):
+        async with session.post(tap_url + "/v1/completions", json={"prompt": "x", "stream": True}) as r:
+            assert r.status == 200
+            async for data in r.content.iter_any():
+                received += data
+    assert received == b"".join(VLLM_CHUNKS)  # the held terminal chunk is released unchanged
+    await asyncio.wait_for(upstream.cancelled.wait(), 5)
+    assert monitor.stats.upstream_errors() == {("spec", "timeout"): 1}
+    assert monitor.stats.unattributed() == {("spec", "upstream_error"): 1}
+
+
+async def test_stream_slower_in_total_than_the_timeout_but_never_quiet_that_long_completes(env):
+    upstream, up_url, monitor, tap_url, session = env
+    upstream.mode = "trickle"  # a chunk every 0.2 s; the whole stream takes longer than the 0.5 s timeout
+    started = asyncio.get_running_loop().time()
+    status, _, data = await fetch(session, tap_url + "/v1/completions", {"prompt": "x", "stream": True})
+    assert asyncio.get_running_loop().time() - started > 0.5
+    assert status == 200 and data == b"".join(VLLM_CHUNKS) + DONE
+    assert monitor.stats.upstream_errors() == {}
+    assert monitor.stats.records()[0].spec is not None
 
 
 async def test_unreachable_pool_is_502_in_openai_shape():

@@ -37,11 +37,13 @@ async def test_run_serves_the_tap_until_sigterm(tmp_path):
                 found = re.search(r"specguard tap on (http://127\.0\.0\.1:\d+)", line)
                 url = found.group(1) if found else None
             async with aiohttp.ClientSession() as session:
-                for _ in range(100):  # engine: auto is resolved by the first scrape of each pool
+                for _ in range(300):  # engine: auto is resolved by the first scrape of each pool
                     async with session.get(url + "/healthz") as r:
-                        if all((await r.json())["pools_up"].values()):
-                            break
+                        pools_up = (await r.json())["pools_up"]
+                    if all(pools_up.values()):
+                        break
                     await asyncio.sleep(0.1)
+                assert all(pools_up.values()), pools_up
                 body = {"model": sim.config.model_name, "prompt": "hello", "max_tokens": 8, "stream": True}
                 async with session.post(
                     url + "/v1/completions", json=body, headers={"x-task-type": "code"}
