@@ -53,13 +53,7 @@ def _bare_main(queue: mp.Queue, upstream: str) -> None:
                 await out.write_eof()
                 return out
 
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", handle)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        queue.put((f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", os.getpid()))
+        queue.put((await bench_tap.serve_chat(handle), os.getpid()))
         await asyncio.Event().wait()
 
     asyncio.run(main())

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 import zlib
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -110,17 +110,25 @@ def _paced_main(
         return resp
 
     async def main() -> None:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", handle)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
+        url = await serve_chat(handle)
         ticking = asyncio.create_task(ticker())  # noqa: F841 (runs for the process's life)
-        queue.put((f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", "paced"))
+        queue.put((url, "paced"))
         await asyncio.Event().wait()
 
     _run(main())
+
+
+async def serve_chat(handle: Callable[[Any], Awaitable[Any]]) -> str:
+    """Serve ``handle`` as POST /v1/chat/completions on 127.0.0.1 (ephemeral port); its base URL."""
+    from aiohttp import web
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
