@@ -6,7 +6,9 @@ replays ``specguard demo`` prints), with the shipped default guard policy:
 - throughput and mean TPOT of specguard as ratios to the per-phase oracle and to the best static
   single-pool config (hindsight), and the worst phase's throughput ratio to never-speculate;
 - detection delay: simulated seconds from the temperature shift to the first plan change for the
-  shifted class (``shift`` scenario);
+  shifted class (``shift`` scenario); 0 when the calibration profile's warm start had already
+  planned the class's new temperature bucket before the shift, so the delay on live evidence
+  alone is measured too, in a second run with ``guard.prior: none``;
 - plan changes in stationary phases (the ``stationary`` scenario's steady part and any phase
   whose traffic equals the previous one's).
 
@@ -14,7 +16,10 @@ Goals (issue 8): >= 97% of the oracle's throughput, never below never-speculate 
 no actions in stationary phases.
 
     python3 bench/bench_controller.py [--seeds 0,1,2] [--scenarios default,load-wave,shift,stationary]
-        [--gpu-scale 2] [--timer-scale 0.3333] [--json]
+        [--gpu-scale 2] [--timer-scale 0.3333] [--set KEY=VALUE ...] [--json]
+
+``--set`` changes one top-level key of the shipped guard policy for an ablation, e.g.
+``--set prior=none --set holdout=fixed --set best_pool=false`` (the pre-issue-8 rule).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import argparse
 import json
 import statistics
 import time
+from dataclasses import replace
 
 from specguard.monitor import config as monitor_config
 from specguard.monitor import demo, replay, scenario
@@ -33,7 +39,30 @@ from specguard.rules import policy as policy_mod
 SHIFT_AT = 300.0  # shift_scenario(): the shift happens at the start of its second phase
 
 
-def one(name: str, seed: int, gpu_scale: float, timer_scale: float) -> dict:
+def detection_delay(decisions: list[dict], default_pool: str) -> float | None:
+    """Seconds from the shift to the first plan change for the shifted class (0: planned before it)."""
+    shifted = [d for d in decisions if d["task_type"] == "code" and d["temperature_bucket"] == "medium"]
+    if any(d["time"] < SHIFT_AT and d["to"] != default_pool for d in shifted):
+        return 0.0
+    moved = [d["time"] for d in decisions if d["time"] >= SHIFT_AT and d["task_type"] == "code"]
+    return (min(moved) - SHIFT_AT) if moved else None
+
+
+def policy_with(changes: list[str]) -> policy_mod.Policy:
+    """The shipped default policy with ``KEY=VALUE`` changes (typed like the field's default)."""
+    policy = policy_mod.load_default()
+    fields = {}
+    for change in changes:
+        key, _, text = change.partition("=")
+        current = getattr(policy, key)  # AttributeError names an unknown key
+        if isinstance(current, bool):
+            fields[key] = text.lower() in ("1", "true", "yes", "on")
+        else:
+            fields[key] = type(current)(text)
+    return replace(policy, **fields)
+
+
+def one(name: str, seed: int, gpu_scale: float, timer_scale: float, changes: list[str] = ()) -> dict:
     cfg = monitor_config.load_default()
     scen = scenario.BUILTIN[name]()
     if gpu_scale != 1:
@@ -41,7 +70,7 @@ def one(name: str, seed: int, gpu_scale: float, timer_scale: float) -> dict:
     setup = demo.DemoSetup(
         sim=demo.smaller_gpu(sim_config.load(), gpu_scale),
         exporter=demo.smaller_buckets(cfg.exporter, gpu_scale),
-        policy=policy_mod.load_default(),
+        policy=policy_with(list(changes)),
         scenario=scen,
         seed=seed,
         timer_scale=timer_scale,
@@ -85,8 +114,10 @@ def one(name: str, seed: int, gpu_scale: float, timer_scale: float) -> dict:
         "wall_seconds": time.perf_counter() - t0,
     }
     if name == "shift":
-        moved = [d["time"] for d in result.decisions if d["time"] >= SHIFT_AT and d["task_type"] == "code"]
-        out["detection_delay_seconds"] = (min(moved) - SHIFT_AT) if moved else None
+        out["detection_delay_seconds"] = detection_delay(result.decisions, default_pool)
+        live = demo.DemoSetup(**{**vars(setup), "policy": replace(setup.policy, prior="none")})
+        live_result, _ = demo.run_specguard(live, profile)
+        out["detection_delay_live_only_seconds"] = detection_delay(live_result.decisions, default_pool)
     if name == "stationary":
         steady_start = scen.boundaries()[1][0]
         out["actions_after_settling"] = sum(1 for d in result.decisions if d["time"] >= steady_start)
@@ -99,18 +130,21 @@ def main() -> None:
     parser.add_argument("--scenarios", default="default,load-wave,shift,stationary")
     parser.add_argument("--gpu-scale", type=float, default=2.0)
     parser.add_argument("--timer-scale", type=float, default=1 / 3)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="guard policy change")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     rows = []
     for name in args.scenarios.split(","):
         for seed in (int(s) for s in args.seeds.split(",")):
-            row = one(name, seed, args.gpu_scale, args.timer_scale)
+            row = one(name, seed, args.gpu_scale, args.timer_scale, args.set)
             rows.append(row)
             if not args.json:
                 extra = ""
                 if "detection_delay_seconds" in row:
                     d = row["detection_delay_seconds"]
+                    live = row["detection_delay_live_only_seconds"]
                     extra += f" detect={'never' if d is None else f'{d:.0f}s'}"
+                    extra += f" (live only {'never' if live is None else f'{live:.0f}s'})"
                 if "actions_after_settling" in row:
                     extra += f" after-settle={row['actions_after_settling']}"
                 print(

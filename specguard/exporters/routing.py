@@ -50,6 +50,7 @@ class Router:
         self.probe_share = probe_share
         self._rng = rng or random.Random()
         self._plan: dict[PlanKey, str] = {}
+        self._holdout_by_load: dict[str, float] = {}
         spec = [p.name for p in pools if p.speculative]
         # probe target: the default pool when it speculates, else the first speculative pool
         self.probe_pool = (
@@ -65,6 +66,16 @@ class Router:
 
     def plan(self) -> dict[PlanKey, str]:
         return dict(self._plan)
+
+    def set_holdout_shares(self, shares: Mapping[str, float]) -> None:
+        """Per load bucket holdout shares replacing ``holdout_share`` (e.g. where the baseline is covered)."""
+        bad = sorted(name for name, share in shares.items() if not 0.0 <= share <= 1.0)
+        if bad:
+            raise InputError(f"holdout shares must be between 0 and 1: {', '.join(bad)}")
+        self._holdout_by_load = dict(shares)
+
+    def holdout_shares(self) -> dict[str, float]:
+        return dict(self._holdout_by_load)
 
     def planned(self, task_type: str, temperature_bucket: str, load_bucket_of: Callable[[str], str]) -> str:
         """Plan lookup; the load bucket is that of the pool the request would go to.
@@ -88,7 +99,10 @@ class Router:
         """Pool for one request. ``load_bucket_of(pool)`` gives the pool's live load bucket."""
         target = self.planned(task_type, temperature_bucket, load_bucket_of)
         draw = self._rng.random()
-        if self.nospec_pool is not None and target != self.nospec_pool and draw < self.holdout_share:
+        holdout = self.holdout_share
+        if self._holdout_by_load and target != self.nospec_pool:
+            holdout = self._holdout_by_load.get(load_bucket_of(target), holdout)
+        if self.nospec_pool is not None and target != self.nospec_pool and draw < holdout:
             return RouteChoice(self.nospec_pool, "holdout")
         if (
             self.probe_pool is not None

@@ -107,6 +107,8 @@ def build(
                 window_seconds=policy.window_seconds,
                 on_costs=cost_collector.update if cost_collector is not None else None,
                 policy=policy,
+                on_holdout=monitor.router.set_holdout_shares if acts.router else None,
+                max_holdout_share=ex.tap.holdout_share,
             )
         )
     if policy.prometheus_url and any(r.query for r in policy.rules):

@@ -24,7 +24,9 @@ from specguard.monitor.sim.config import SimConfig
 from specguard.rules import cost as cost_mod
 from specguard.rules import evidence as evidence_mod
 from specguard.rules import guard as guard_mod
+from specguard.rules import holdout as holdout_mod
 from specguard.rules import policy as policy_mod
+from specguard.rules import prior as prior_mod
 from specguard.rules.cost_config import CostSettings
 
 ClassPlan = dict[tuple[str, str], str]  # (task_type, temperature_bucket) -> pool
@@ -196,6 +198,7 @@ class SpecguardPolicy:
         self.policy = policy.with_pools(self.pools, default_pool, nospec)
         self.settings = settings
         self.profile = profile
+        self.prior = prior_mod.for_policy(profile, self.policy, settings)
         self.load_order = evidence_mod.load_order(exporter.classes.load_buckets)
         self.clock = VirtualClock()
         self.router = routing.Router(
@@ -233,13 +236,26 @@ class SpecguardPolicy:
     def on_phase(self, index: int, now: float) -> None:
         pass
 
+    def collect(
+        self, now: float
+    ) -> tuple[list[cost_mod.ClassCost], dict[evidence_mod.ClassKey, evidence_mod.Evidence]]:
+        """What the daemon's LocalSource does: the window through the cost model, the profile prior,
+        and the router's holdout shares (``guard.holdout: on_demand``)."""
+        records = self.stats.records(since=now - self.policy.window_seconds)
+        costs = cost_mod.evaluate(records, self.pools, self.profile, now, self.settings)
+        self.router.set_holdout_shares(
+            holdout_mod.for_policy(
+                records, self.pools, self.policy, self.settings, self.router.holdout_share, now
+            )
+        )
+        evidence = evidence_mod.evidence_from_costs(costs, policy=self.policy, load_order=self.load_order)
+        return costs, evidence_mod.with_prior(evidence, self.prior)
+
     def tick(self, now: float) -> list[dict]:
         """One evaluation of every class, as the daemon runs it; returns plan-changing decisions."""
         self.clock.now = now
         self.evaluations += 1
-        records = self.stats.records(since=now - self.policy.window_seconds)
-        costs = cost_mod.evaluate(records, self.pools, self.profile, now, self.settings)
-        evidence = evidence_mod.evidence_from_costs(costs, policy=self.policy, load_order=self.load_order)
+        costs, evidence = self.collect(now)
         changed = []
         for key in sorted(set(evidence) | set(self.states)):
             state = self.states.get(key) or guard_mod.initial_state(key, self.policy)
@@ -289,6 +305,7 @@ def scaled_policy(policy: policy_mod.Policy, factor: float) -> policy_mod.Policy
         policy,
         window_seconds=policy.window_seconds * factor,
         cooldown_seconds=policy.cooldown_seconds * factor,
+        memory_seconds=policy.memory_seconds * factor,
         rules=tuple(replace(rule, limits=limits(rule.limits)) for rule in policy.rules),
         alerts=replace(policy.alerts, limits=limits(policy.alerts.limits)),
     )

@@ -14,8 +14,16 @@ from typing import Any, Protocol
 
 from specguard.errors import SourceError
 from specguard.monitor.promql import PromQL
+from specguard.rules import holdout, prior
 from specguard.rules import policy as policy_mod
-from specguard.rules.evidence import ClassKey, Evidence, PoolEvidence, evidence_from_costs, load_order
+from specguard.rules.evidence import (
+    ClassKey,
+    Evidence,
+    PoolEvidence,
+    evidence_from_costs,
+    load_order,
+    with_prior,
+)
 
 
 class EvidenceSource(Protocol):
@@ -23,7 +31,12 @@ class EvidenceSource(Protocol):
 
 
 class LocalSource:
-    """Per-class numbers from this process: the tap's window of records through the cost model."""
+    """Per-class numbers from this process: the tap's window of records through the cost model.
+
+    With ``guard.prior: profile`` the calibration profile's rc per class and pool joins the
+    evidence (``rules.prior``); with ``guard.holdout: on_demand`` each collection also hands the
+    router its per-load-bucket holdout shares (``rules.holdout``) through ``on_holdout``.
+    """
 
     def __init__(
         self,
@@ -35,8 +48,12 @@ class LocalSource:
         window_seconds: float = 300,
         on_costs: Callable[[Sequence[Any]], None] | None = None,
         policy: policy_mod.Policy | None = None,
+        on_holdout: Callable[[dict[str, float]], None] | None = None,
+        max_holdout_share: float = 0.0,
     ):
         self._stats, self._pools, self._settings = stats, pools, settings
+        self._on_holdout, self._max_holdout = on_holdout, max_holdout_share
+        self._prior: tuple[object, dict] = (None, {})  # (policy it was made for, prior)
         self.policy = policy  # kept current by Guard.set_policy (rc_rises_with_load lives there)
         self._profile = profile
         self._window = window_seconds
@@ -51,8 +68,21 @@ class LocalSource:
         )
         if self._on_costs is not None:
             self._on_costs(costs)
+        if self._on_holdout is not None and self.policy is not None:  # {} after a reload to `fixed`
+            self._on_holdout(
+                holdout.for_policy(
+                    records, cost.pool_ks(self._pools), self.policy, self._settings, self._max_holdout, now
+                )
+            )
         order = load_order(getattr(self._settings, "load_buckets", ()))
-        return evidence_from_costs(costs, policy=self.policy, load_order=order)
+        found = evidence_from_costs(costs, policy=self.policy, load_order=order)
+        return with_prior(found, self._prior_for(self.policy))
+
+    def _prior_for(self, policy: policy_mod.Policy | None) -> dict:
+        """The profile prior, made again only when the policy changes (a reload may switch it off)."""
+        if self._prior[0] is not policy:
+            self._prior = (policy, prior.for_policy(self._profile, policy, self._settings))
+        return self._prior[1]
 
 
 class PromQLSource:

@@ -47,6 +47,8 @@ class PoolEvidence:
     """Load bucket whose measurement these numbers are a bound from (None: this bucket's own)."""
     note: str = ""
     """Why the numbers are what they are, for decisions and the audit log (e.g. an inheritance)."""
+    method: str = ""
+    """For a prediction: how the accept length was obtained (``histogram``, ``extrapolated``, ``iid``)."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,9 @@ class Evidence:
     alerts: tuple[AlertEvidence, ...] = ()
     error: str | None = None
     """The whole data source failed this time (every rule of the class is an error)."""
+    prior: Mapping[str, float] = field(default_factory=dict)
+    """Pool -> rc from the calibration profile (``guard.prior: profile``): evidence of last resort,
+    read only by the best-pool choice (``rules.bestpool``), never by a rule."""
 
 
 def evidence_from_costs(
@@ -106,8 +111,24 @@ def _group(costs: Iterable[ClassCost]) -> dict[ClassKey, Evidence]:
                     samples=cost.n_spec,
                     predicted=True,
                     baseline_source=cost.baseline_source,
+                    method=prediction.acceptance_method or "",
                 )
     return {key: Evidence(pools=value) for key, value in pools.items()}
+
+
+def with_prior(
+    evidence: Mapping[ClassKey, Evidence], prior: Mapping[ClassKey, Mapping[str, float]]
+) -> dict[ClassKey, Evidence]:
+    """Attach the calibration profile's rc per pool (``rules.prior``) to every class it covers.
+
+    A class the profile knows but the window has not seen yet gets an Evidence of its own, so
+    the guard can plan it before its first request (the warm start).
+    """
+    out = dict(evidence)
+    for key, rcs in prior.items():
+        if rcs:
+            out[key] = replace(out.get(key) or Evidence(), prior=dict(rcs))
+    return out
 
 
 def measured_evidence(cost: ClassCost) -> PoolEvidence:

@@ -10,24 +10,28 @@ one phase of ``ok / act / hold / error``, combined with one precedence (error > 
 * breached failure limits move the class down: to a shorter-K pool whose predicted rc is good
   (pending confirmation by measurement; reverted to no-spec if the measurement disagrees), else
   to the no-spec pool; restoring needs a success streak, hysteresis and a stabilisation window;
+* a speculating class moves to the pool with the lowest relative cost per token when that pool is
+  cheaper by a margin for several evaluations in a row (``rules.bestpool``: measured, remembered,
+  predicted or profile estimates); a class with no live evidence yet starts on the profile's choice;
 * every action respects the cooldown, the cap per hour, dry-run and operator pins/pauses.
 
 No clock, no I/O, no logging: the daemon does all of that. The state and decision types live in
-``classstate``, the wall-clock rules (intervals, cooldown, cap, stabilisation, clock steps) in ``timing``.
+``classstate``, the wall-clock rules (intervals, cooldown, cap, stabilisation, clock steps) in ``timing``,
+the pools a rule moves a class to in ``targets``, the cheapest-pool choice in ``bestpool``.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from specguard.rules import bestpool, timing
 from specguard.rules import policy as policy_mod
-from specguard.rules import timing
 from specguard.rules.assess import PRECEDENCE, Assessment, Phase, assess, worst
 from specguard.rules.classstate import ClassState, Decision, Pending, RuleState
 from specguard.rules.evidence import ClassKey, Evidence
+from specguard.rules.targets import k_of, lower_target, recover_candidate
 
 __all__ = [  # re-exported: one vocabulary
     "PRECEDENCE",
@@ -41,16 +45,12 @@ __all__ = [  # re-exported: one vocabulary
     "worst",
 ]
 
-ACTIONS = ("none", "off", "shorten", "revert", "restore", "confirm", "freeze", "unfreeze")
+ACTIONS = ("none", "off", "shorten", "lengthen", "revert", "restore", "confirm", "freeze", "unfreeze")
 OPERATOR_ACTIONS = ("pin", "unpin", "pause", "resume")
 
 
 def initial_state(key: ClassKey, policy: policy_mod.Policy) -> ClassState:
     return ClassState(key=key, pool=policy.default_pool or "")
-
-
-def k_of(policy: policy_mod.Policy, pool: str) -> int:
-    return policy.pools.get(pool, 0)
 
 
 # ---------------------------------------------------------------- counters
@@ -91,61 +91,9 @@ def failure_breach(rs: RuleState, limits: policy_mod.Limits) -> str | None:
 
 def _reset_counters(state: ClassState) -> ClassState:
     rules = {name: RuleState(last_evaluated_at=rs.last_evaluated_at) for name, rs in state.rules.items()}
-    return replace(state, rules=rules, confirm_successes=0, candidate=None)
-
-
-# ---------------------------------------------------------------- choosing pools
-
-
-def _estimate(evidence: Evidence, pool: str) -> tuple[float, bool, int] | None:
-    found = evidence.pools.get(pool)
-    if found is None or found.values.get("rc") is None or math.isnan(found.values["rc"]):
-        return None
-    return found.values["rc"], found.predicted, found.samples
-
-
-def _lower_target(
-    state: ClassState, evidence: Evidence, policy: policy_mod.Policy
-) -> tuple[str, str, dict[str, Any]] | None:
-    """(action, pool, numbers) when a watched pool must be left; None if there is nowhere to go."""
-    nospec = policy.nospec_pool
-    if state.pending is not None:
-        return ("revert", nospec, {"predicted_rc": state.pending.predicted_rc}) if nospec else None
-    current_k = k_of(policy, state.pool)
-    best: tuple[float, str, bool] | None = None
-    if policy.shorten:
-        min_samples = min((r.limits.min_samples for r in policy.rules), default=0)
-        for pool, k in policy.pools.items():
-            if not 0 < k < current_k:
-                continue
-            estimate = _estimate(evidence, pool)
-            if estimate is None or estimate[2] < min_samples or not estimate[0] < policy.shorten_max_rc:
-                continue
-            if best is None or estimate[0] < best[0]:
-                best = (estimate[0], pool, estimate[1])
-    if best is not None:
-        return "shorten", best[1], {"target_rc": round(best[0], 6), "target_predicted": best[2]}
-    if nospec and nospec != state.pool:
-        return "off", nospec, {}
-    return None
-
-
-def _recover_candidate(state: ClassState, evidence: Evidence, policy: policy_mod.Policy) -> str | None:
-    """The pool to restore towards: the lowest-rc spec pool above the current K, up to the default's K."""
-    default = policy.default_pool
-    if not default or state.pool == default or state.pending is not None:
-        return None
-    current_k, default_k = k_of(policy, state.pool), k_of(policy, default)
-    best: tuple[float, str] | None = None
-    for pool, k in policy.pools.items():
-        if not current_k < k <= default_k:
-            continue
-        estimate = _estimate(evidence, pool)
-        if estimate is None or (estimate[1] and not policy.restore_on_prediction):
-            continue
-        if best is None or estimate[0] < best[0]:
-            best = (estimate[0], pool)
-    return best[1] if best is not None else default
+    return replace(
+        state, rules=rules, confirm_successes=0, candidate=None, favoured=None, consecutive_favoured=0
+    )
 
 
 # ---------------------------------------------------------------- the step
@@ -186,7 +134,12 @@ def step(
 
     watching = k_of(policy, state.pool) > 0
     watch = [a for r in due if watching and (a := assess(r, state.pool, evidence, policy, restoring=False))]
-    candidate = _recover_candidate(state, evidence, policy)
+    came_from = state.pending.from_pool if state.pending is not None else None
+    choice = bestpool.choose(state.pool, evidence, state.memory, now, policy, came_from)
+    candidate = recover_candidate(state, evidence, policy)
+    if policy.best_pool and candidate and k_of(policy, state.pool) > 0:
+        # between speculative pools: restore only towards the pool the best-pool choice favours
+        candidate = candidate if choice is not None and choice.best.pool == candidate else None
     recover = [a for r in due if candidate and (a := assess(r, candidate, evidence, policy, restoring=True))]
     assessments = watch + recover
     acting = [a for a in assessments if not a.rule.dry_run]
@@ -255,7 +208,18 @@ def step(
         confirm = (
             confirm + 1 if watch_phase is Phase.OK and watch else 0 if watch_phase is Phase.ACT else confirm
         )
-    new = replace(state, rules=rules, consecutive_errors=0, candidate=candidate, confirm_successes=confirm)
+    favoured = choice.best.pool if choice is not None else None
+    streak = state.consecutive_favoured + 1 if favoured is not None and favoured == state.favoured else 1
+    new = replace(
+        state,
+        rules=rules,
+        consecutive_errors=0,
+        candidate=candidate,
+        confirm_successes=confirm,
+        memory=bestpool.remember(state.memory, evidence, now, policy),
+        favoured=favoured,
+        consecutive_favoured=streak if favoured is not None else 0,
+    )
 
     # act: leave a pool that hurts
     breaches = [
@@ -266,7 +230,7 @@ def step(
     if breaches:
         a, why = breaches[0]
         cause = f"{a.rule.name} on {state.pool}: {a.reason}; {why}"
-        target = _lower_target(new, evidence, policy)
+        target = lower_target(new, evidence, policy)
         if target is None:
             return decide(new, Phase.HOLD, f"{cause}; no lower pool to move to")
         action, pool, extra = target
@@ -281,6 +245,30 @@ def step(
         extra["cause"] = a.rule.name
         return _act(new, action, pool, cause, now, policy, decide, pending, extra)
 
+    # best pool: a cheaper pool by the margin, for more than the limit of evaluations in a row
+    if choice is not None and (choice.warm_start or streak > policy.best_pool_consecutive_limit):
+        limit = policy.best_pool_consecutive_limit
+        why = choice.reason + (
+            "; no live evidence yet: the calibration profile's choice"
+            if choice.warm_start
+            else f"; consecutive evaluations ({streak}) > best_pool_consecutive_limit ({limit})"
+        )
+        gate = timing.rate_gate(new, now, policy)
+        if gate is not None:
+            return decide(new, Phase.HOLD, f"{why}; waiting: {gate}")
+        target_k = k_of(policy, choice.best.pool)
+        action = "off" if target_k == 0 else "shorten" if target_k < k_of(policy, state.pool) else "lengthen"
+        pending = None
+        if target_k > 0 and choice.best.basis not in bestpool.LIVE:
+            pending = Pending(state.pool, choice.best.pool, choice.best.rc, now)
+        extra = {
+            "cause": "profile" if choice.warm_start else "best_pool",
+            "current_rc": round(choice.current.rc, 6),
+            "target_rc": round(choice.best.rc, 6),
+            "target_basis": choice.best.basis,
+        }
+        return _act(new, action, choice.best.pool, why, now, policy, decide, pending, extra)
+
     # restore: back towards the default pool on a streak of good evidence, after the window
     recover_acting = [a for a in recover if not a.rule.dry_run]
     if recover_acting and worst(a.phase for a in recover_acting) is Phase.OK:
@@ -293,7 +281,7 @@ def step(
             return _act(new, "restore", candidate, reasons, now, policy, decide, None, {"cause": "recovered"})
         return decide(new, Phase.HOLD, f"recovering towards {candidate}: {waiting}")
 
-    if state.pending is not None and watch_phase is Phase.OK:
+    if state.pending is not None and watch_phase is Phase.OK and choice is None:
         needed = max(a.rule.limits.consecutive_success_limit for a in watch if not a.rule.dry_run)
         if confirm >= needed:
             reason = f"measured on {state.pool}: " + "; ".join(a.reason for a in watch if not a.rule.dry_run)
@@ -366,6 +354,9 @@ def _counters(state: ClassState) -> dict[str, Any]:
             out[f"{name}.failures"] = len(rs.failure_times)
         if rs.consecutive_successes:
             out[f"{name}.consecutive_successes"] = rs.consecutive_successes
+    if state.favoured is not None:
+        out["best_pool.favoured"] = state.favoured
+        out["best_pool.consecutive_favoured"] = state.consecutive_favoured
     return out
 
 

@@ -46,6 +46,8 @@ MEASURES = (
 )
 DIRECTIONS = ("above", "below")  # which side of the threshold is bad
 SAFE_STATES = ("last", "nospec", "default")
+PRIORS = ("none", "profile")
+HOLDOUT_MODES = ("fixed", "on_demand")
 TEMPLATE_VARIABLES = ("task_type", "temperature_bucket", "load_bucket", "pool", "window")
 _TEMPLATE = re.compile(r"{{\s*([A-Za-z_][A-Za-z0-9_]*)\s*}}")
 
@@ -144,6 +146,27 @@ class Policy:
     rc_rises_with_load: bool = True
     """A class+pool with too few samples at a load bucket inherits a loss (rc_lower > 1) measured at
     the nearest lower bucket, as a bound (CONCEPTS.md section 3); never a gain, never for restoring."""
+    best_pool: bool = True
+    """Move a speculating class to the pool with the lowest relative cost per token (another K, or no
+    speculation) when that pool is cheaper by ``best_pool_margin`` for more than
+    ``best_pool_consecutive_limit`` evaluations in a row (``rules.bestpool``)."""
+    best_pool_margin: float = 0.03
+    """Relative margin: a pool is cheaper when its rc < the current pool's rc x (1 - margin)."""
+    best_pool_consecutive_limit: int = 2
+    """Evaluations in a row favouring the same cheaper pool tolerated before moving (act on the next)."""
+    memory_seconds: float = 3600.0
+    """A pool a class left keeps its last measured rc as evidence this long (so predictions cannot
+    send the class back to a pool whose measurement was worse: no flapping)."""
+    prior: str = "profile"
+    """``profile``: the calibration profile's rc per class, load bucket and pool is evidence where
+    there is no live evidence (a warm start from ``specguard sweep``); ``none``: live evidence only.
+    Read by the best-pool choice only: no effect with ``best_pool: false``."""
+    holdout: str = "on_demand"
+    """``fixed``: every class always sends ``tap.holdout_share`` to the no-spec pool; ``on_demand``: a
+    load bucket whose no-spec pool already has enough planned (non-holdout) traffic for the live
+    baseline gets ``holdout_min_share`` instead (needs ``cost.baseline_scope: load``)."""
+    holdout_min_share: float = 0.0
+    """Holdout share of a load bucket whose baseline is already covered by planned no-spec traffic."""
     alerts: AlertsPolicy = field(default_factory=AlertsPolicy)
     default_pool: str | None = None
     """Pool a class starts on and is restored to (None: the tap's ``default_pool``)."""
@@ -313,6 +336,13 @@ def parse(section: configfile.Section) -> Policy:
         shorten_max_rc=section.get("shorten_max_rc", float, 0.95, minimum=0),
         restore_on_prediction=section.get("restore_on_prediction", bool, False),
         rc_rises_with_load=section.get("rc_rises_with_load", bool, True),
+        best_pool=section.get("best_pool", bool, True),
+        best_pool_margin=section.get("best_pool_margin", float, 0.03, minimum=0, maximum=0.5),
+        best_pool_consecutive_limit=section.get("best_pool_consecutive_limit", int, 2, minimum=0),
+        memory_seconds=section.get("memory_seconds", float, 3600.0, minimum=0, maximum=7 * 86400),
+        prior=section.get("prior", str, "profile", choices=PRIORS),
+        holdout=section.get("holdout", str, "on_demand", choices=HOLDOUT_MODES),
+        holdout_min_share=section.get("holdout_min_share", float, 0.0, minimum=0, maximum=1),
         alerts=alerts,
         default_pool=section.get("default_pool", str, None, nullable=True),
         nospec_pool=section.get("nospec_pool", str, None, nullable=True),

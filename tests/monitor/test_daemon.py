@@ -215,3 +215,47 @@ async def test_dry_run_is_audited_and_exported_but_never_routed(tmp_path):
     records, _ = audit_mod.read(tmp_path / "audit.jsonl")
     assert [(r["action"], r["to"], r["dry_run"]) for r in records] == [("off", "nospec", True)]
     assert records[0]["reason"].startswith("dry-run: ")
+
+
+class WindowStub:
+    """The tap's window as LocalSource reads it: ``records(since=...)``."""
+
+    def __init__(self, records):
+        self._records = records
+
+    def records(self, since=None):
+        return [r for r in self._records if since is None or r.started_at >= since]
+
+
+async def test_local_source_warm_starts_from_the_profile_and_sets_holdout_shares(tmp_path):
+    from specguard.rules.cost_config import CostSettings
+    from tests.rules.test_holdout import record
+    from tests.rules.test_prior import profile
+
+    clock = Clock(1000.0)
+    rows = [replace(record("nospec", "plan"), started_at=990.0, task_type="creative") for _ in range(60)]
+    rows += [replace(record("spec-k4", "plan"), started_at=990.0, task_type="code") for _ in range(200)]
+    shares = []
+    settings = CostSettings().with_traffic([("low", 8), ("medium", 24), ("high", None)])
+    policy = replace(POLICY, prior="profile", holdout="on_demand")
+    source = daemon.LocalSource(
+        WindowStub(rows),
+        POOLS,
+        settings,
+        profile=profile(),
+        window_seconds=300,
+        policy=policy,
+        on_holdout=shares.append,
+        max_holdout_share=0.05,
+    )
+    guard, router = make_guard(tmp_path, source, clock, policy=policy)
+    decisions = await guard.evaluate()
+    assert shares == [{"low": 0.0}]  # 60 planned no-spec requests cover the baseline (1.5 x 30)
+    # chat was never seen: the profile's K=2 is ~5-10% cheaper than K=4 in every bucket
+    warm = {d.key: (d.action, d.cause, d.to_pool) for d in decisions if d.action != "none"}
+    assert warm[("chat", "medium", "low")] == ("shorten", "profile", "spec-k2")
+    assert router.plan()[("chat", "medium", "high")] == "spec-k2"
+    # a reload to `prior: none` and `holdout: fixed` is honoured on the next collection
+    source.policy = replace(policy, prior="none", holdout="fixed")
+    assert all(not ev.prior for ev in (await source.collect(clock.now, [])).values())
+    assert shares[-1] == {}  # the router is back on the tap's share everywhere

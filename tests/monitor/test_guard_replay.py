@@ -5,17 +5,21 @@ cost model and the guard with the shipped default policy (``monitor.replay``; no
 - nothing else moves, and recorded steady-state evidence driven through the state machine for
   30 simulated minutes produces no action at all;
 - a class that recovers is restored, and not before the stabilisation window;
-- a class that loses on the K=4 pool at high load is moved to the K=2 pool on the what-if.
+- a class that loses on the K=4 pool at high load is moved to the K=2 pool on the what-if;
+- with the demo's calibration profile as prior, classes start on the profile's cheapest pool at the
+  first evaluation (warm start); without it, the same moves wait for live evidence, and the
+  best-pool rule still moves chat to the K=2 pool where RC < 1 on K=4 but K=2 is cheaper.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from specguard.monitor import config, replay, replay_policies
+from specguard.monitor import config, demo, replay, replay_policies
 from specguard.monitor import scenario as sc
 from specguard.monitor.sim import config as sim_config
-from specguard.rules import cost as cost_mod
 from specguard.rules import evidence as evidence_mod
 from specguard.rules import guard
 from specguard.rules import policy as policy_mod
@@ -38,9 +42,7 @@ class RecordingPolicy(replay_policies.SpecguardPolicy):
     def tick(self, now):
         self.clock.now = now
         self.evaluations += 1
-        records = self.stats.records(since=now - self.policy.window_seconds)
-        costs = cost_mod.evaluate(records, self.pools, self.profile, now, self.settings)
-        evidence = evidence_mod.evidence_from_costs(costs)
+        _, evidence = self.collect(now)  # the product's evidence: cost model, profile prior, holdout shares
         self.evidence.append((now, evidence))
         changed = []
         for key in sorted(set(evidence) | set(self.states)):
@@ -72,14 +74,16 @@ def sim_profile(sim):
     return profile_mod.Profile(tuple(pools), source="sim-model")
 
 
-def run(scenario, *, profile=False, fleet=3):
+def run(scenario, *, profile=False, fleet=3, policy=POLICY):
     cfg = config.load_default()
     ex = cfg.exporter
     sim = sim_config.load()
     settings = (cfg.sections.get("cost") or CostSettings()).with_traffic(
         ex.classes.load_buckets, ex.tap.full_rollback_request_threshold
     )
-    policy = RecordingPolicy(ex, POLICY, settings, seed=0, profile=sim_profile(sim) if profile else None)
+    if profile is True:
+        profile = sim_profile(sim)
+    policy = RecordingPolicy(ex, policy, settings, seed=0, profile=profile or None)
     buckets = replay.Buckets.from_classes(ex.classes)
     try:
         result = replay.Replay(sim, scenario, policy, buckets, seed=0, fleet=fleet).run()
@@ -151,15 +155,18 @@ def test_recovering_class_is_restored_after_the_stabilisation_window():
     )  # one task type: little holdout traffic, the profile is the baseline
     key = ("code", "medium", "low")
     acted = [d for d in policy.all_decisions if d.action != "none" and d.key == key]
-    assert [d.action for d in acted] == ["off", "restore"]
-    off, restore = acted
+    assert [d.action for d in acted][:2] == ["off", "restore"]
+    off, restore = acted[:2]
+    # then the best-pool rule: at 0.55 the K=2 pool is truly ~10% cheaper than K=4 (0.75 vs 0.84)
+    later = [(d.action, d.cause, d.to_pool) for d in acted[2:] if d.changes_plan]
+    assert later == [("shorten", "best_pool", "spec-k2")]
     assert off.at <= WINDOW
     first_good = min(
         d.at for d in policy.all_decisions if d.key == key and d.at > 240 and "recovering towards" in d.reason
     )
     assert restore.at >= first_good + STABILIZATION
     assert "rc (0." in restore.reason and "< restore_threshold (0.95)" in restore.reason
-    assert policy.states[key].pool == "spec-k4"
+    assert policy.states[key].pool == "spec-k2"
 
 
 def test_class_losing_on_k4_at_high_load_is_moved_to_the_k2_pool():
@@ -179,3 +186,76 @@ def test_class_losing_on_k4_at_high_load_is_moved_to_the_k2_pool():
         < acted[0].numbers["rules"]["relative-cost@spec-k4"]["value"]
     )
     assert policy.states[acted[0].key].pending.to_pool == "spec-k2"  # to be confirmed by measurement
+
+
+MIXED = sc.Scenario(
+    "mixed-low",
+    (
+        sc.Phase(
+            "steady",
+            300.0,
+            (
+                sc.ClassLoad("code", 2, ((0.0, 1.0),)),
+                sc.ClassLoad("chat", 2, ((0.7, 1.0),)),
+                sc.ClassLoad("creative", 2, ((1.0, 1.0),)),
+            ),
+        ),
+    ),
+    "three classes at low load",
+)
+
+
+@pytest.fixture(scope="module")
+def warm_and_cold():
+    """The same traffic with the demo's calibration profile as prior, and with ``prior: none``.
+
+    On the demo's half-size GPU (``demo.smaller_gpu``, load buckets halved), the shipped timers.
+    """
+    cfg = config.load_default()
+    setup = demo.DemoSetup(
+        sim=demo.smaller_gpu(sim_config.load(), 2),
+        exporter=demo.smaller_buckets(cfg.exporter, 2),
+        policy=POLICY,
+        scenario=MIXED,
+        seed=0,
+        timer_scale=1,
+        gpu_scale=2,
+    )
+    setup.settings = demo.cost_settings(setup.exporter)
+    profile = demo.calibrate(setup)  # a virtual `specguard sweep` with this mix, another seed
+    warm, _ = demo.run_specguard(setup, profile)
+    cold_setup = demo.DemoSetup(**{**vars(setup), "policy": replace(POLICY, prior="none")})
+    cold, _ = demo.run_specguard(cold_setup, profile)
+    return warm, cold
+
+
+def _moves(result, task_type, load_bucket="low"):
+    return [
+        (d["time"], d["action"], d["cause"], d["to"])
+        for d in result.decisions
+        if d["task_type"] == task_type and d["load_bucket"] == load_bucket
+    ]
+
+
+def test_warm_start_plans_from_the_profile_at_the_first_evaluation(warm_and_cold):
+    warm, _ = warm_and_cold
+    first = POLICY.interval_seconds
+    assert _moves(warm, "creative")[0] == (first, "off", "profile", "nospec")
+    # buckets no request has reached yet are planned too: the sweep's plan for higher load
+    assert _moves(warm, "creative", "high") == [(first, "off", "profile", "nospec")]
+    assert _moves(warm, "chat", "high") == [(first, "shorten", "profile", "spec-k2")]
+    assert _moves(warm, "code", "high") == [(first, "shorten", "profile", "spec-k2")]
+    assert _moves(warm, "code") == []  # K=4 is the cheapest pool for greedy code at low load
+    # chat had live evidence at the first evaluation: live evidence, not the profile, moves it
+    assert [m[1:] for m in _moves(warm, "chat")] == [("shorten", "best_pool", "spec-k2")]
+
+
+def test_without_the_prior_the_same_moves_wait_for_live_evidence(warm_and_cold):
+    warm, cold = warm_and_cold
+    creative = _moves(cold, "creative")
+    assert creative[0][1:] == ("off", "relative-cost", "nospec")
+    assert creative[0][0] > _moves(warm, "creative")[0][0]
+    assert _moves(cold, "creative", "high") == []  # nothing is known about a load never seen
+    chat = _moves(cold, "chat")  # rc < 1 on K=4, yet K=2 is cheaper: the best-pool rule on the what-if
+    assert chat[0][1:] == ("shorten", "best_pool", "spec-k2")
+    assert chat[0][0] > POLICY.interval_seconds * (POLICY.best_pool_consecutive_limit + 1) - 1

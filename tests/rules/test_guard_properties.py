@@ -54,12 +54,23 @@ def test_actions_respect_cooldown_cap_and_stabilisation(steps):
 @settings(max_examples=50, deadline=None)
 @given(st.lists(STEP, min_size=1, max_size=60))
 def test_only_bad_evidence_moves_a_class_off_its_default_pool(steps):
+    """Off the default pool only on a loss there, or on a pool cheaper by the margin, repeatedly."""
     state = guard.initial_state(KEY, POLICY)
     now = 0.0
+    seen = []
     for k4, k2, samples, error in steps:
         now += 10.0
         before = state.pool
+        seen.append((k2, error))
         state, decision = guard.step(state, evidence(k4, k2, samples, error), now, POLICY)
         if before == "spec-k4" and state.pool != "spec-k4":
             assert decision.action in ("off", "shorten")
-            assert k4 is not None and k4 > 1.0 and samples >= 10 and not error
+            if decision.cause == "best_pool":
+                numbers = decision.numbers
+                assert numbers["target_rc"] < numbers["current_rc"] * (1 - POLICY.best_pool_margin)
+                # errors neither count nor reset (Argo); the favouring evaluations are the others
+                assert sum(1 for _, err in seen if not err) > POLICY.best_pool_consecutive_limit
+                if decision.to_pool == "spec-k2":
+                    assert k2 is not None and k2 == numbers["target_rc"]
+            else:
+                assert k4 is not None and k4 > 1.0 and samples >= 10 and not error

@@ -81,9 +81,11 @@ def test_every_error_at_once_with_file_line_col():
         "restore_measure, restore_threshold, stabilization_window_seconds, threshold"
     )
     known_guard = (
-        "alerts, consecutive_error_limit, consecutive_failure_limit, consecutive_success_limit, "
+        "alerts, best_pool, best_pool_consecutive_limit, best_pool_margin, consecutive_error_limit, "
+        "consecutive_failure_limit, consecutive_success_limit, "
         "cooldown_seconds, default_pool, dry_run, enabled, failure_limit, failure_window_seconds, "
-        "interval_seconds, local, max_actions_per_hour, min_samples, nospec_pool, prometheus, "
+        "holdout, holdout_min_share, interval_seconds, local, max_actions_per_hour, memory_seconds, "
+        "min_samples, nospec_pool, prior, prometheus, "
         "rc_rises_with_load, restore_on_prediction, rules, safe_state, shorten, shorten_max_rc, "
         "stabilization_window_seconds, window_seconds"
     )
@@ -133,3 +135,44 @@ def test_rc_rises_with_load_is_on_by_default_documented_and_can_be_turned_off():
     assert off.rc_rises_with_load is False
     with pytest.raises(ConfigError, match=r"p.yaml:2:3: guard.rc_rises_with_load: must be a bool"):
         policy.parse_text("guard:\n  rc_rises_with_load: sometimes\n", "p.yaml")
+
+
+def test_best_pool_prior_and_holdout_keys_are_documented_and_parsed():
+    default = policy.load_default()
+    assert (default.best_pool, default.prior, default.holdout) == (True, "profile", "on_demand")
+    text = policy.DEFAULT_POLICY_PATH.read_text().splitlines()
+    for key in (
+        "best_pool",
+        "best_pool_margin",
+        "best_pool_consecutive_limit",
+        "memory_seconds",
+        "prior",
+        "holdout",
+    ):
+        line = next(line for line in text if line.strip().startswith(f"{key}:"))
+        assert "#" in line, f"{key} is not documented"
+    p = policy.parse_text(
+        "guard:\n  best_pool: false\n  best_pool_margin: 0.05\n  best_pool_consecutive_limit: 0\n"
+        "  memory_seconds: 600\n  prior: none\n  holdout: fixed\n  holdout_min_share: 0.01\n  rules: []\n"
+    )
+    assert (p.best_pool, p.best_pool_margin, p.best_pool_consecutive_limit, p.memory_seconds) == (
+        False,
+        0.05,
+        0,
+        600,
+    )
+    assert (p.prior, p.holdout, p.holdout_min_share) == ("none", "fixed", 0.01)
+
+
+def test_best_pool_prior_and_holdout_errors_name_file_line_col():
+    with pytest.raises(ConfigError) as info:
+        policy.parse_text(
+            "guard:\n  best_pool_margin: 0.9\n  prior: sweep\n  holdout: sometimes\n"
+            "  holdout_min_share: -1\n",
+            "p.yaml",
+        )
+    text = str(info.value)
+    assert "p.yaml:2:3: guard.best_pool_margin:" in text
+    assert "p.yaml:3:3: guard.prior:" in text and "profile" in text
+    assert "p.yaml:4:3: guard.holdout:" in text and "on_demand" in text
+    assert "p.yaml:5:3: guard.holdout_min_share:" in text

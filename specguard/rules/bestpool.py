@@ -1,0 +1,174 @@
+"""Which pool is cheapest for one class: the estimate of every pool's rc, and the pool to move to.
+
+RC < 1 only says speculation pays; the pool to be on is the one with the lowest relative cost per
+token (CONCEPTS.md section 2). For each pool the best evidence at hand is its estimate, in order:
+
+1. ``measured``: this window's measurement with at least ``min_samples`` requests;
+2. ``memory``: the class's last such measurement of a pool it has left (``guard.memory_seconds``),
+   so a prediction cannot send it back to a pool that measured worse. A memory only blocks: it
+   moves a class only back to the pool a still unconfirmed move came from (the prediction that
+   made the move was wrong), since an older measurement was taken under other conditions;
+3. ``what-if``: the cost model's prediction from the current pool's per-position acceptance
+   (exact for a shorter K; a longer K's extrapolation is used only after the profile);
+4. ``profile``: the calibration profile's rc (``rules.prior``), scaled by the ratio of the current
+   pool's live rc to its profile rc, so the profile gives relative costs and live data the level;
+5. ``extrapolated``: a what-if for a longer K than was measured (only with
+   ``guard.restore_on_prediction``; by default a longer K needs a measurement, memory or profile).
+
+The no-spec pool costs exactly 1.0 by definition. A pool is *cheaper* when its rc is below the
+current pool's times ``1 - best_pool_margin``; moving needs that for more than
+``best_pool_consecutive_limit`` evaluations in a row (the guard counts), except for a class with no
+live evidence of its own yet, which starts on the profile's choice at once (the warm start).
+Pure: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from specguard.rules import policy as policy_mod
+from specguard.rules.evidence import Evidence
+
+MEASURED, MEMORY, WHATIF, PROFILE, EXTRAPOLATED, DEFINITION = (
+    "measured",
+    "memory",
+    "what-if",
+    "profile",
+    "extrapolated",
+    "definition",
+)
+LIVE = (MEASURED, MEMORY)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One pool's rc for the class, and which evidence it rests on."""
+
+    pool: str
+    rc: float
+    basis: str
+    samples: int = 0
+
+    def text(self) -> str:
+        return f"{self.pool} {self.rc:.3f} ({self.basis})"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The pool the evidence favours over the current one, with both estimates."""
+
+    current: Estimate
+    best: Estimate
+    warm_start: bool
+
+    @property
+    def reason(self) -> str:
+        gain = 1.0 - self.best.rc / self.current.rc if self.current.rc > 0 else 0.0
+        return f"{self.best.text()} is {gain:.1%} cheaper per token than {self.current.text()}"
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value) and value > 0
+
+
+def measured(evidence: Evidence, policy: policy_mod.Policy) -> dict[str, tuple[float, int]]:
+    """Pools measured this window with enough samples: ``{pool: (rc, samples)}``."""
+    needed = min((r.limits.min_samples for r in policy.rules if r.query is None), default=0)
+    out = {}
+    for name, found in evidence.pools.items():
+        rc = found.values.get("rc")
+        if not found.predicted and found.inherited_from is None and found.samples >= needed and _finite(rc):
+            out[name] = (float(rc), found.samples)  # type: ignore[arg-type]
+    return out
+
+
+def estimates(
+    pool: str,
+    evidence: Evidence,
+    memory: Mapping[str, tuple[float, float]],
+    now: float,
+    policy: policy_mod.Policy,
+) -> dict[str, Estimate]:
+    """Every pool's best estimate for a class currently on ``pool`` (see the module docstring)."""
+    out: dict[str, Estimate] = {}
+    for name, (rc, samples) in measured(evidence, policy).items():
+        out[name] = Estimate(name, rc, MEASURED, samples)
+    for name, (rc, at) in memory.items():
+        if name not in out and now - at < policy.memory_seconds and _finite(rc):
+            out[name] = Estimate(name, rc, MEMORY)
+    current_k = policy.pools.get(pool, 0)
+    late: dict[str, Estimate] = {}
+    for name, found in evidence.pools.items():
+        rc = found.values.get("rc")
+        if name in out or not found.predicted or not _finite(rc):
+            continue
+        exact = found.method == "histogram" and policy.pools.get(name, 0) <= current_k
+        target = out if exact else late
+        target[name] = Estimate(name, float(rc), WHATIF if exact else EXTRAPOLATED, found.samples)  # type: ignore[arg-type]
+    prior = evidence.prior if policy.prior == "profile" else {}
+    here = out.get(pool)
+    scale = 1.0
+    if here is not None and here.basis in LIVE and _finite(prior.get(pool)):
+        scale = here.rc / prior[pool]
+    for name, rc in prior.items():
+        if name not in out and name in policy.pools and _finite(rc):
+            out[name] = Estimate(name, rc * scale, PROFILE)
+    if policy.restore_on_prediction:
+        for name, estimate in late.items():
+            out.setdefault(name, estimate)
+    if policy.nospec_pool:
+        out[policy.nospec_pool] = Estimate(policy.nospec_pool, 1.0, DEFINITION)
+    return out
+
+
+def choose(
+    pool: str,
+    evidence: Evidence,
+    memory: Mapping[str, tuple[float, float]],
+    now: float,
+    policy: policy_mod.Policy,
+    came_from: str | None = None,
+) -> Choice | None:
+    """The cheaper pool the evidence favours for a speculating class on ``pool``, or None.
+
+    ``came_from``: the pool of a move made on a prediction and not yet confirmed by measurement;
+    the only pool a memory may send the class to.
+
+    Only a class on a speculative pool is moved here (back from no speculation is the restore
+    rule's job, with its stricter hysteresis). The current pool needs a live estimate, or, for
+    the warm start, a profile one while nothing live is known about the class at all.
+    """
+    if not policy.best_pool or policy.pools.get(pool, 0) <= 0:
+        return None
+    found = estimates(pool, evidence, memory, now, policy)
+    current = found.get(pool)
+    if current is None:
+        return None
+    warm = current.basis == PROFILE and not any(e.basis in LIVE for e in found.values())
+    if current.basis not in LIVE and not warm:
+        return None
+    candidates = [
+        e
+        for e in found.values()
+        if e.pool != pool
+        and (not warm or e.basis in (PROFILE, DEFINITION))
+        and (e.basis != MEMORY or e.pool == came_from)
+    ]
+    if not candidates:
+        return None
+    best = min(candidates, key=lambda e: (e.rc, -policy.pools.get(e.pool, 0), e.pool))
+    if not best.rc < current.rc * (1.0 - policy.best_pool_margin):
+        return None
+    return Choice(current, best, warm)
+
+
+def remember(
+    memory: Mapping[str, tuple[float, float]], evidence: Evidence, now: float, policy: policy_mod.Policy
+) -> dict[str, tuple[float, float]]:
+    """The class's memory after this evaluation: this window's measurements replace older ones."""
+    out = {name: value for name, value in memory.items() if now - value[1] < policy.memory_seconds}
+    for name, (rc, _) in measured(evidence, policy).items():
+        out[name] = (rc, now)
+    return out

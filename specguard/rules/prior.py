@@ -1,0 +1,106 @@
+"""Prior evidence from the calibration profile: rc per class, load bucket and pool, before any traffic.
+
+``specguard sweep`` measures every pool at concurrency 1, 2, 4, ... with the request mix and
+writes, per level, each class's TPOT (``rules.profile``). Divided by the no-spec pool's TPOT in
+the same load bucket, that is the class's rc on that pool as the sweep saw it: the plan a careful
+operator would start from. The guard (``guard.prior: profile``) uses it only where live evidence
+is missing (``rules.bestpool``): to plan a class before its first request and as the estimate of
+a pool the class has never been measured on. Live evidence always overrides it.
+
+Pure: values in, values out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from specguard.rules import profile as profile_mod
+from specguard.rules.evidence import ClassKey
+
+
+def class_pool(
+    pool: profile_mod.ProfilePool, task_type: str, temperature_bucket: str
+) -> profile_mod.ProfilePool:
+    """The pool's levels as one class saw them: each level's TPOT is the class's (others dropped)."""
+    levels = []
+    for level in pool.levels:
+        for cls in level.classes:
+            if (cls.task_type, cls.temperature_bucket) == (
+                task_type,
+                temperature_bucket,
+            ) and cls.tpot_seconds:
+                levels.append(
+                    replace(level, tpot_seconds=cls.tpot_seconds, samples=max(cls.samples, 1), classes=())
+                )
+    return replace(pool, levels=tuple(levels))
+
+
+def prior_rcs(
+    profile: profile_mod.Profile | None,
+    pools: Mapping[str, int],
+    load_buckets: Iterable[tuple[str, float, float]],
+) -> dict[ClassKey, dict[str, float]]:
+    """``{(task_type, temperature_bucket, load_bucket): {pool: rc}}`` for every class the profile measured.
+
+    ``pools`` maps the configured pool names to K (a profile pool is matched by name, else by K);
+    ``load_buckets`` are ``(name, low, high)`` concurrency ranges ``(low, high]``. A value is left
+    out where the profile has no level in (or around) the bucket: never extrapolated. The open top
+    bucket stands at its lowest swept level (load just past the bucket below), since the sweep's
+    highest levels are usually far beyond any load the bucket sees.
+    """
+    if profile is None:
+        return {}
+    base_pool = profile.pool(k=0)
+    if base_pool is None:
+        return {}
+    classes = sorted(
+        {
+            (cls.task_type, cls.temperature_bucket)
+            for pool in profile.pools
+            if pool.num_speculative_tokens > 0
+            for level in pool.levels
+            for cls in level.classes
+        }
+    )
+    matched: dict[str, profile_mod.ProfilePool] = {}
+    for name, k in pools.items():
+        found = profile.pool(name=name)
+        if found is None or found.num_speculative_tokens != k:
+            found = profile.pool(k=k)
+        if found is not None and k > 0:
+            matched[name] = found
+    out: dict[ClassKey, dict[str, float]] = {}
+    for bucket, low, high in load_buckets:
+        if math.isinf(high):  # open top bucket: its lowest swept level, not an average up to the sweep's end
+            high = min((lv.concurrency for lv in base_pool.levels if lv.concurrency > low), default=high)
+        base = profile_mod.lookup(base_pool, low, high, "tpot_seconds", profile.source)
+        if base is None or base.value <= 0:
+            continue
+        for task_type, temperature_bucket in classes:
+            rcs = {}
+            for name, pool in matched.items():
+                value = profile_mod.lookup(
+                    class_pool(pool, task_type, temperature_bucket), low, high, "tpot_seconds", profile.source
+                )
+                if value is not None:
+                    rcs[name] = value.value / base.value
+            if rcs:
+                out[(task_type, temperature_bucket, bucket)] = rcs
+    return out
+
+
+def for_policy(
+    profile: profile_mod.Profile | None, policy: Any, settings: Any
+) -> dict[ClassKey, dict[str, float]]:
+    """The prior the policy asks for (``guard.prior``), over the cost settings' load buckets."""
+    if profile is None or getattr(policy, "prior", "none") != "profile":
+        return {}
+    ranges = []
+    for bucket in getattr(settings, "load_buckets", ()):
+        band = settings.bucket_range(bucket.name)
+        if band is not None:
+            ranges.append((bucket.name, band[0], band[1]))
+    return prior_rcs(profile, policy.pools, ranges)

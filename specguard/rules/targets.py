@@ -1,0 +1,68 @@
+"""Where a class goes when a rule moves it: the pool to leave a hurting pool for (a shorter K whose
+rc is good, else no speculation), and the pool to restore towards (up to the default pool's K).
+Pure functions of the class state, its evidence and the policy (``rules.guard`` calls them).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from specguard.rules import policy as policy_mod
+from specguard.rules.classstate import ClassState
+from specguard.rules.evidence import Evidence
+
+
+def k_of(policy: policy_mod.Policy, pool: str) -> int:
+    return policy.pools.get(pool, 0)
+
+
+def _estimate(evidence: Evidence, pool: str) -> tuple[float, bool, int] | None:
+    found = evidence.pools.get(pool)
+    if found is None or found.values.get("rc") is None or math.isnan(found.values["rc"]):
+        return None
+    return found.values["rc"], found.predicted, found.samples
+
+
+def lower_target(
+    state: ClassState, evidence: Evidence, policy: policy_mod.Policy
+) -> tuple[str, str, dict[str, Any]] | None:
+    """(action, pool, numbers) when a watched pool must be left; None if there is nowhere to go."""
+    nospec = policy.nospec_pool
+    if state.pending is not None:
+        return ("revert", nospec, {"predicted_rc": state.pending.predicted_rc}) if nospec else None
+    current_k = k_of(policy, state.pool)
+    best: tuple[float, str, bool] | None = None
+    if policy.shorten:
+        min_samples = min((r.limits.min_samples for r in policy.rules), default=0)
+        for pool, k in policy.pools.items():
+            if not 0 < k < current_k:
+                continue
+            estimate = _estimate(evidence, pool)
+            if estimate is None or estimate[2] < min_samples or not estimate[0] < policy.shorten_max_rc:
+                continue
+            if best is None or estimate[0] < best[0]:
+                best = (estimate[0], pool, estimate[1])
+    if best is not None:
+        return "shorten", best[1], {"target_rc": round(best[0], 6), "target_predicted": best[2]}
+    if nospec and nospec != state.pool:
+        return "off", nospec, {}
+    return None
+
+
+def recover_candidate(state: ClassState, evidence: Evidence, policy: policy_mod.Policy) -> str | None:
+    """The pool to restore towards: the lowest-rc spec pool above the current K, up to the default's K."""
+    default = policy.default_pool
+    if not default or state.pool == default or state.pending is not None:
+        return None
+    current_k, default_k = k_of(policy, state.pool), k_of(policy, default)
+    best: tuple[float, str] | None = None
+    for pool, k in policy.pools.items():
+        if not current_k < k <= default_k:
+            continue
+        estimate = _estimate(evidence, pool)
+        if estimate is None or (estimate[1] and not policy.restore_on_prediction):
+            continue
+        if best is None or estimate[0] < best[0]:
+            best = (estimate[0], pool)
+    return best[1] if best is not None else default

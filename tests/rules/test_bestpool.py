@@ -1,0 +1,238 @@
+"""The best-pool choice (``rules.bestpool``) and its use by the state machine, on a fake clock."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from specguard.rules import bestpool, guard
+from specguard.rules.evidence import Evidence, PoolEvidence
+from tests.rules.test_guard import POLICY, st
+
+
+def measured(name, rc, samples=50):
+    return PoolEvidence(pool=name, values={"rc": rc, "rc_lower": rc * 0.97}, samples=samples)
+
+
+def whatif(name, rc, method="histogram"):
+    return PoolEvidence(pool=name, values={"rc": rc}, samples=50, predicted=True, method=method)
+
+
+def ev(*pools, prior=None):
+    return Evidence(pools={p.pool: p for p in pools}, prior=dict(prior or {}))
+
+
+# (pool now, evidence, memory, policy changes, expected (pool, basis) or None)
+CHOICES = [
+    pytest.param(
+        "spec-k4",
+        ev(measured("spec-k4", 0.70), whatif("spec-k2", 0.63)),
+        {},
+        {},
+        ("spec-k2", "what-if"),
+        id="shorter-k-cheaper-by-the-margin",
+    ),
+    pytest.param(
+        "spec-k4",
+        ev(measured("spec-k4", 0.70), whatif("spec-k2", 0.69)),
+        {},
+        {},
+        None,
+        id="within-the-margin-stays",
+    ),
+    pytest.param(
+        "spec-k4",
+        ev(measured("spec-k4", 0.70), whatif("spec-k2", 0.63)),
+        {"spec-k2": (0.75, 95.0)},
+        {},
+        None,
+        id="memory-of-a-worse-measurement-beats-the-prediction",
+    ),
+    pytest.param(
+        "spec-k4",
+        ev(measured("spec-k4", 0.70), whatif("spec-k2", 0.63)),
+        {"spec-k2": (0.75, -4000.0)},
+        {},
+        ("spec-k2", "what-if"),
+        id="expired-memory-is-forgotten",
+    ),
+    pytest.param(
+        "spec-k4",
+        ev(prior={"spec-k4": 1.36, "spec-k2": 1.15}),
+        {},
+        {},
+        ("nospec", "definition"),
+        id="warm-start-from-the-profile",
+    ),
+    pytest.param(
+        "spec-k4",
+        ev(prior={"spec-k4": 1.36, "spec-k2": 1.15}),
+        {},
+        {"prior": "none"},
+        None,
+        id="prior-none-ignores-the-profile",
+    ),
+    pytest.param(
+        "spec-k4",
+        ev(measured("spec-k4", 0.40), prior={"spec-k4": 0.39, "spec-k2": 0.47}),
+        {},
+        {},
+        None,
+        id="live-evidence-overrides-the-profile",
+    ),
+    pytest.param(
+        "spec-k4",
+        ev(measured("spec-k4", 0.80), prior={"spec-k4": 0.668, "spec-k2": 0.632}),
+        {},
+        {},
+        ("spec-k2", "profile"),
+        id="profile-ratio-scaled-to-the-live-level",
+    ),
+    pytest.param(
+        "spec-k2",
+        ev(measured("spec-k2", 0.63), whatif("spec-k4", 0.50, "extrapolated")),
+        {},
+        {},
+        None,
+        id="longer-k-not-on-an-extrapolation",
+    ),
+    pytest.param(
+        "spec-k2",
+        ev(measured("spec-k2", 0.63), whatif("spec-k4", 0.50, "extrapolated")),
+        {},
+        {"restore_on_prediction": True},
+        ("spec-k4", "extrapolated"),
+        id="longer-k-on-an-extrapolation-when-allowed",
+    ),
+    pytest.param(
+        "spec-k2",
+        ev(measured("spec-k2", 0.75)),
+        {"spec-k4": (0.66, 90.0)},
+        {},
+        None,
+        id="an-old-measurement-alone-moves-nothing",
+    ),
+    pytest.param(
+        "spec-k4",
+        ev(measured("spec-k4", 1.08)),
+        {},
+        {},
+        ("nospec", "definition"),
+        id="no-spec-costs-one-by-definition",
+    ),
+    pytest.param(
+        "nospec",
+        ev(measured("spec-k4", 0.5)),
+        {},
+        {},
+        None,
+        id="back-from-no-spec-is-the-restore-rule",
+    ),
+    pytest.param(
+        "spec-k4",
+        ev(measured("spec-k4", 0.70), whatif("spec-k2", 0.5)),
+        {},
+        {"best_pool": False},
+        None,
+        id="disabled",
+    ),
+    pytest.param(
+        "spec-k4",
+        ev(measured("spec-k4", 0.70, samples=5), whatif("spec-k2", 0.5)),
+        {},
+        {},
+        None,
+        id="too-few-samples-on-the-current-pool",
+    ),
+]
+
+
+@pytest.mark.parametrize(("pool", "evidence", "memory", "changes", "expected"), CHOICES)
+def test_choose(pool, evidence, memory, changes, expected):
+    choice = bestpool.choose(pool, evidence, memory, 100.0, replace(POLICY, **changes))
+    assert (None if choice is None else (choice.best.pool, choice.best.basis)) == expected
+    if choice is not None:
+        assert choice.best.rc < choice.current.rc * (1 - POLICY.best_pool_margin)
+        assert choice.best.pool in choice.reason and "cheaper per token" in choice.reason
+
+
+def test_memory_moves_back_only_to_where_an_unconfirmed_move_came_from():
+    evidence, memory = ev(measured("spec-k2", 0.75)), {"spec-k4": (0.66, 90.0)}
+    choice = bestpool.choose("spec-k2", evidence, memory, 100.0, POLICY, came_from="spec-k4")
+    assert (choice.best.pool, choice.best.basis) == ("spec-k4", "memory")
+    assert bestpool.choose("spec-k2", evidence, memory, 100.0, POLICY, came_from="nospec") is None
+
+
+def test_scaled_profile_value():
+    found = bestpool.estimates(
+        "spec-k4", ev(measured("spec-k4", 0.80), prior={"spec-k4": 0.64, "spec-k2": 0.60}), {}, 0.0, POLICY
+    )
+    assert found["spec-k2"].rc == pytest.approx(0.60 * 0.80 / 0.64)
+    assert found["nospec"].rc == 1.0
+
+
+def test_remember_keeps_fresh_measurements_only():
+    memory = {"spec-k2": (0.7, 0.0), "spec-k4": (0.5, 90.0)}
+    policy = replace(POLICY, memory_seconds=50)
+    out = bestpool.remember(memory, ev(measured("spec-k4", 0.6), whatif("spec-k2", 0.5)), 100.0, policy)
+    assert out == {"spec-k4": (0.6, 100.0)}  # k2's memory expired; a prediction is never remembered
+
+
+# ---------------------------------------------------------------- in the state machine
+
+
+def run(evidences, state=None, policy=POLICY, start=10.0, every=10.0):
+    state = state or st()
+    decisions = []
+    now = start
+    for evidence in evidences:
+        state, decision = guard.step(state, evidence, now, policy)
+        decisions.append(decision)
+        now += every
+    return state, decisions
+
+
+CHEAPER_K2 = ev(measured("spec-k4", 0.70), whatif("spec-k2", 0.63))
+
+
+def test_moves_after_the_consecutive_limit_and_waits_for_confirmation():
+    state, decisions = run([CHEAPER_K2] * 3)
+    assert [d.action for d in decisions] == ["none", "none", "shorten"]
+    last = decisions[-1]
+    assert (last.cause, last.to_pool, state.pool) == ("best_pool", "spec-k2", "spec-k2")
+    assert "consecutive evaluations (3) > best_pool_consecutive_limit (2)" in last.reason
+    assert last.numbers["target_basis"] == "what-if"
+    assert state.pending is not None and state.pending.predicted_rc == pytest.approx(0.63)
+    assert state.memory["spec-k4"] == (0.70, 30.0)
+
+
+def test_a_streak_favouring_another_pool_starts_over():
+    cheaper_nospec = ev(measured("spec-k4", 1.2), whatif("spec-k2", 1.1))
+    _, decisions = run([CHEAPER_K2, CHEAPER_K2, cheaper_nospec, CHEAPER_K2])
+    assert all(d.action == "none" for d in decisions[:2]) and decisions[3].action == "none"
+
+
+def test_warm_start_acts_on_the_first_evaluation():
+    state, decisions = run([ev(prior={"spec-k4": 0.668, "spec-k2": 0.632})])
+    assert (decisions[0].action, decisions[0].cause, state.pool) == ("shorten", "profile", "spec-k2")
+    assert "no live evidence yet" in decisions[0].reason
+
+
+def test_best_pool_respects_cooldown_and_dry_run():
+    state = st(last_action_at=25.0)
+    state, decisions = run([CHEAPER_K2] * 3, state=state)
+    assert decisions[-1].action == "none" and "waiting: cooldown" in decisions[-1].reason
+    _, decisions = run([CHEAPER_K2] * 3, policy=replace(POLICY, dry_run=True))
+    assert decisions[-1].dry_run and decisions[-1].action == "shorten" and not decisions[-1].changes_plan
+
+
+def test_no_flapping_when_the_prediction_was_wrong():
+    """K=2 predicted 0.63 but measures 0.75: back to K=4 once, then the memory holds it there."""
+    on_k2 = ev(measured("spec-k2", 0.75), whatif("spec-k4", 0.55, "extrapolated"))
+    state, first = run([CHEAPER_K2] * 3)
+    state, second = run([on_k2] * 8, state=state, start=100.0)
+    state, third = run([CHEAPER_K2] * 60, state=state, start=200.0)
+    moves = [(d.action, d.to_pool) for d in first + second + third if d.changes_plan]
+    assert moves == [("shorten", "spec-k2"), ("lengthen", "spec-k4")]
+    assert state.pool == "spec-k4"

@@ -1,0 +1,100 @@
+"""Holdout on demand (``rules.holdout``) and the router's per-load-bucket shares."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from specguard.errors import InputError
+from specguard.exporters import routing
+from specguard.exporters.config import PoolConfig
+from specguard.exporters.records import RequestRecord
+from specguard.rules import holdout
+from specguard.rules import policy as policy_mod
+from specguard.rules.cost_config import CostSettings
+
+POOLS = {"spec-k4": 4, "nospec": 0}
+
+
+def record(pool, route, load_bucket="low", output_tokens=20):
+    return RequestRecord(
+        pool=pool,
+        task_type="chat",
+        temperature_bucket="medium",
+        load_bucket=load_bucket,
+        route=route,
+        started_at=0.0,
+        status=200,
+        streamed=True,
+        output_tokens=output_tokens,
+        decode_seconds=0.2,
+    )
+
+
+def records(planned_nospec, speculating, load_bucket="low"):
+    return [record("nospec", "plan", load_bucket) for _ in range(planned_nospec)] + [
+        record("spec-k4", "plan", load_bucket) for _ in range(speculating)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("planned", "speculating", "expected"),
+    [
+        pytest.param(45, 500, 0.0, id="planned-no-spec-covers-the-baseline"),
+        pytest.param(40, 500, 5 / 500, id="tops-up-what-is-missing"),
+        pytest.param(0, 500, 0.05, id="capped-at-the-tap-share"),
+        pytest.param(0, 0, None, id="bucket-not-seen-keeps-the-tap-share"),
+    ],
+)
+def test_share_is_just_enough_for_the_baseline(planned, speculating, expected):
+    out = holdout.shares(
+        records(planned, speculating), POOLS, baseline_min_samples=30, min_share=0.0, max_share=0.05
+    )
+    assert out.get("low") == (None if expected is None else pytest.approx(expected))
+
+
+def test_probes_holdouts_and_unusable_requests_do_not_count_as_planned():
+    rows = [record("nospec", "holdout") for _ in range(100)] + [
+        record("spec-k4", "probe") for _ in range(100)
+    ]
+    rows += [record("nospec", "plan", output_tokens=1) for _ in range(100)]  # no decode phase
+    out = holdout.shares(rows, POOLS, baseline_min_samples=30, min_share=0.01, max_share=0.05)
+    assert out == {"low": 0.05}  # 100 holdouts are eligible, 45 wanted, capped at 0.05
+
+
+def test_fixed_mode_and_per_class_baselines_keep_the_tap_share():
+    rows, policy = records(100, 10), policy_mod.Policy(rules=())
+    assert holdout.for_policy(rows, POOLS, policy, CostSettings(), 0.05) == {"low": 0.0}
+    assert holdout.for_policy(rows, POOLS, policy, CostSettings(baseline_scope="class_then_load"), 0.05) == {}
+    fixed = policy_mod.Policy(rules=(), holdout="fixed")
+    assert holdout.for_policy(rows, POOLS, fixed, CostSettings(), 0.05) == {}  # no override: the tap's share
+
+
+def test_a_window_still_filling_is_projected_to_a_whole_window():
+    rows = [replace(r, started_at=90.0) for r in records(15, 300)]  # 10 s of a 100 s window
+    share = holdout.shares(
+        rows, POOLS, baseline_min_samples=30, min_share=0.0, max_share=0.5, now=100.0, window_seconds=100.0
+    )
+    assert share == {"low": 0.0}  # 15 in 10 s is 150 per window: the baseline is covered
+    unprojected = holdout.shares(rows, POOLS, baseline_min_samples=30, min_share=0.0, max_share=0.5)
+    assert unprojected == {"low": pytest.approx(30 / 300)}
+
+
+def test_router_uses_the_share_of_the_request_load_bucket():
+    pools = [
+        PoolConfig("spec-k4", "http://a", num_speculative_tokens=4),
+        PoolConfig("nospec", "http://b", num_speculative_tokens=0),
+    ]
+    router = routing.Router(
+        pools, default_pool="spec-k4", nospec_pool="nospec", holdout_share=0.5, rng=random.Random(1)
+    )
+    router.set_holdout_shares({"low": 0.0})
+    low = [router.choose("chat", "medium", lambda pool: "low").route for _ in range(400)]
+    high = [router.choose("chat", "medium", lambda pool: "high").route for _ in range(400)]
+    assert "holdout" not in low
+    assert 120 < high.count("holdout") < 280  # the tap's 0.5 where no share is set
+    assert router.holdout_shares() == {"low": 0.0}
+    with pytest.raises(InputError, match="between 0 and 1"):
+        router.set_holdout_shares({"low": 1.5})

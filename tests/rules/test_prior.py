@@ -1,0 +1,85 @@
+"""The calibration profile as prior evidence (``rules.prior``): rc per class, load bucket and pool."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from specguard.rules import evidence as evidence_mod
+from specguard.rules import policy as policy_mod
+from specguard.rules import prior
+from specguard.rules import profile as profile_mod
+from specguard.rules.cost_config import CostSettings
+
+POOLS = {"spec-k4": 4, "spec-k2": 2, "nospec": 0}
+BASE = {1: 0.010, 4: 0.011, 16: 0.014, 32: 0.020, 64: 0.030}  # no-spec TPOT by concurrency
+CHAT = {  # (K=4, K=2) class TPOT by concurrency
+    1: (0.0066, 0.0063),
+    4: (0.0074, 0.0070),
+    16: (0.0105, 0.0094),
+    32: (0.0260, 0.0145),
+    64: (0.0800, 0.0400),
+}
+
+
+def level(c, tpot, chat=None):
+    classes = (
+        () if chat is None else (profile_mod.ClassLevel("chat", "medium", tpot_seconds=chat, samples=40),)
+    )
+    return profile_mod.ProfileLevel(c, tpot, 100, classes=classes)
+
+
+def profile():
+    def pool(name, k, index):
+        levels = tuple(
+            level(c, BASE[c] if k == 0 else CHAT[c][index], None if k == 0 else CHAT[c][index]) for c in BASE
+        )
+        return profile_mod.ProfilePool(name, k, levels)
+
+    return profile_mod.Profile((pool("spec-k4", 4, 0), pool("spec-k2", 2, 1), pool("nospec", 0, 0)))
+
+
+BUCKETS = [("low", 0.0, 8.0), ("medium", 8.0, 24.0), ("high", 24.0, float("inf"))]
+
+
+def test_rc_per_class_bucket_and_pool():
+    out = prior.prior_rcs(profile(), POOLS, BUCKETS)
+    assert set(out) == {("chat", "medium", b) for b, _, _ in BUCKETS}
+    assert set(out[("chat", "medium", "low")]) == {"spec-k4", "spec-k2"}  # no-spec is 1.0 by definition
+    # medium (8, 24]: only level 16 inside
+    assert out[("chat", "medium", "medium")]["spec-k2"] == pytest.approx(0.0094 / 0.014)
+    # the open top bucket stands at its lowest swept level (32), not an average with 64
+    assert out[("chat", "medium", "high")]["spec-k4"] == pytest.approx(0.026 / 0.020)
+    assert out[("chat", "medium", "high")]["spec-k2"] == pytest.approx(0.0145 / 0.020)
+
+
+def test_pools_matched_by_k_when_names_differ():
+    out = prior.prior_rcs(profile(), {"big": 4, "plain": 0}, BUCKETS[:1])
+    assert set(out[("chat", "medium", "low")]) == {"big"}
+
+
+def test_no_baseline_pool_or_no_profile_gives_nothing():
+    no_base = replace(profile(), pools=profile().pools[:2])
+    assert prior.prior_rcs(no_base, POOLS, BUCKETS) == {}
+    assert prior.prior_rcs(None, POOLS, BUCKETS) == {}
+
+
+def test_for_policy_follows_the_prior_key_and_the_cost_buckets():
+    settings = CostSettings().with_traffic([("low", 8), ("medium", 24), ("high", None)])
+    policy = policy_mod.Policy(rules=(), pools=POOLS)
+    assert set(prior.for_policy(profile(), policy, settings)) == {
+        ("chat", "medium", b) for b, _, _ in BUCKETS
+    }
+    assert prior.for_policy(profile(), replace(policy, prior="none"), settings) == {}
+
+
+def test_with_prior_adds_unseen_classes_and_keeps_live_pools():
+    key = ("chat", "medium", "low")
+    live = {key: evidence_mod.Evidence(pools={"spec-k4": evidence_mod.PoolEvidence("spec-k4")})}
+    rcs = prior.prior_rcs(profile(), POOLS, BUCKETS)
+    out = evidence_mod.with_prior(live, rcs)
+    assert set(out[key].pools) == {"spec-k4"}
+    assert out[key].prior == rcs[key] and out[key].prior["spec-k2"] < out[key].prior["spec-k4"]
+    high = ("chat", "medium", "high")
+    assert out[high].pools == {} and out[high].prior == rcs[high]
