@@ -42,19 +42,24 @@ def shares(
     The share is ``(HEADROOM x baseline_min_samples - P) / E``, clamped to ``[min_share, max_share]``
     (``max_share`` is the tap's ``holdout_share``). While the window is still filling (``now`` minus
     the oldest record is less than ``window_seconds``), ``P`` and ``E`` are projected to a whole
-    window at their rates so far. With ``baseline_scope`` other than ``load`` every class needs
-    its own holdout, so nothing is lowered.
+    window at their rates so far. A bucket whose window holds fewer than ``baseline_min_samples``
+    no-spec requests has no live baseline yet and gets ``max_share``: lowering starts once the
+    baseline stands, so warm-up is as fast as with a fixed share. With ``baseline_scope`` other
+    than ``load`` every class needs its own holdout, so nothing is lowered.
     """
     if baseline_scope != "load":
         return {}
     planned: Counter[str] = Counter()
     eligible: Counter[str] = Counter()
+    baseline: Counter[str] = Counter()  # no-spec requests in the window, planned or holdout
     oldest = None
     for record in records:
         k = pools.get(record.pool)
         if k is None or not baseline_mod.usable_for_tpot(record):
             continue
         oldest = record.started_at if oldest is None else min(oldest, record.started_at)
+        if k == 0:
+            baseline[record.load_bucket] += 1
         if k == 0 and record.route == baseline_mod.ROUTE_PLAN:
             planned[record.load_bucket] += 1
         elif record.route != baseline_mod.ROUTE_PROBE:
@@ -65,8 +70,11 @@ def shares(
     wanted = HEADROOM * max(baseline_min_samples, 1)
     out = {}
     for bucket in sorted(set(planned) | set(eligible)):
+        if baseline[bucket] < baseline_min_samples or eligible[bucket] == 0:
+            out[bucket] = max_share  # no live baseline yet: fill it as fast as the ceiling allows
+            continue
         need = wanted - planned[bucket] * scale
-        share = max_share if eligible[bucket] == 0 else need / (eligible[bucket] * scale)
+        share = need / (eligible[bucket] * scale)
         out[bucket] = min(max(share, min_share), max_share)
     return out
 

@@ -23,7 +23,8 @@ async def test_run_serves_the_tap_until_sigterm(tmp_path):
         )
         path = tmp_path / "specguard.yaml"
         scrape = "scrape: {interval_seconds: 1, timeout_seconds: 1}"
-        path.write_text(f"pools:\n{pools}\ntap: {{listen: '127.0.0.1:0'}}\n{scrape}\n")
+        tap = "tap: {listen: '127.0.0.1:0', holdout_share: 0, probe_share: 0}"  # the request stays on spec-k4
+        path.write_text(f"pools:\n{pools}\n{tap}\n{scrape}\n")
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "specguard", "run", "--config", str(path), stderr=asyncio.subprocess.PIPE
         )
@@ -52,9 +53,10 @@ async def test_run_serves_the_tap_until_sigterm(tmp_path):
                     assert (await r.read()).endswith(b"data: [DONE]\n\n")
                 async with session.get(url + "/metrics") as r:
                     text = await r.text()
+            counted = [line for line in text.splitlines() if re.match(r"specguard_\w*requests_total\{", line)]
             assert re.search(
                 r'specguard_spec_requests_total\{[^}]*pool="spec-k4",task_type="code"[^}]*\} 1\.0', text
-            )
+            ), counted
             assert 'specguard_engine_up{pool="nospec"} 1.0' in text
         finally:
             proc.send_signal(signal.SIGTERM)

@@ -73,13 +73,28 @@ def test_fixed_mode_and_per_class_baselines_keep_the_tap_share():
 
 
 def test_a_window_still_filling_is_projected_to_a_whole_window():
-    rows = [replace(r, started_at=90.0) for r in records(15, 300)]  # 10 s of a 100 s window
+    rows = [replace(r, started_at=90.0) for r in records(30, 300)]  # 10 s of a 100 s window
     share = holdout.shares(
         rows, POOLS, baseline_min_samples=30, min_share=0.0, max_share=0.5, now=100.0, window_seconds=100.0
     )
-    assert share == {"low": 0.0}  # 15 in 10 s is 150 per window: the baseline is covered
+    assert share == {"low": 0.0}  # 30 in 10 s is 300 per window: the baseline is covered
     unprojected = holdout.shares(rows, POOLS, baseline_min_samples=30, min_share=0.0, max_share=0.5)
-    assert unprojected == {"low": pytest.approx(30 / 300)}
+    assert unprojected == {"low": pytest.approx(15 / 300)}
+
+
+def test_no_lowering_before_the_live_baseline_stands():
+    # 15 planned no-spec requests in the first 10 s project to 150 per window, but the baseline
+    # needs 30 now: until the window holds them, the bucket gets the ceiling (as a fixed share would)
+    rows = [replace(r, started_at=90.0) for r in records(15, 300)]
+    share = holdout.shares(
+        rows, POOLS, baseline_min_samples=30, min_share=0.0, max_share=0.5, now=100.0, window_seconds=100.0
+    )
+    assert share == {"low": 0.5}
+    rows += [replace(r, route="holdout", started_at=95.0) for r in records(15, 0)]  # now 30 no-spec
+    share = holdout.shares(
+        rows, POOLS, baseline_min_samples=30, min_share=0.0, max_share=0.5, now=100.0, window_seconds=100.0
+    )
+    assert share["low"] < 0.5
 
 
 def test_router_uses_the_share_of_the_request_load_bucket():

@@ -4,7 +4,8 @@
 with the shipped rules (only `for` shortened, see stackhelp.stack_rules) and Debian's
 Alertmanager with the shipped routing narrowed to SpecGuardRelativeCostAboveOne (so this alert
 is the only possible trigger), delivering to specguard's receiver (bearer token) and to a
-recorder. The guard's local rules are dry-run, so only the alert path can move a class.
+recorder. The guard's local rules are dry-run and its cheapest-pool choice is off, so only the
+alert path can move a class.
 
 Traffic: creative at temperature 1 (speculation costs more than it saves) next to code and
 extraction at temperature 0 (it pays). Asserted: specguard exports RC and the recording rule
@@ -52,6 +53,7 @@ def guard_config(pools: dict[str, str], workdir: Path) -> dict:
     config = specguard_config(pools, workdir)
     for rule in config["guard"]["rules"]:
         rule["dry_run"] = True  # the local rules only measure here: the alert is what moves the class
+    config["guard"]["best_pool"] = False  # nor may the cheapest-pool choice move it
     return config
 
 
