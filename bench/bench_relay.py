@@ -67,13 +67,7 @@ async def drive(url: str, requests: int, concurrency: int) -> None:
 
         async def worker() -> None:
             for _ in range(requests):
-                async with session.post(
-                    url + "/v1/chat/completions",
-                    data=body,
-                    headers={"Content-Type": "application/json", "x-task-type": "code"},
-                ) as resp:
-                    async for _chunk in resp.content.iter_any():
-                        pass
+                await bench_tap.one(session, url, body)
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
 
