@@ -87,37 +87,15 @@ def remove_key(raw: bytes, key: str) -> bytes:
 
     Falls back to a compact re-serialisation only if the text cannot be cut cleanly.
     """
-    needle = json.dumps(key).encode()
-    decoder = json.JSONDecoder()
-    text = raw.decode("utf-8")
-    start = 0
-    while True:
-        at = raw.find(needle, start)
-        if at < 0:
-            break
-        start = at + 1
-        if at > 0 and raw[at - 1 : at] == b"\\":
-            continue
-        colon = _WS.match(raw, at + len(needle)).end()
-        if raw[colon : colon + 1] != b":":
-            continue
-        value_at = _WS.match(raw, colon + 1).end()
-        # byte offsets equal char offsets only for ASCII prefixes; convert via the prefix length
-        char_at = len(raw[:value_at].decode("utf-8", errors="replace"))
-        try:
-            _, char_end = decoder.raw_decode(text, char_at)
-        except ValueError:
-            continue
-        end = len(text[:char_end].encode("utf-8"))
+    span = _value_span(raw, key)
+    if span is not None:
+        at, _, end = span
         after = _WS.match(raw, end).end()
         if raw[after : after + 1] == b",":
             cut = raw[:at] + raw[_WS.match(raw, after + 1).end() :]
         else:
             before = raw[:at].rstrip()
-            if before.endswith(b","):
-                cut = before[:-1] + raw[after:]
-            else:
-                cut = raw[:at] + raw[after:]
+            cut = before[:-1] + raw[after:] if before.endswith(b",") else raw[:at] + raw[after:]
         try:
             original = json.loads(raw)
             if isinstance(original, dict) and key in original:
@@ -126,7 +104,6 @@ def remove_key(raw: bytes, key: str) -> bytes:
                     return cut
         except ValueError:
             pass
-        break
     obj = json.loads(raw)
     if isinstance(obj, dict):
         obj.pop(key, None)
