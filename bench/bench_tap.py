@@ -10,13 +10,18 @@ chunk carries the upstream's send time, so its delivery latency is exact); the a
 the difference of the two sides' quantiles; request throughput; the tap's CPU time per request;
 the tap process's resident memory.
 
+``--proxy push`` or ``bare`` puts a floor relay (``floors.py``: relaying and nothing else) where
+the tap stands, so the figures show how much of the tap's added latency any relay of that kind
+adds on the same machine.
+
 Upstreams: ``paced`` (default) is an engine stand-in that emits one chunk per stream every
 ``--interval`` seconds, all streams on one shared tick as an engine step does (``--pacing step``)
 or each on its own timer (``--pacing independent``); ``sim`` is the simulator (pool spec-k4,
 vLLM dialect).
 
     python3 bench/bench_tap.py [--upstream paced|sim] [--pacing step|independent] [--seconds 3]
-        [--rounds 4] [--levels 1,16,128] [--pin on|off] [--profile FILE] [--json]
+        [--rounds 4] [--levels 1,16,128] [--pin on|off] [--proxy tap|push|bare] [--profile FILE]
+        [--json]
 
 Targets (issue 4): p99 added latency <= 2 ms at 128 streams; tap RSS <= 150 MB.
 """
@@ -336,7 +341,8 @@ def report(result: dict, args: argparse.Namespace) -> None:
     else:
         what = f"a paced stand-in (8-24 chunks, one per {args.interval * 1e3:g} ms, pacing {args.pacing})"
     pinned = "the tap on its own CPU" if result["pinned"] else "no pinning"
-    print(f"tap vs direct to {what}; streamed chat, twin upstreams, {result['cpus']} CPUs, {pinned}")
+    proxy = "tap" if args.proxy == "tap" else f"'tap' = the {args.proxy} floor relay (bench/floors.py)"
+    print(f"{proxy} vs direct to {what}; streamed chat, twin upstreams, {result['cpus']} CPUs, {pinned}")
     print("streams  side    req/s   TTFT p50/p99 ms    e2e p50/p99 ms   chunk delivery p50/p99 ms")
     for row in result["levels"]:
         for name in ("direct", "tap"):
@@ -350,10 +356,12 @@ def report(result: dict, args: argparse.Namespace) -> None:
             )
         a = row["added"]
         rounds = ", ".join(f"{r['chunk_p99_ms']:+.2f}" for r in a["per_round"])
+        e2e_rounds = ", ".join(f"{r['e2e_p99_ms']:+.2f}" for r in a["per_round"])
         print(
             f"{'':>7}  added (tap - direct): chunk p50 {a['chunk_p50_ms']:+.2f} ms, "
             f"p99 {a['chunk_p99_ms']:+.2f} ms "
-            f"(per round {rounds}); e2e p50 {a['e2e_p50_ms']:+.2f}, p99 {a['e2e_p99_ms']:+.2f} ms; "
+            f"(per round {rounds}); e2e p50 {a['e2e_p50_ms']:+.2f}, p99 {a['e2e_p99_ms']:+.2f} ms "
+            f"(per round {e2e_rounds}); "
             f"TTFT p50 {a['ttft_p50_ms']:+.2f}, p99 {a['ttft_p99_ms']:+.2f} ms; "
             f"throughput x{a['throughput_ratio']:.3f}; tap CPU {row['tap_cpu_ms_per_request']:.2f} ms/request"
         )
@@ -382,6 +390,12 @@ def main() -> int:
         "--pin", choices=("on", "off"), default="off", help="on: the tap gets the last CPU to itself"
     )
     parser.add_argument(
+        "--proxy",
+        choices=("tap", "push", "bare"),
+        default="tap",
+        help="what sits in front of the second upstream: the tap, or a floor relay (bench/floors.py)",
+    )
+    parser.add_argument(
         "--profile", metavar="FILE", help="sample the tap with py-spy into FILE (collapsed stacks)"
     )
     parser.add_argument("--json", action="store_true")
@@ -406,7 +420,13 @@ def main() -> int:
         procs[1].start()
         behind_url, _ = queue.get(timeout=60)
         scrape = 5.0 if args.upstream == "sim" else 3600.0  # the stand-in has no /metrics
-        procs.append(ctx.Process(target=_tap_main, args=(queue, behind_url, scrape, tap_cpus), daemon=True))
+        if args.proxy == "tap":
+            proxy = ctx.Process(target=_tap_main, args=(queue, behind_url, scrape, tap_cpus), daemon=True)
+        else:
+            import floors
+
+            proxy = ctx.Process(target=floors.main, args=(args.proxy, queue, behind_url), daemon=True)
+        procs.append(proxy)
         procs[2].start()
         tap_url, tap_pid = queue.get(timeout=60)
         rss_start = rss_kib(tap_pid)
@@ -432,6 +452,7 @@ def main() -> int:
         "cpus": os.cpu_count(),
         "pinned": tap_cpus is not None,
         "upstream": args.upstream,
+        "proxy": args.proxy,
         "pacing": args.pacing if args.upstream == "paced" else None,
     }
     if args.json:

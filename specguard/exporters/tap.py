@@ -22,7 +22,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from specguard.exporters import httpbody, readwatch, tapflow, tapstream
+from specguard.exporters import bodypush, httpbody, readwatch, tapflow, tapstream
 from specguard.exporters.classify import Classifier
 from specguard.exporters.config import ExporterConfig
 from specguard.exporters.routing import Router
@@ -104,6 +104,58 @@ def _with_fingerprint(event: bytes, fingerprint: bytes) -> bytes:
     at = event.find(payload, start)
     patched = tapstream.append_key(payload, "system_fingerprint", fingerprint)
     return event[:at] + patched + event[at + len(payload) :]
+
+
+class _EventSplitter:
+    """Cuts a byte stream into complete SSE events (blank-line terminated, LF or CRLF)."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buffer = self._buffer + data if self._buffer else data
+        events: list[bytes] = []
+        while True:
+            end = buffer.find(b"\n\n")
+            sep = 2
+            crlf = buffer.find(b"\r\n\r\n")
+            if crlf >= 0 and (end < 0 or crlf < end):
+                end, sep = crlf, 4
+            if end < 0:
+                break
+            events.append(buffer[: end + sep])
+            buffer = buffer[end + sep :]
+        self._buffer = buffer
+        return events
+
+    def rest(self) -> bytes:
+        """What came after the last complete event (a stream that ended mid-event)."""
+        rest, self._buffer = self._buffer, b""
+        return rest
+
+
+def _sender(request: web.Request) -> Callable[[bytes], bool]:
+    """Writes relayed bytes to the client at once (chunk-framed when aiohttp chose chunked).
+
+    Called from the upstream's read callback, so it cannot await: it returns True when the
+    client's send buffer is past its high-water mark, and the relay then waits for the drain.
+    """
+    writer: Any = request.writer
+    transport = request.transport
+    high = transport.get_write_buffer_limits()[1] if transport is not None else 0
+    chunked = bool(getattr(writer, "chunked", False))
+
+    def send(data: bytes) -> bool:
+        if not data:
+            return False
+        if transport is None or transport.is_closing():
+            raise aiohttp.ClientConnectionResetError("Cannot write to closing transport")
+        framed = b"%x\r\n%b\r\n" % (len(data), data) if chunked else data
+        writer.output_size += len(framed)
+        transport.write(framed)
+        return transport.get_write_buffer_size() > high
+
+    return send
 
 
 def openai_error(status: int, message: str, kind: str) -> web.Response:
@@ -302,7 +354,7 @@ class Tap:
                     flow.streamed = True
                     out = web.StreamResponse(status=resp.status, reason=resp.reason, headers=reply_headers)
                     await out.prepare(request)
-                    await self._relay_stream(resp, out, flow)
+                    await self._relay_stream(request, resp, flow)
                     await out.write_eof()
                     return out
                 data = await resp.read()
@@ -356,53 +408,45 @@ class Tap:
             flow.spec = spec
 
     async def _relay_stream(
-        self, resp: aiohttp.ClientResponse, out: web.StreamResponse, flow: tapflow.Flow
+        self, request: web.Request, resp: aiohttp.ClientResponse, flow: tapflow.Flow
     ) -> None:
         """Forward SSE events as they complete; drop or trim only the tap's own additions.
 
-        When the tap added usage to an n = 1 stream, the event that finishes the choice is held
-        until the usage event (which follows at once) so the ``system_fingerprint`` vLLM moved
-        there goes back onto it; at most that one event is ever held.
+        Each upstream read is inspected and written to the client within the read callback
+        (``bodypush``). When the tap added usage to an n = 1 stream, the event that finishes the
+        choice is held until the usage event (which follows at once) so the ``system_fingerprint``
+        vLLM moved there goes back onto it; at most that one event is ever held.
         """
-        buffer = b""
+        events = _EventSplitter()
         relay = _Relay()
+        send = _sender(request)
         watch = readwatch.ReadWatch.take_over(resp, self._timeout.sock_read)
+
+        def on_data(data: bytes) -> bool:
+            if watch is not None:
+                watch.read()
+            out: list[bytes] = []
+            for event in events.feed(data):
+                out += relay.feed(event, self._inspect_event(event, flow))
+            return send(b"".join(out)) if out else False
+
         try:
-            async for data in resp.content.iter_any():
-                if watch is not None:
-                    watch.read()
-                buffer += data
-                pending: list[bytes] = []
-                while True:
-                    end = buffer.find(b"\n\n")
-                    sep = 2
-                    crlf = buffer.find(b"\r\n\r\n")
-                    if crlf >= 0 and (end < 0 or crlf < end):
-                        end, sep = crlf, 4
-                    if end < 0:
-                        break
-                    event, buffer = buffer[: end + sep], buffer[end + sep :]
-                    pending.extend(relay.feed(event, self._inspect_event(event, flow)))
-                if pending:
-                    await out.write(b"".join(pending))
-            if buffer:
-                tail = relay.feed(buffer, self._inspect_event(buffer, flow))
-                if tail:
-                    await out.write(b"".join(tail))
+            await bodypush.deliver(resp, on_data, request.writer.drain)
         except (TimeoutError, aiohttp.ClientError):
             held = relay.release()
             if held:
                 try:
-                    await out.write(held)
+                    send(held)
                 except _CLIENT_GONE:
                     pass
             raise
         finally:
             if watch is not None:
                 watch.close()
-        held = relay.release()
-        if held:
-            await out.write(held)
+        rest = events.rest()
+        tail = relay.feed(rest, self._inspect_event(rest, flow)) if rest else []
+        tail.append(relay.release())
+        send(b"".join(tail))
 
     def _inspect_event(self, event: bytes, flow: tapflow.Flow) -> _Seen:
         start = event.find(b"data:")

@@ -36,6 +36,10 @@ USAGE_CHUNK = (
     b'"num_accepted_draft_tokens":2,"acceptance_histogram":[1,0,1,0,0],"num_spec_tokens":4}}}\n\n'
 )
 DONE = b"data: [DONE]\n\n"
+BIG_EVENT = (  # 16 kB of text in one event: a stream big enough to fill the client's socket buffers
+    b'data: {"id":"c1","object":"text_completion","created":1,"model":"m",'
+    b'"choices":[{"index":0,"text":"' + b"x" * 16000 + b'"}]}\n\n'
+)
 PLAIN = (
     b'{"id": "c2", "choices": [{"index": 0, "text": "hi there"}], "usage": {"completion_tokens": 2},'
     b' "metrics": {"speculative_decoding": {"num_spec_steps": 1, "num_draft_tokens": 4,'
@@ -121,6 +125,12 @@ class Upstream:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "X-Engine": "v"})
         await resp.prepare(request)
         usage = bool((body.get("stream_options") or {}).get("include_usage")) or self.force_usage
+        if self.mode == "big":
+            for _ in range(400):
+                await resp.write(BIG_EVENT)
+            await resp.write(DONE)
+            await resp.write_eof()
+            return resp
         for index, chunk in enumerate(vllm_chunks(body.get("n") or 1, None if usage else self.fingerprint)):
             if self.mode == "break" and index == 1:
                 request.transport.close()
@@ -444,6 +454,21 @@ async def test_broken_stream_closes_the_client_connection(env):
     await asyncio.sleep(0.05)
     assert monitor.stats.unattributed() == {("spec", "upstream_error"): 1}
     assert monitor.stats.upstream_errors() == {("spec", "broken"): 1}
+
+
+async def test_a_slow_client_gets_a_large_stream_whole(env):
+    upstream, up_url, monitor, tap_url, session = env
+    upstream.mode = "big"
+    got = bytearray()
+    async with session.post(tap_url + "/v1/completions", json={"prompt": "x", "stream": True}) as r:
+        while chunk := await r.content.read(256 * 1024):
+            got += chunk
+            await asyncio.sleep(0.02)  # ~13 MB/s: the tap must wait for this client, not pile up
+    assert bytes(got) == BIG_EVENT * 400 + DONE
+    await asyncio.sleep(0.05)
+    (record,) = monitor.stats.records()
+    assert record.status == 200 and record.unattributed_reason != "client_disconnected"
+    assert record.output_tokens == 400  # (counted per content chunk: the scripted engine gives no usage)
 
 
 @pytest.mark.parametrize("stream", [False, True])
