@@ -114,8 +114,10 @@ server: {insecure_loopback: true}
         spec_n = total(metrics, "specguard_relative_cost_samples", side="spec", pool="spec", **key)
         assert 1 <= spec_n <= total(metrics, "specguard_requests_total", pool="spec", **key)
         base_n = total(metrics, "specguard_relative_cost_samples", side="baseline", pool="spec", **key)
-        assert 1 <= base_n <= total(
-            metrics, "specguard_requests_total", pool="nospec", load_bucket=lab["load_bucket"]
+        assert (
+            1
+            <= base_n
+            <= total(metrics, "specguard_requests_total", pool="nospec", load_bucket=lab["load_bucket"])
         )
         source = total(metrics, "specguard_relative_cost_baseline_info", source="live", pool="spec", **key)
         assert source == 1  # the baseline is the real no-spec engine's live traffic
