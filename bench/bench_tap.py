@@ -1,18 +1,19 @@
 """What the tap costs: added latency and throughput vs direct to an upstream, and its memory.
 
 Four processes: two identically seeded upstreams, the tap (``specguard`` Monitor) in front of
-the second, and this load generator (``--pin on`` gives the tap the last CPU to itself and the
-rest the others; on 2 CPUs that starves the load generator, so it is off by default). At each
-concurrency (1, 16, 128 streams) direct and through-the-tap rounds alternate with the same
-prompts, so drift in the machine's load hits both sides alike. Reported per concurrency and side:
-p50/p99 of TTFT, end-to-end latency and (``--upstream paced``) chunk delivery latency (each stream
-chunk carries the upstream's send time, so its delivery latency is exact); the added latency is
-the difference of the two sides' quantiles; request throughput; the tap's CPU time per request;
-the tap process's resident memory.
+the second, and this load generator. ``--pin on`` (the default on 2 or more CPUs) gives the tap
+the last CPU to itself and the rest the others, as the sidecar deployment gives the tap a CPU of
+its own; ``--pin off`` lets all four share every CPU. At each concurrency (1, 16, 128 streams)
+direct and through-the-tap rounds alternate with the same prompts, so drift in the machine's load
+hits both sides alike. Reported per concurrency and side: p50/p99 of TTFT, end-to-end latency and
+(``--upstream paced``) chunk delivery latency (each stream chunk carries the upstream's send time,
+so its delivery latency is exact); the added latency is the difference of the two sides'
+quantiles; request throughput; the tap's CPU time per request; the tap process's resident memory.
 
 ``--proxy push`` or ``bare`` puts a floor relay (``floors.py``: relaying and nothing else) where
 the tap stands, so the figures show how much of the tap's added latency any relay of that kind
-adds on the same machine.
+adds on the same machine; ``--proxy none`` sends both sides direct (an A/A run): its "added"
+figures are the measurement's own noise.
 
 Upstreams: ``paced`` (default) is an engine stand-in that emits one chunk per stream every
 ``--interval`` seconds, all streams on one shared tick as an engine step does (``--pacing step``)
@@ -20,7 +21,7 @@ or each on its own timer (``--pacing independent``); ``sim`` is the simulator (p
 vLLM dialect).
 
     python3 bench/bench_tap.py [--upstream paced|sim] [--pacing step|independent] [--seconds 3]
-        [--rounds 4] [--levels 1,16,128] [--pin on|off] [--proxy tap|push|bare] [--profile FILE]
+        [--rounds 4] [--levels 1,16,128] [--pin on|off] [--proxy tap|push|bare|none] [--profile FILE]
         [--json]
 
 Targets (issue 4): p99 added latency <= 2 ms at 128 streams; tap RSS <= 150 MB.
@@ -341,7 +342,10 @@ def report(result: dict, args: argparse.Namespace) -> None:
     else:
         what = f"a paced stand-in (8-24 chunks, one per {args.interval * 1e3:g} ms, pacing {args.pacing})"
     pinned = "the tap on its own CPU" if result["pinned"] else "no pinning"
-    proxy = "tap" if args.proxy == "tap" else f"'tap' = the {args.proxy} floor relay (bench/floors.py)"
+    proxy = {
+        "tap": "tap",
+        "none": "A/A run ('tap' = direct to the twin upstream; CPU and RSS are the upstream's)",
+    }.get(args.proxy, f"'tap' = the {args.proxy} floor relay (bench/floors.py)")
     print(f"{proxy} vs direct to {what}; streamed chat, twin upstreams, {result['cpus']} CPUs, {pinned}")
     print("streams  side    req/s   TTFT p50/p99 ms    e2e p50/p99 ms   chunk delivery p50/p99 ms")
     for row in result["levels"]:
@@ -387,13 +391,14 @@ def main() -> int:
         "--levels", default=",".join(map(str, LEVELS)), help="concurrent streams (comma-separated)"
     )
     parser.add_argument(
-        "--pin", choices=("on", "off"), default="off", help="on: the tap gets the last CPU to itself"
+        "--pin", choices=("on", "off"), default="on", help="on: the tap gets the last CPU to itself"
     )
     parser.add_argument(
         "--proxy",
-        choices=("tap", "push", "bare"),
+        choices=("tap", "push", "bare", "none"),
         default="tap",
-        help="what sits in front of the second upstream: the tap, or a floor relay (bench/floors.py)",
+        help="what sits in front of the second upstream: the tap, a floor relay (bench/floors.py), "
+        "or nothing (none: an A/A run, direct against direct, for the measurement's own noise)",
     )
     parser.add_argument(
         "--profile", metavar="FILE", help="sample the tap with py-spy into FILE (collapsed stacks)"
@@ -420,15 +425,21 @@ def main() -> int:
         procs[1].start()
         behind_url, _ = queue.get(timeout=60)
         scrape = 5.0 if args.upstream == "sim" else 3600.0  # the stand-in has no /metrics
-        if args.proxy == "tap":
+        if args.proxy == "none":
+            proxy = None
+        elif args.proxy == "tap":
             proxy = ctx.Process(target=_tap_main, args=(queue, behind_url, scrape, tap_cpus), daemon=True)
         else:
             import floors
 
-            proxy = ctx.Process(target=floors.main, args=(args.proxy, queue, behind_url), daemon=True)
-        procs.append(proxy)
-        procs[2].start()
-        tap_url, tap_pid = queue.get(timeout=60)
+            floor_args = (args.proxy, queue, behind_url, tap_cpus)
+            proxy = ctx.Process(target=floors.main, args=floor_args, daemon=True)
+        if proxy is None:
+            tap_url, tap_pid = behind_url, procs[1].pid  # (CPU and memory figures: the upstream's)
+        else:
+            procs.append(proxy)
+            proxy.start()
+            tap_url, tap_pid = queue.get(timeout=60)
         rss_start = rss_kib(tap_pid)
         if args.profile:
             command = ["py-spy", "record", "--nonblocking", "-f", "raw", "-r", "100", "-p", str(tap_pid)]

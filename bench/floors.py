@@ -6,8 +6,8 @@
   written to the client within the read callback) without any inspection, classification or
   statistics.
 
-Each is started in its own process: ``main(kind, queue, upstream)`` puts ``(url, pid)`` on
-``queue`` once it serves POST /v1/chat/completions.
+Each is started in its own process: ``main(kind, queue, upstream, cpus)`` (pinned to ``cpus``
+when given) puts ``(url, pid)`` on ``queue`` once it serves POST /v1/chat/completions.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ async def _push(resp: aiohttp.ClientResponse, request: web.Request, out: web.Str
     await bodypush.deliver(resp, on_data, request.writer.drain)
 
 
-def main(kind: str, queue: mp.Queue, upstream: str) -> None:
+def main(kind: str, queue: mp.Queue, upstream: str, cpus: set[int] | None = None) -> None:
+    bench_tap._pin(cpus)
     relay = {"bare": _bare, "push": _push}[kind]
 
     async def serve() -> None:
