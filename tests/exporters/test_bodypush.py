@@ -10,6 +10,7 @@ from aiohttp import web
 
 from specguard.exporters import bodypush
 from specguard.exporters.readwatch import ReadWatch
+from tests.exporters.servekit import serve
 
 
 @pytest.fixture
@@ -34,12 +35,9 @@ async def upstream():
     app = web.Application()
     app.router.add_get("/", stream)
     app.router.add_get("/empty", empty)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    runner, url = await serve(app)
     async with aiohttp.ClientSession() as session:
-        yield session, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/"
+        yield session, url + "/"
     await runner.cleanup()
 
 

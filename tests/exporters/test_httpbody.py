@@ -10,6 +10,7 @@ from aiohttp import web
 from specguard.errors import InputError
 from specguard.exporters import scrape
 from specguard.exporters.httpbody import BodyTooLarge, read_limited
+from tests.exporters.servekit import serve
 
 PAGE = "".join(f'vllm:generation_tokens_total{{engine="{i}",model_name="m"}} {i}.0\n' for i in range(400))
 
@@ -38,12 +39,8 @@ async def server():
     app = web.Application()
     app.router.add_get("/metrics", slow_page)
     app.router.add_post("/echo", echo_size)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield f"http://127.0.0.1:{port}"
+    runner, url = await serve(app)
+    yield url
     await runner.cleanup()
 
 

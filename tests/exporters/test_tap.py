@@ -20,6 +20,7 @@ from multidict import CIMultiDict
 from specguard.exporters import tap, tapstream
 from specguard.monitor import config
 from specguard.monitor.app import Monitor
+from tests.exporters import servekit
 
 VLLM_CHUNKS = [
     b'data: {"id":"c1","object":"text_completion","created":1,"model":"m",'
@@ -167,11 +168,7 @@ class Upstream:
 
 
 async def serve(app: web.Application) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(app, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    return await servekit.serve(app, handler_cancellation=True)
 
 
 def tap_config(url: str, engine: str = "vllm", extra: str = "") -> config.SpecguardConfig:
