@@ -426,19 +426,16 @@ def main() -> int:
         behind_url, _ = queue.get(timeout=60)
         scrape = 5.0 if args.upstream == "sim" else 3600.0  # the stand-in has no /metrics
         if args.proxy == "none":
-            proxy = None
-        elif args.proxy == "tap":
-            proxy = ctx.Process(target=_tap_main, args=(queue, behind_url, scrape, tap_cpus), daemon=True)
-        else:
-            import floors
-
-            floor_args = (args.proxy, queue, behind_url, tap_cpus)
-            proxy = ctx.Process(target=floors.main, args=floor_args, daemon=True)
-        if proxy is None:
             tap_url, tap_pid = behind_url, procs[1].pid  # (CPU and memory figures: the upstream's)
         else:
-            procs.append(proxy)
-            proxy.start()
+            if args.proxy == "tap":
+                proxy_main, proxy_args = _tap_main, (queue, behind_url, scrape, tap_cpus)
+            else:
+                import floors
+
+                proxy_main, proxy_args = floors.main, (args.proxy, queue, behind_url, tap_cpus)
+            procs.append(ctx.Process(target=proxy_main, args=proxy_args, daemon=True))
+            procs[-1].start()
             tap_url, tap_pid = queue.get(timeout=60)
         rss_start = rss_kib(tap_pid)
         if args.profile:

@@ -29,15 +29,7 @@ async def _bare(resp: aiohttp.ClientResponse, request: web.Request, out: web.Str
 
 
 async def _push(resp: aiohttp.ClientResponse, request: web.Request, out: web.StreamResponse) -> None:
-    transport = request.transport
-    assert transport is not None
-    high = transport.get_write_buffer_limits()[1]
-
-    def on_data(data: bytes) -> bool:
-        transport.write(b"%x\r\n%b\r\n" % (len(data), data))  # (HTTP/1.1 client: chunked)
-        return transport.get_write_buffer_size() > high
-
-    await bodypush.deliver(resp, on_data, request.writer.drain)
+    await bodypush.deliver(resp, bodypush.client_writer(request), request.writer.drain)
 
 
 def main(kind: str, queue: mp.Queue, upstream: str, cpus: set[int] | None = None) -> None:

@@ -7,6 +7,7 @@ every running stream at once the last stream waits for all of that (bench/bench_
 the reader hands each chunk to a plain callback from within the socket's read callback, so the
 relay inspects and forwards it there and then; the relaying task sleeps until the body ends,
 fails, or the receiver is full (then reading pauses until the receiver drains).
+``client_writer`` is the other half: a callback that writes to the client without awaiting.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 from aiohttp.streams import StreamReader
 
 # on_data(chunk) -> True when the receiver is full: reading pauses until drain() returns
@@ -85,6 +87,29 @@ class _PushReader(StreamReader):
         push = _PUSHES.get(self)
         if push is not None:
             push.finish(exc)
+
+
+def client_writer(request: web.Request) -> OnData:
+    """An ``on_data`` that writes to ``request``'s client at once (chunk-framed when aiohttp
+    chose chunked for the prepared response); True when the client's send buffer is past its
+    high-water mark. Between ``prepare()`` and ``write_eof()`` of that response only.
+    """
+    writer: Any = request.writer
+    transport = request.transport
+    high = transport.get_write_buffer_limits()[1] if transport is not None else 0
+    chunked = bool(getattr(writer, "chunked", False))
+
+    def send(data: bytes) -> bool:
+        if not data:
+            return False
+        if transport is None or transport.is_closing():
+            raise aiohttp.ClientConnectionResetError("Cannot write to closing transport")
+        framed = b"%x\r\n%b\r\n" % (len(data), data) if chunked else data
+        writer.output_size += len(framed)
+        transport.write(framed)
+        return transport.get_write_buffer_size() > high
+
+    return send
 
 
 async def deliver(

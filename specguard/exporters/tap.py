@@ -134,30 +134,6 @@ class _EventSplitter:
         return rest
 
 
-def _sender(request: web.Request) -> Callable[[bytes], bool]:
-    """Writes relayed bytes to the client at once (chunk-framed when aiohttp chose chunked).
-
-    Called from the upstream's read callback, so it cannot await: it returns True when the
-    client's send buffer is past its high-water mark, and the relay then waits for the drain.
-    """
-    writer: Any = request.writer
-    transport = request.transport
-    high = transport.get_write_buffer_limits()[1] if transport is not None else 0
-    chunked = bool(getattr(writer, "chunked", False))
-
-    def send(data: bytes) -> bool:
-        if not data:
-            return False
-        if transport is None or transport.is_closing():
-            raise aiohttp.ClientConnectionResetError("Cannot write to closing transport")
-        framed = b"%x\r\n%b\r\n" % (len(data), data) if chunked else data
-        writer.output_size += len(framed)
-        transport.write(framed)
-        return transport.get_write_buffer_size() > high
-
-    return send
-
-
 def openai_error(status: int, message: str, kind: str) -> web.Response:
     """An error in the OpenAI shape, so client SDKs surface it normally."""
     payload = {"error": {"message": message, "type": kind, "param": None, "code": status}}
@@ -419,7 +395,7 @@ class Tap:
         """
         events = _EventSplitter()
         relay = _Relay()
-        send = _sender(request)
+        send = bodypush.client_writer(request)
         watch = readwatch.ReadWatch.take_over(resp, self._timeout.sock_read)
 
         def on_data(data: bytes) -> bool:
