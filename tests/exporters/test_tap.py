@@ -235,6 +235,23 @@ async def test_stream_without_usage_is_byte_identical_and_stats_are_read(env):
     assert record.ttft_seconds is not None and record.decode_seconds is not None
 
 
+async def test_http_1_0_client_gets_the_stream_unframed_until_close(env):
+    """HTTP/1.0 has no chunked encoding: the tap writes the events as they are and closes."""
+    upstream, up_url, monitor, tap_url, session = env
+    body = json.dumps({"model": "m", "prompt": "x", "stream": True}).encode()
+    host, port = tap_url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        b"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
+    )
+    raw = await asyncio.wait_for(reader.read(), 10)  # to the end: the tap closes the connection
+    writer.close()
+    head, _, payload = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 200") and b"Transfer-Encoding" not in head
+    assert payload == b"".join(VLLM_CHUNKS) + DONE
+
+
 @pytest.mark.parametrize("fingerprint", [FINGERPRINT, None], ids=["fingerprint", "no-fingerprint"])
 @pytest.mark.parametrize("asked", [False, True], ids=["usage-not-asked", "usage-asked"])
 @pytest.mark.parametrize("n", [1, 2])
