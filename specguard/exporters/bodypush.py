@@ -95,6 +95,9 @@ def client_writer(request: web.Request) -> OnData:
     high-water mark. Between ``prepare()`` and ``write_eof()`` of that response only.
     """
     writer: Any = request.writer
+    flush_headers = getattr(writer, "send_headers", None)
+    if flush_headers is not None:  # (aiohttp >= 3.12 may hold the headers back for the first write)
+        flush_headers()
     transport = request.transport
     high = transport.get_write_buffer_limits()[1] if transport is not None else 0
     chunked = bool(getattr(writer, "chunked", False))
@@ -112,17 +115,29 @@ def client_writer(request: web.Request) -> OnData:
     return send
 
 
+def _take_over(reader: StreamReader) -> bool:
+    """Turn ``reader`` into a ``_PushReader`` (its body then goes to the registered push)."""
+    if type(reader) is not StreamReader:
+        return False
+    try:
+        reader.__class__ = _PushReader
+    except TypeError:  # an aiohttp whose reader's layout differs: stay on the ordinary path
+        return False
+    return True
+
+
 async def deliver(
     resp: aiohttp.ClientResponse, on_data: OnData, drain: Callable[[], Awaitable[None]]
 ) -> None:
     """Hand ``resp``'s whole body to ``on_data``; return at its end, raise its error.
 
     Whatever the reader had buffered before goes first. A reader that is not aiohttp's plain
-    ``StreamReader`` (an empty body) is read the ordinary way into the same callback.
+    ``StreamReader`` (an empty body), or one that cannot be taken over, is read the ordinary way
+    into the same callback.
     """
     reader = resp.content
     connection = resp.connection
-    if type(reader) is not StreamReader or connection is None or connection.protocol is None:
+    if connection is None or connection.protocol is None or not _take_over(reader):
         async for data in reader.iter_any():
             if on_data(data):
                 await drain()
@@ -135,7 +150,6 @@ async def deliver(
         push.finish(None)
     else:
         _PUSHES[reader] = push
-        reader.__class__ = _PushReader
     try:
         while True:
             await push.waiter
