@@ -88,6 +88,14 @@ class Upstream:
         self.fingerprint: bytes | None = None  # vLLM --fingerprint-mode full: b'"vllm-..."'
         self.force_usage = False  # vLLM --enable-force-include-usage
 
+    async def _hang(self) -> None:
+        """Wait (for 30 s) until the tap cancels the request, and record that it did."""
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+
     async def handle(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
         self.headers.append(dict(request.headers))
@@ -98,11 +106,7 @@ class Upstream:
             return web.Response(body=b"raw:" + raw, content_type="text/plain")
         self.bodies.append(body)
         if self.mode == "hang":
-            try:
-                await asyncio.sleep(30)
-            except asyncio.CancelledError:
-                self.cancelled.set()
-                raise
+            await self._hang()
         if self.mode == "llamacpp":
             data = (
                 b'{"choices":[{"index":0,"text":"ok"}],"usage":{"completion_tokens":4},'
@@ -139,11 +143,7 @@ class Upstream:
             if self.mode in ("trickle", "trickle_stall"):
                 await asyncio.sleep(0.2)
             if self.mode == "slowstream" and index == 1:
-                try:
-                    await asyncio.sleep(30)
-                except asyncio.CancelledError:
-                    self.cancelled.set()
-                    raise
+                await self._hang()
             if sglang and index == len(VLLM_CHUNKS) - 1 and body.get("return_spec_tokens_details"):
                 chunk = chunk.replace(
                     b'"finish_reason":"length"}]}',
@@ -152,11 +152,7 @@ class Upstream:
                 )
             await resp.write(chunk)
         if self.mode == "trickle_stall":
-            try:
-                await asyncio.sleep(30)
-            except asyncio.CancelledError:
-                self.cancelled.set()
-                raise
+            await self._hang()
         if self.mode == "break_after_finish":
             request.transport.close()
             return resp
