@@ -30,11 +30,11 @@ import statistics
 import time
 from dataclasses import replace
 
+from specguard.lab import demo, replay, scenario
+from specguard.lab import replay_policies as rp
 from specguard.monitor import config as monitor_config
-from specguard.monitor import demo, replay, scenario
-from specguard.monitor import replay_policies as rp
-from specguard.monitor.sim import config as sim_config
 from specguard.rules import policy as policy_mod
+from specguard.sim import config as sim_config
 
 SHIFT_AT = 300.0  # shift_scenario(): the shift happens at the start of its second phase
 

@@ -24,11 +24,11 @@ import numpy as np
 import pandas as pd
 
 from specguard.exporters.records import RequestRecord
-from specguard.monitor.sim import config as sim_config
-from specguard.monitor.sim import truth as sim_truth
-from specguard.monitor.sim.virtual import VirtualCluster
 from specguard.rules import cost
 from specguard.rules.cost_config import CostSettings
+from specguard.sim import config as sim_config
+from specguard.sim import truth as sim_truth
+from specguard.sim.virtual import VirtualCluster
 
 POOLS = {"spec-k4": 4, "spec-k2": 2, "nospec": 0}
 MIX = (("code", 0.0, "greedy"), ("chat", 0.7, "medium"), ("creative", 1.0, "high"))

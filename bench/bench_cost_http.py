@@ -17,12 +17,13 @@ import random
 import statistics
 import time
 
-from specguard.monitor import config, loadgen
+from specguard.lab import loadgen
+from specguard.monitor import config
 from specguard.monitor.app import Monitor
-from specguard.monitor.sim import cluster
-from specguard.monitor.sim import truth as sim_truth
 from specguard.rules import cost
 from specguard.rules.cost_config import CostSettings
+from specguard.sim import cluster
+from specguard.sim import truth as sim_truth
 
 K = {"spec-k4": 4, "spec-k2": 2, "nospec": 0}
 MIX = [

@@ -19,14 +19,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specguard.monitor import config, replay, replay_policies  # noqa: E402
-from specguard.monitor import scenario as sc  # noqa: E402
-from specguard.monitor.sim import config as sim_config  # noqa: E402
+from specguard.lab import replay, replay_policies  # noqa: E402
+from specguard.lab import scenario as sc  # noqa: E402
+from specguard.monitor import config  # noqa: E402
 from specguard.rules import cost as cost_mod  # noqa: E402
 from specguard.rules import evidence as evidence_mod  # noqa: E402
 from specguard.rules import guard  # noqa: E402
 from specguard.rules import policy as policy_mod  # noqa: E402
 from specguard.rules.cost_config import CostSettings  # noqa: E402
+from specguard.sim import config as sim_config  # noqa: E402
 
 
 def stability(clients: int, minutes: float) -> dict:

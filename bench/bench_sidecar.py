@@ -24,8 +24,8 @@ from pathlib import Path
 
 import aiohttp
 
-from specguard.monitor import loadgen
-from specguard.monitor.sim.cluster import SimCluster
+from specguard.lab import loadgen
+from specguard.sim.cluster import SimCluster
 
 TASKS = [f"task{i:02d}" for i in range(25)]
 TEMPS = (0.0, 0.7)  # greedy and medium buckets -> 50 classes

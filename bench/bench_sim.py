@@ -18,9 +18,9 @@ import json
 import statistics
 import time
 
-from specguard.monitor import loadgen
-from specguard.monitor.sim import cluster, virtual
-from specguard.monitor.sim import config as simconfig
+from specguard.lab import loadgen
+from specguard.sim import cluster, virtual
+from specguard.sim import config as simconfig
 
 
 async def one(concurrency: int, duration: float, time_scale: float) -> dict:

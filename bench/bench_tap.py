@@ -52,7 +52,7 @@ T = TypeVar("T")
 
 def _sim_main(queue: mp.Queue, time_scale: float, cpus: set[int] | None) -> None:
     _pin(cpus)
-    from specguard.monitor.sim import cluster
+    from specguard.sim import cluster
 
     async def main() -> None:
         async with cluster.SimCluster.from_config(

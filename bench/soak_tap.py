@@ -48,7 +48,7 @@ CLASSES = [  # (task type, temperature, chat?)
 
 def _serve_sims(time_scale: float, seed: int) -> None:
     """Child process: both simulators; prints their URLs as one JSON line; ends when stdin closes."""
-    from specguard.monitor.sim import cluster
+    from specguard.sim import cluster
 
     async def main() -> None:
         async with (
@@ -134,7 +134,7 @@ def start_tap(cfg_path: Path, port: int) -> subprocess.Popen:
         [
             sys.executable,
             "-m",
-            "specguard.monitor.cli",
+            "specguard.cli",
             "run",
             "--config",
             str(cfg_path),

@@ -1,5 +1,5 @@
 import sys
 
-from specguard.monitor.cli import main
+from specguard.cli import main
 
 sys.exit(main())

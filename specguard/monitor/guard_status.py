@@ -4,13 +4,29 @@ pool, phase and last reason, pins, freezes and pending shorten-K moves; alerts; 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from specguard.rules import guard
-from specguard.rules.evidence import ClassKey
+from specguard.rules import policy as policy_mod
+from specguard.rules.evidence import AlertBook, ClassKey
 
-if TYPE_CHECKING:
-    from specguard.monitor.daemon import Guard
+
+class StatusSource(Protocol):
+    """What the status document reads from the daemon's ``Guard`` (a protocol, so this module
+    does not import the daemon that imports it)."""
+
+    policy: policy_mod.Policy
+    states: dict[ClassKey, guard.ClassState]
+    last_decisions: dict[ClassKey, guard.Decision]
+    decisions: Any
+    alerts: AlertBook
+    audit: Any
+    store: Any
+    follow: Any
+    running: bool
+    version: int
+    last_evaluation: float | None
+    reload_error: str | None
 
 
 def class_row(
@@ -36,7 +52,7 @@ def class_row(
     }
 
 
-def document(g: Guard, decisions: int = 50) -> dict[str, Any]:
+def document(g: StatusSource, decisions: int = 50) -> dict[str, Any]:
     """The status of guard ``g`` with its last ``decisions`` decisions (0: none)."""
     classes = [
         class_row(key, st, g.last_decisions.get(key), g.policy.pools) for key, st in sorted(g.states.items())

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from deployhelp import DASHBOARD, DEPLOY, RULES, run_promtool
 
-from specguard.monitor import cli
+from specguard import cli
 from specguard.monitor import config as specguard_config
 
 COMPOSE_DIR = DEPLOY / "compose"

@@ -8,9 +8,10 @@ import sys
 
 import pytest
 
+from specguard import cli
 from specguard.errors import ConfigError
 from specguard.exporters.config import Bucket
-from specguard.monitor import cli, config
+from specguard.monitor import config
 
 GOOD = """\
 pools:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from specguard import cli
 from specguard.exporters import derive, scrape
-from specguard.monitor import cli
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 K4 = FIXTURES / "vllm-0.32-cpu-ngram-k4.metrics.txt"

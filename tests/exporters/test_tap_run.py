@@ -9,8 +9,8 @@ import sys
 
 import aiohttp
 
-from specguard.monitor import cli
-from specguard.monitor.sim import cluster
+from specguard import cli
+from specguard.sim import cluster
 
 K = {"spec-k4": 4, "spec-k2": 2, "nospec": 0}
 

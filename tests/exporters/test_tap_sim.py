@@ -18,9 +18,10 @@ import re
 import aiohttp
 import pytest
 
-from specguard.monitor import config, loadgen
+from specguard.lab import loadgen
+from specguard.monitor import config
 from specguard.monitor.app import Monitor
-from specguard.monitor.sim import cluster
+from specguard.sim import cluster
 
 DIALECTS = ["vllm", "sglang"]
 K = {"spec-k4": 4, "spec-k2": 2, "nospec": 0}

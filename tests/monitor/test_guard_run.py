@@ -15,10 +15,12 @@ import aiohttp
 import pytest
 import yaml
 
+from specguard import cli
 from specguard.errors import ConfigError, InputError
-from specguard.monitor import cli, config, guard_wiring, loadgen
+from specguard.lab import loadgen
+from specguard.monitor import config, guard_wiring
 from specguard.monitor.app import Monitor
-from specguard.monitor.sim import cluster
+from specguard.sim import cluster
 
 K = {"spec-k4": 4, "spec-k2": 2, "nospec": 0}
 TOKEN = "tok-3f9a"

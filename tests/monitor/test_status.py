@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from specguard.monitor import cli
+from specguard import cli
 from specguard.monitor import state as state_mod
 from specguard.monitor.audit import AuditLog
 from specguard.rules.guard import ClassState

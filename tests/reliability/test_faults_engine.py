@@ -14,9 +14,10 @@ import aiohttp
 import pytest
 from prometheus_client import generate_latest
 
-from specguard.monitor import guard_wiring, loadgen
+from specguard.lab import loadgen
+from specguard.monitor import guard_wiring
 from specguard.monitor.app import Monitor
-from specguard.monitor.sim import cluster
+from specguard.sim import cluster
 from tests.reliability import relkit
 
 TIME_SCALE = 0.02

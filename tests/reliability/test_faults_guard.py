@@ -567,9 +567,10 @@ async def test_source_bug_is_an_error_evaluation_not_a_crash(tmp_path):
 
 async def test_tap_keeps_serving_while_prometheus_hangs(tmp_path):
     """An evaluation stuck on a slow Prometheus never holds up the traffic through the tap."""
-    from specguard.monitor import config, guard_wiring, loadgen
+    from specguard.lab import loadgen
+    from specguard.monitor import config, guard_wiring
     from specguard.monitor.app import Monitor
-    from specguard.monitor.sim import cluster
+    from specguard.sim import cluster
 
     prom = FakePrometheus({"code": 0.5, "chat": 0.5, "creative": 0.5, "extraction": 0.5, "other": 0.5})
     prom.mode = "slow"

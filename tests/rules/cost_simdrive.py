@@ -10,8 +10,8 @@ from __future__ import annotations
 import random
 
 from specguard.exporters.records import RequestRecord
-from specguard.monitor.sim import config as sim_config
-from specguard.monitor.sim.engine import EngineCore, SimRequest
+from specguard.sim import config as sim_config
+from specguard.sim.engine import EngineCore, SimRequest
 
 TEMPERATURE_BUCKETS = ((0.0, "greedy"), (0.5, "low"), (0.9, "medium"), (float("inf"), "high"))
 

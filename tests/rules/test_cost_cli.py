@@ -11,7 +11,7 @@ from cost_synth import make_records
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from specguard.monitor import cli
+from specguard import cli
 from specguard.monitor.cost_metrics import CostCollector, render_costs
 from specguard.rules import cost
 from specguard.rules.cost_config import CostSettings

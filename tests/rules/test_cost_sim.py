@@ -12,10 +12,10 @@ import dataclasses
 import pytest
 from cost_simdrive import run_closed_loop
 
-from specguard.monitor.sim import config as sim_config
-from specguard.monitor.sim import truth as sim_truth
 from specguard.rules import cost
 from specguard.rules.cost_config import CostSettings
+from specguard.sim import config as sim_config
+from specguard.sim import truth as sim_truth
 
 POOLS = {"spec-k4": 4, "spec-k2": 2, "nospec": 0}
 # 99% intervals: this test checks 10 cells from one fixed seed, so at 95% one miss in three runs

@@ -7,9 +7,9 @@ from cost_synth import make_records, step_seconds
 
 from specguard.errors import InputError
 from specguard.exporters.snapshot import EngineSnapshot, HistogramTotals
-from specguard.monitor.sim import config as sim_config
 from specguard.rules import profile, stepfit
 from specguard.rules.cost_config import CostSettings
+from specguard.sim import config as sim_config
 
 
 def test_recovers_a_linear_model_and_drops_the_collinear_term():

@@ -45,7 +45,7 @@ from stackhelp import (
     wait_until,
 )
 
-from specguard.monitor import loadgen
+from specguard.lab import loadgen
 
 pytestmark = pytest.mark.stack
 

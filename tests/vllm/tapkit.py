@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from vllmkit import NUM_SPECULATIVE_TOKENS
 
-from specguard.monitor import loadgen
+from specguard.lab import loadgen
 from specguard.monitor.app import Monitor
 
 K = NUM_SPECULATIVE_TOKENS

@@ -19,7 +19,8 @@ import pytest
 import vllmkit as kit
 from vllmkit import NUM_SPECULATIVE_TOKENS
 
-from specguard.monitor import config, guard_wiring, loadgen
+from specguard.lab import loadgen
+from specguard.monitor import config, guard_wiring
 from specguard.monitor.app import Monitor
 from specguard.rules import baseline, cost
 

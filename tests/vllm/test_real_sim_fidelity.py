@@ -19,8 +19,8 @@ import pytest
 import vllmkit as kit
 from vllmkit import LOOP_PROMPT, NUM_SPECULATIVE_TOKENS
 
-from specguard.monitor.sim import cluster
-from specguard.monitor.sim import config as simconfig
+from specguard.sim import cluster
+from specguard.sim import config as simconfig
 
 pytestmark = pytest.mark.vllm
 

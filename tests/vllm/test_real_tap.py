@@ -18,7 +18,8 @@ import vllmkit as kit
 from tapkit import MIX, SPEC_FIELDS, K, config_text, pool_sums, pools, scrape_all
 from vllmkit import LOOP_PROMPT, MODEL_NAME
 
-from specguard.monitor import config, loadgen
+from specguard.lab import loadgen
+from specguard.monitor import config
 from specguard.monitor.app import Monitor
 
 pytestmark = pytest.mark.vllm

@@ -12,7 +12,7 @@ import pytest
 import vllmkit as kit
 from tapkit import MIX, K, SpecguardRun, pools, total
 
-from specguard.monitor import loadgen
+from specguard.lab import loadgen
 
 pytestmark = pytest.mark.vllm
 

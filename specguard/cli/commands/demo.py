@@ -1,0 +1,389 @@
+"""``specguard demo``: calibrate, run the guard through a scripted scenario, compare with baselines."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import shutil
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from specguard.errors import ConfigError, ConfigIssue
+
+
+def flag_error(message: str) -> ConfigError:
+    """A bad command-line flag: ``--flag rest`` -> ``Error: --flag: rest``."""
+    flag, _, rest = message.partition(" ")
+    return ConfigError(ConfigIssue(flag.rstrip(":"), None, None, "", rest))
+
+
+WIDTH = 100
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "demo",
+        help="see specguard work on the built-in simulator (no GPU, ~2 minutes)",
+        description=(
+            "Calibrate the simulated pools, run a scripted scenario (mixed classes, load rising into "
+            "saturation and back, a temperature shift) through specguard's router, statistics, cost model "
+            "and guard, then replay the same scenario and seed under always-speculate, never-speculate, "
+            "the best static config and the per-phase oracle, and compare throughput and TPOT."
+        ),
+    )
+    parser.add_argument(
+        "--duration", type=float, default=120.0, help="wall seconds to aim for (0 = as fast as possible)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="random seed (same seed -> same run)")
+    parser.add_argument(
+        "--scenario",
+        default="default",
+        help="built-in scenario (default, shift, load-wave, stationary) or a YAML file",
+    )
+    parser.add_argument(
+        "--config",
+        default=None,
+        help="specguard config (pools/classes/tap/guard); default: the shipped example",
+    )
+    parser.add_argument("--sim-config", default=None, help="simulator config YAML (default: the shipped one)")
+    parser.add_argument(
+        "--timer-scale", type=float, default=1 / 3, help="multiply the guard policy's timers (default 1/3)"
+    )
+    parser.add_argument(
+        "--fleet", type=int, default=3, help="engines' worth of capacity every policy gets (default 3)"
+    )
+    parser.add_argument(
+        "--gpu-scale",
+        type=float,
+        default=2.0,
+        help="simulate a GPU this many times smaller, with the scenario's clients and the load buckets "
+        "scaled alike (same RC curves, fewer requests to drive; default 2)",
+    )
+    parser.add_argument(
+        "--live",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run specguard live over HTTP (simulator + tap + exporter + guard daemon); "
+        "--no-live: only its virtual-time replay",
+    )
+    parser.add_argument("--profile-out", default=None, help="also write the calibration profile here")
+    parser.add_argument(
+        "--json", action="store_true", help="print the result as JSON (stable keys) instead of tables"
+    )
+    parser.set_defaults(func=run)
+
+
+def _setup(args: argparse.Namespace):
+    from specguard.lab import demo, scenario
+    from specguard.monitor import config as monitor_config
+    from specguard.rules import policy as policy_mod
+    from specguard.sim import config as sim_config
+
+    if args.duration < 0:
+        raise flag_error(f"--duration ({args.duration}) must be >= 0")
+    if not 0 < args.timer_scale <= 10:
+        raise flag_error(f"--timer-scale ({args.timer_scale}) must be in (0, 10]")
+    if args.fleet < 1:
+        raise flag_error(f"--fleet ({args.fleet}) must be >= 1")
+    if not 1 <= args.gpu_scale <= 64:
+        raise flag_error(f"--gpu-scale ({args.gpu_scale}) must be in [1, 64]")
+    cfg = monitor_config.load(args.config) if args.config else monitor_config.load_default()
+    sim = sim_config.load(args.sim_config)
+    sim_pools = {p.name for p in sim.pools}
+    missing = [p.name for p in cfg.exporter.pools if p.name not in sim_pools]
+    if missing:
+        raise ConfigError(f"config pools {missing} are not simulator pools ({sorted(sim_pools)})")
+    guard_section = cfg.sections.get("guard") if hasattr(cfg, "sections") else None
+    policy = guard_section if isinstance(guard_section, policy_mod.Policy) else policy_mod.load_default()
+    scen = scenario.load_scenario(args.scenario)
+    if args.gpu_scale != 1:
+        scen = scen.with_clients_scaled(1 / args.gpu_scale)
+    setup = demo.DemoSetup(
+        sim=demo.smaller_gpu(sim, args.gpu_scale),
+        exporter=demo.smaller_buckets(cfg.exporter, args.gpu_scale),
+        policy=policy,
+        scenario=scen,
+        seed=args.seed,
+        fleet=args.fleet,
+        timer_scale=args.timer_scale,
+        gpu_scale=args.gpu_scale,
+        policy_source=f"{args.config} guard:" if guard_section is not None else "rules/default-policy.yaml",
+    )
+    setup.settings = demo.cost_settings(setup.exporter)
+    return setup
+
+
+class Display:
+    """Live lines: an in-place status block on a terminal, plain timestamped lines otherwise."""
+
+    def __init__(self, stream, quiet: bool):
+        self.stream = stream
+        self.quiet = quiet
+        self.tty = stream.isatty() and os.environ.get("TERM") != "dumb"
+        self.width = min(WIDTH, shutil.get_terminal_size((WIDTH, 24)).columns) if self.tty else WIDTH
+        self._block = 0
+        self._last_plain = -1e9
+
+    def line(self, text: str) -> None:
+        if self.quiet:
+            return
+        self._clear()
+        print(text[: self.width] if self.tty else text, file=self.stream, flush=True)
+
+    def _clear(self) -> None:
+        if self.tty and self._block:
+            self.stream.write(f"\x1b[{self._block}A\x1b[J")
+            self._block = 0
+
+    def status(self, now: float, phase: str, rows: list[str]) -> None:
+        if self.quiet:
+            return
+        if self.tty:
+            self._clear()
+            block = [f"t={now:5.0f}s  phase {phase}", *rows]
+            for text in block:
+                print(text[: self.width], file=self.stream)
+            self.stream.flush()
+            self._block = len(block)
+        elif now - self._last_plain >= 60:
+            self._last_plain = now
+            print(f"[t={now:5.0f}s] phase {phase}", file=self.stream)
+            for text in rows:
+                print(f"  {text}", file=self.stream)
+            self.stream.flush()
+
+    def done(self) -> None:
+        if self.tty:
+            self._block = 0
+
+
+def _fmt(value, spec: str, dash: str = "-") -> str:
+    return dash if value is None else format(value, spec)
+
+
+def _rows(costs, states, ks) -> list[str]:
+    header = (
+        f"{'class':<20}{'load':<8}{'RC':>6}{'[lo, hi]':>14}{'A':>6}{'rollbk':>8}{'n':>6}  "
+        f"{'pool (K)':<14}{'base':<8}"
+    )
+    rows = [header]
+    best = {}
+    for c in costs:
+        key = (c.task_type, c.temperature_bucket, c.load_bucket)
+        if c.n_spec and (key not in best or c.n_spec > best[key].n_spec):
+            best[key] = c
+    for key in sorted(best):
+        c = best[key]
+        state = states.get(key)
+        pool = state.pool if state is not None and state.pool else "?"
+        interval = f"[{_fmt(c.lower, '.2f')}, {_fmt(c.upper, '.2f')}]"
+        rows.append(
+            f"{key[0] + '/' + key[1]:<20}{key[2]:<8}{_fmt(c.rc, '6.2f'):>6}{interval:>14}"
+            f"{_fmt(c.accept_length, '6.2f'):>6}{_fmt(c.full_rollback_round_ratio, '8.2f'):>8}{c.n_spec:>6}  "
+            f"{pool + ' (' + str(ks.get(pool, '?')) + ')':<14}{c.baseline_source:<8}"
+        )
+    return rows
+
+
+def _decision_line(d: dict) -> str:
+    numbers = d.get("numbers", {})
+    rc = None
+    for name, values in (numbers.get("rules") or {}).items():
+        if name.startswith("relative-cost@") and "value" in values:
+            rc = values["value"]
+            break
+    why = d["reason"].split(";")[0]
+    rc_text = f" rc_lower={rc:.2f}" if rc is not None else ""
+    return (
+        f">> t={d['time']:5.0f}s {d['action'].upper():<8} {d['task_type']}/{d['temperature_bucket']} "
+        f"load={d['load_bucket']}: {d['from']} -> {d['to']}{rc_text} ({why})"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from specguard.lab import demo
+    from specguard.rules import profile as profile_mod
+
+    started = time.monotonic()
+    setup = _setup(args)
+    # the daemon's and the scheduler's warnings would tear the live display; errors still show
+    for name in ("apscheduler", "specguard", "aiohttp"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    out = Display(sys.stdout, quiet=args.json)
+    scen = setup.scenario
+    ks = {p.name: p.num_speculative_tokens for p in setup.exporter.pools}
+    out.line(
+        f"specguard demo: scenario '{scen.name}' ({scen.duration_s:.0f} simulated s): {scen.description}"
+    )
+    out.line(
+        f"pools: {', '.join(f'{p} (K={k})' for p, k in ks.items())}; fleet of {setup.fleet} engines; "
+        f"seed {setup.seed}; guard timers x{setup.timer_scale:.2f}"
+    )
+    out.line(
+        f"1/3 calibrating: quick sweep of every pool at concurrency 1..{128 / setup.gpu_scale:.0f} "
+        "(virtual time)"
+    )
+    profile = demo.calibrate(setup)
+    if args.profile_out:
+        profile_mod.write_profile(profile, Path(args.profile_out))
+        out.line(f"    calibration profile written to {args.profile_out}")
+
+    from specguard.lab import replay
+    from specguard.lab import replay_policies as rp
+
+    live = None
+    if args.live:
+        from specguard.lab import demo_live
+
+        budget = max(10.0, args.duration * 0.7) if args.duration else 0.0
+        time_scale = demo_live.pick_time_scale(scen.duration_s, budget)
+        out.line(
+            f"2/3 specguard LIVE: simulator pools over HTTP + tap + exporter + guard daemon, "
+            f"{time_scale:.2f} wall s per simulated s"
+        )
+
+        def on_status(now, phase, costs, states) -> None:
+            out.status(now, phase, _rows(costs, states, ks))
+
+        live = asyncio.run(
+            demo_live.run_live(
+                setup,
+                profile,
+                time_scale=time_scale,
+                on_status=on_status,
+                on_decision=lambda d: out.line(_decision_line(d)),
+            )
+        )
+        out.done()
+        out.line(
+            f"    live: {live['requests']} requests through the tap, {live['actions']} plan changes, "
+            f"{live['failed_requests']} failed"
+        )
+        pace = 0.0
+    else:
+        out.line("2/3 specguard (virtual time): router + windowed stats + cost model + guard")
+        pace = (args.duration * 0.6) / scen.duration_s if args.duration else 0.0
+    t0 = time.monotonic()
+    guard_ref: dict = {}
+
+    def on_tick(now, costs, changed) -> None:
+        if args.live:
+            return
+        if pace:
+            delay = t0 + now * pace - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+        for d in changed:
+            out.line(_decision_line(d))
+        phase = scen.phases[scen.phase_at(now)].name
+        out.status(now, phase, _rows(costs, guard_ref["policy"].states, ks))
+
+    if args.live:
+        out.line("3/3 replaying the same scenario and seed in virtual time: specguard and the baselines")
+    policy = rp.scaled_policy(setup.policy, setup.timer_scale) if setup.timer_scale != 1 else setup.policy
+    guard = rp.SpecguardPolicy(setup.exporter, policy, setup.settings, profile=profile, seed=setup.seed)
+    guard_ref["policy"] = guard
+    guard.on_tick = on_tick
+    result = replay.Replay(setup.sim, scen, guard, setup.buckets, seed=setup.seed, fleet=setup.fleet).run()
+    out.done()
+    specguard = demo.summarize(
+        result,
+        "specguard (default policy)",
+        mode=demo.SPECGUARD_MODE,
+        decisions=result.decisions,
+        actions=len(result.decisions),
+        actions_in_stationary_phases=demo.stationary_actions(result.decisions, scen),
+        evaluations=guard.evaluations,
+    )
+    out.line(f"    specguard replay: {len(result.decisions)} plan changes in {guard.evaluations} evaluations")
+    if not args.live:
+        out.line("3/3 replaying the same scenario and seed under the baselines")
+    policies = demo.run_baselines(setup, progress=lambda text: out.line(f"    {text}"))
+    policies["specguard"] = specguard
+    static_configs = policies.pop("static_configs")
+    result_json = {
+        "scenario": demo.scenario_json(scen),
+        "seed": setup.seed,
+        "fleet_engines": setup.fleet,
+        "pools": ks,
+        "guard_policy": {"source": setup.policy_source, "timer_scale": setup.timer_scale},
+        "calibration": {
+            "levels": [lv.concurrency for lv in profile.pools[0].levels],
+            "pools": [p.name for p in profile.pools],
+        },
+        "specguard_mode": demo.SPECGUARD_MODE,
+        "static_configs_throughput": static_configs,
+        "policies": policies,
+        "ratios": demo.ratios(policies),
+        "gpu_scale": args.gpu_scale,
+        "specguard_live": live,
+        "wall_seconds": round(time.monotonic() - started, 2),
+    }
+    if args.json:
+        json.dump(result_json, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        print_comparison(result_json)
+    return 0
+
+
+ORDER = ("always_speculate", "never_speculate", "best_static", "oracle", "specguard")
+NAMES = {
+    "always_speculate": "always speculate",
+    "never_speculate": "never speculate",
+    "best_static": "best static",
+    "oracle": "oracle",
+    "specguard": "specguard",
+}
+
+
+def print_comparison(result: dict) -> None:
+    policies = result["policies"]
+    print()
+    print(f"Same scenario, same seed ({result['seed']}), {result['fleet_engines']} engines of capacity each:")
+    print(f"{'policy':<18}{'tokens/s':>10}{'vs oracle':>11}{'TPOT mean':>11}{'TPOT p99':>10}  config")
+    oracle = policies["oracle"]["throughput_tokens_per_second"]
+    for name in ORDER:
+        p = policies[name]
+        config = p.get("config") or ("per phase, per class" if name == "oracle" else "")
+        if name == "specguard":
+            config = f"{p['actions']} plan changes"
+        print(
+            f"{NAMES[name]:<18}{p['throughput_tokens_per_second']:>10.0f}"
+            f"{p['throughput_tokens_per_second'] / oracle:>10.1%} {_fmt(p['tpot_mean_ms'], '8.1f'):>9}ms"
+            f"{_fmt(p['tpot_p99_ms'], '7.1f'):>8}ms  {config}"
+        )
+    print()
+    print("Output tokens/s per phase:")
+    phases = [ph["name"] for ph in policies["specguard"]["phases"]]
+    print(f"{'policy':<18}" + "".join(f"{name[:10]:>11}" for name in phases))
+    for name in ORDER:
+        print(
+            f"{NAMES[name]:<18}"
+            + "".join(f"{ph['throughput_tokens_per_second']:>11.0f}" for ph in policies[name]["phases"])
+        )
+    r = result["ratios"]
+    print()
+    lines = [
+        f"specguard = {r['specguard_vs_oracle_throughput']:.1%} of the oracle, "
+        f"{r['specguard_vs_best_static_throughput']:.1%} of the best static config, "
+        f"{r['specguard_vs_always_throughput']:.2f}x always-speculate, "
+        f"{r['specguard_vs_never_throughput']:.2f}x never-speculate "
+        f"(worst phase vs never: {r['specguard_vs_never_worst_phase_throughput']:.2f}x).",
+        f"The specguard row is its {result['specguard_mode']}.",
+    ]
+    live = result.get("specguard_live")
+    if live:
+        lines.append(
+            f"Live run ({live['mode']}): {live['throughput_tokens_per_second']:.0f} tokens/s, "
+            f"TPOT mean {_fmt(live['tpot_mean_ms'], '.1f')} ms, p99 {_fmt(live['tpot_p99_ms'], '.1f')} ms "
+            f"(simulated time), {live['actions']} plan changes; {live['note']}."
+        )
+    for line in lines:
+        print(textwrap.fill(line, WIDTH))
+    print(f"Done in {result['wall_seconds']:.0f} s. Use --json for every number.")

@@ -1,0 +1,94 @@
+"""``specguard simulate``: run the built-in engine simulator (one HTTP server per pool)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+
+from specguard.errors import ConfigError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "simulate",
+        help="run simulated vLLM/SGLang engine pools (no GPU needed)",
+        description=(
+            "Start one simulated engine per pool (default: spec-k4, spec-k2, nospec) speaking vLLM's or "
+            "SGLang's HTTP API and /metrics exactly, with ground truth at /sim/truth. Ctrl-C stops."
+        ),
+    )
+    parser.add_argument("--config", metavar="FILE", help="simulator YAML (default: the shipped default.yaml)")
+    parser.add_argument("--dialect", choices=("vllm", "sglang"), help="HTTP dialect (default: from config)")
+    parser.add_argument("--seed", type=int, help="random seed (default: from config)")
+    parser.add_argument("--host", help="listen address (default: 127.0.0.1)")
+    parser.add_argument(
+        "--port-base",
+        type=int,
+        metavar="PORT",
+        help="give pools consecutive ports from PORT (default: config)",
+    )
+    parser.add_argument("--pools", metavar="NAMES", help="comma-separated subset of pools to start, in order")
+    parser.add_argument(
+        "--time-scale", type=float, metavar="X", help="wall seconds per model second (0.1 = 10x faster)"
+    )
+    parser.add_argument(
+        "--print-config", action="store_true", help="print the effective config as JSON and exit"
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from specguard.sim import cluster
+
+    if args.port_base is not None and not 0 < args.port_base < 65536:
+        raise ConfigError(f"--port-base ({args.port_base}) must be a port number")
+    pools = [p.strip() for p in args.pools.split(",") if p.strip()] if args.pools else None
+    sim = cluster.SimCluster.from_config(
+        args.config,
+        seed=args.seed,
+        dialect=args.dialect,
+        time_scale=args.time_scale,
+        host=args.host,
+        port_base=args.port_base,
+        pools=pools,
+    )
+    if args.print_config:
+        cfg = sim.config
+        print(
+            json.dumps(
+                {
+                    "dialect": cfg.dialect,
+                    "seed": cfg.seed,
+                    "time_scale": cfg.time_scale,
+                    "host": cfg.host,
+                    "pools": [vars(p) for p in cfg.pools],
+                },
+                indent=2,
+            )
+        )
+        return 0
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve(sim))
+    return 0
+
+
+async def _serve(sim) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    async with sim:
+        cfg = sim.config
+        print(f"specguard simulator ({cfg.dialect} dialect, seed {cfg.seed}, time scale {cfg.time_scale:g})")
+        for pool in cfg.pools:
+            k = pool.num_speculative_tokens
+            print(f"  {pool.name:<10} K={k}  {sim.urls[pool.name]}")
+        print(f"ground truth: {next(iter(sim.urls.values()))}/sim/truth   (Ctrl-C stops)")
+        sys.stdout.flush()
+        await stop.wait()
+    print("simulator stopped")

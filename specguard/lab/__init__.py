@@ -1,0 +1,2 @@
+"""The evaluation lab: demo, replay, sweep, scenarios, load generator and report, on top of the
+service and the simulator."""

@@ -1,0 +1,136 @@
+"""Several simulated engine pools in one process, each on its own port with its own K.
+
+async with SimCluster.from_config(None, seed=0, dialect="vllm", time_scale=0.1) as sim:
+    sim.urls        # {"spec-k4": "http://127.0.0.1:PORT", "spec-k2": ..., "nospec": ...}
+    sim.truth()     # same JSON as GET /sim/truth on any pool
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from specguard.errors import ConfigError, ConfigIssue
+from specguard.sim import config as simconfig
+from specguard.sim.config import SimConfig
+from specguard.sim.runtime import PoolRuntime
+from specguard.sim.truth import model_table, relative_cost
+
+
+class SimCluster:
+    def __init__(self, config: SimConfig):
+        self.config = config
+        self.runtimes: dict[str, PoolRuntime] = {}
+        self.servers: dict[str, Any] = {}
+        self.urls: dict[str, str] = {}
+        self._runners: list[web.AppRunner] = []
+
+    @classmethod
+    def from_config(
+        cls,
+        config: SimConfig | str | Path | None = None,
+        seed: int | None = None,
+        dialect: str | None = None,
+        time_scale: float | None = None,
+        *,
+        host: str | None = None,
+        port_base: int | None = None,
+        pools: list[str] | tuple[str, ...] | None = None,
+    ) -> SimCluster:
+        """A cluster from a SimConfig, a YAML path or the shipped default (None), with overrides.
+
+        ``port_base`` numbers the pools' ports from it (0 or None: each pool's configured port,
+        0 there meaning ephemeral); ``pools`` keeps only the named pools, in that order.
+        """
+        if not isinstance(config, SimConfig):
+            config = simconfig.load(config)
+        if dialect is not None and dialect not in simconfig.DIALECTS:
+            raise ConfigError(
+                ConfigIssue("--dialect", None, None, "", f"{dialect!r} must be one of vllm, sglang")
+            )
+        if time_scale is not None and not time_scale > 0:
+            raise ConfigError(ConfigIssue("--time-scale", None, None, "", f"({time_scale}) must be > 0"))
+        config = config.with_overrides(seed=seed, dialect=dialect, time_scale=time_scale, host=host)
+        if pools:
+            known = {p.name: p for p in config.pools}
+            missing = [name for name in pools if name not in known]
+            if missing:
+                message = f"unknown pool(s) {', '.join(missing)} (configured: {', '.join(known)})"
+                raise ConfigError(ConfigIssue("--pools", None, None, "", message))
+            config = config.with_overrides(pools=tuple(known[name] for name in pools))
+        if port_base:
+            config = config.with_overrides(
+                pools=tuple(replace(p, port=port_base + i) for i, p in enumerate(config.pools))
+            )
+        return cls(config)
+
+    async def __aenter__(self) -> SimCluster:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        # Imported here so virtual-time users never load the HTTP layer.
+        if self.config.dialect == "vllm":
+            from specguard.sim.vllm_http import VllmServer as server_cls
+        else:
+            from specguard.sim.sglang_http import SglangServer as server_cls
+
+        try:
+            for pool in self.config.pools:
+                runtime = PoolRuntime(self.config, pool, time_scale=self.config.time_scale)
+                self.runtimes[pool.name] = runtime
+                server = server_cls(runtime, self.truth)
+                self.servers[pool.name] = server
+                await runtime.start()
+                runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
+                await runner.setup()
+                self._runners.append(runner)
+                site = web.TCPSite(runner, self.config.host, pool.port, reuse_address=True)
+                try:
+                    await site.start()
+                except OSError as exc:
+                    raise ConfigError(
+                        f"pool {pool.name}: cannot listen on {self.config.host}:{pool.port}: {exc.strerror}"
+                    ) from exc
+                port = _bound_port(runner, len(self.urls))
+                self.urls[pool.name] = f"http://{self.config.host}:{port}"
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        for runner in self._runners:
+            await runner.cleanup()
+        self._runners.clear()
+        for runtime in self.runtimes.values():
+            await runtime.stop()
+
+    def relative_cost(self, task: str, temperature: float, pool: str, concurrency: int) -> float:
+        """The model's true RC of one class on ``pool`` at ``concurrency`` (1.0 on a K = 0 pool)."""
+        k = self.config.pool(pool).num_speculative_tokens
+        return relative_cost(self.config, task, temperature, k, concurrency)
+
+    def truth(self) -> dict[str, Any]:
+        """Ground truth for every pool plus the model's true RC table (JSON-ready)."""
+        return {
+            "seed": self.config.seed,
+            "dialect": self.config.dialect,
+            "time_scale": self.config.time_scale,
+            "model_name": self.config.model_name,
+            "pools": {name: runtime.truth.to_json() for name, runtime in self.runtimes.items()},
+            "model": model_table(self.config),
+        }
+
+
+def _bound_port(runner: web.AppRunner, index: int) -> int:
+    """The port the pool's runner actually bound (the configured one, or the ephemeral one)."""
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            return int(address[1])
+    raise RuntimeError(f"pool #{index}: the simulator's listening socket has no port")

@@ -1,0 +1,171 @@
+"""``specguard demo --json``: the fields, and specguard beating always- and never-speculate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from specguard import cli
+from specguard.lab import scenario
+
+SHORT = """
+name: short
+description: low load, then saturation
+phases:
+  - name: low
+    duration_seconds: 120
+    loads:
+      - {task_type: code, clients: 2, temperature: 0.0}
+      - {task_type: chat, clients: 2, temperature: 0.7}
+      - {task_type: creative, clients: 2, temperature: 1.0}
+  - name: saturated
+    duration_seconds: 120
+    loads:
+      - {task_type: code, clients: 40, temperature: 0.0}
+      - {task_type: chat, clients: 40, temperature: 0.7}
+      - {task_type: creative, clients: 40, temperature: 1.0}
+"""
+
+POLICY_KEYS = {"label", "throughput_tokens_per_second", "tpot_mean_ms", "tpot_p99_ms", "requests", "phases"}
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    path = tmp_path_factory.mktemp("demo") / "short.yaml"
+    path.write_text(SHORT)
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        args = [
+            "--no-live",
+            "--duration",
+            "0",
+            "--json",
+            "--gpu-scale",
+            "4",
+            "--scenario",
+            str(path),
+            "--seed",
+            "3",
+        ]
+        assert cli.main(["demo", *args]) == 0
+    return json.loads(buf.getvalue())
+
+
+TINY = """
+name: tiny
+phases:
+  - name: only
+    duration_seconds: 60
+    loads:
+      - {task_type: code, clients: 8, temperature: 0.0}
+      - {task_type: creative, clients: 8, temperature: 1.0}
+"""
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    path = tmp_path_factory.mktemp("demo-live") / "tiny.yaml"
+    path.write_text(TINY)
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert (
+            cli.main(["demo", "--duration", "12", "--json", "--gpu-scale", "4", "--scenario", str(path)]) == 0
+        )
+    return json.loads(buf.getvalue())["specguard_live"]
+
+
+def test_json_has_every_policy_and_field(result):
+    assert set(result["policies"]) == {
+        "always_speculate",
+        "never_speculate",
+        "best_static",
+        "oracle",
+        "specguard",
+    }
+    for name, policy in result["policies"].items():
+        assert POLICY_KEYS <= set(policy), name
+        assert [p["name"] for p in policy["phases"]] == ["low", "saturated"]
+        assert policy["tpot_p99_ms"] >= policy["tpot_mean_ms"] > 0
+    assert result["seed"] == 3
+    assert "rules.guard.step" in result["specguard_mode"]
+    assert set(result["ratios"]) >= {
+        "specguard_vs_oracle_throughput",
+        "specguard_vs_never_worst_phase_throughput",
+    }
+    assert result["policies"]["specguard"]["actions"] == len(result["policies"]["specguard"]["decisions"])
+
+
+def test_live_run_went_through_the_tap_and_the_guard(live):
+    assert live["requests"] > 30 and live["failed_requests"] == 0
+    assert live["tap_requests"] >= live["requests"]  # every request went through the tap
+    assert live["tpot_mean_ms"] > 0 and live["time_scale"] > 0
+    assert live["final_plan"]  # the guard evaluated classes and holds a plan for them
+
+
+def test_specguard_beats_always_and_never_speculate(result):
+    p = result["policies"]
+    sg = p["specguard"]["throughput_tokens_per_second"]
+    assert sg > p["always_speculate"]["throughput_tokens_per_second"]
+    assert sg > p["never_speculate"]["throughput_tokens_per_second"]
+    assert p["specguard"]["tpot_mean_ms"] < p["always_speculate"]["tpot_mean_ms"]
+    assert p["specguard"]["tpot_mean_ms"] < p["never_speculate"]["tpot_mean_ms"]
+    # the guard really acted: creative (RC > 1 at every load) left speculation
+    assert any(d["task_type"] == "creative" and d["to"] == "nospec" for d in p["specguard"]["decisions"])
+    assert (
+        p["oracle"]["throughput_tokens_per_second"] >= p["best_static"]["throughput_tokens_per_second"] * 0.99
+    )
+
+
+def test_bad_flags_and_files_are_clear_errors(tmp_path, capsys):
+    assert cli.main(["demo", "--duration", "-1"]) == 2
+    assert "--duration" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("phases:\n  - {name: x, duration_seconds: 0, loads: []}\n")
+    assert cli.main(["demo", "--scenario", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.yaml:2" in err and "duration_seconds" in err
+    assert cli.main(["demo", "--scenario", "nope"]) == 2
+
+
+def test_builtin_scenarios_are_consistent():
+    for name, build in scenario.BUILTIN.items():
+        scen = build()
+        assert scen.duration_s > 0, name
+        assert scen.phase_at(0) == 0 and scen.phase_at(scen.duration_s + 1) == len(scen.phases) - 1
+    assert scenario.stationary_scenario().stationary_phases() == [1]
+    assert scenario.default_scenario().scaled(60).duration_s == pytest.approx(60)
+
+
+def test_same_seed_same_numbers_whatever_the_hash_seed(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY)
+    outputs = []
+    for hash_seed in ("1", "2"):
+        root = str(Path(__file__).resolve().parents[2])
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": root}
+        args = ["demo", "--no-live", "--duration", "0", "--json", "--gpu-scale", "4", "--scenario", str(path)]
+        done = subprocess.run(
+            [sys.executable, "-m", "specguard", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=root,
+        )
+        assert done.returncode == 0, done.stderr
+        result = json.loads(done.stdout)
+        result.pop("wall_seconds")
+        outputs.append(result)
+    assert outputs[0] == outputs[1]

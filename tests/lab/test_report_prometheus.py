@@ -1,0 +1,116 @@
+"""``specguard report`` against a REAL Prometheus scraping specguard running in front of the simulator."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from specguard.lab import loadgen, report
+from specguard.lab.report_data import PromData
+from specguard.monitor import app as monitor_app
+from specguard.monitor import config as monitor_config
+from specguard.monitor import guard_wiring
+from specguard.sim.cluster import SimCluster
+
+PROMETHEUS = shutil.which("prometheus") or "prometheus"  # scripts/test installs Debian's package
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+CONFIG = """
+pools:
+  - {{name: spec-k4, url: "{k4}", engine: vllm, num_speculative_tokens: 4}}
+  - {{name: spec-k2, url: "{k2}", engine: vllm, num_speculative_tokens: 2}}
+  - {{name: nospec, url: "{k0}", engine: vllm, num_speculative_tokens: 0}}
+tap:
+  {{listen: "127.0.0.1:0", default_pool: spec-k4, nospec_pool: nospec, holdout_share: 0.2,
+    window_seconds: 60}}
+scrape: {{interval_seconds: 1, timeout_seconds: 1}}
+guard:
+  interval_seconds: 1
+  window_seconds: 30
+  min_samples: 5
+  consecutive_failure_limit: 0
+  cooldown_seconds: 1
+  rules:
+    - {{name: relative-cost, measure: rc_lower, direction: above, threshold: 1.0,
+       restore_measure: rc, restore_threshold: 0.95}}
+cost: {{min_samples: 5, baseline_min_samples: 5}}
+"""
+
+
+def start_prometheus(tmp: Path, target: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cfg = tmp / "prometheus.yml"
+    cfg.write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        f"scrape_configs:\n  - job_name: specguard\n    static_configs: [{{targets: ['{target}']}}]\n"
+    )
+    proc = subprocess.Popen(
+        [PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    return proc, f"http://127.0.0.1:{port}"
+
+
+async def drive(tmp: Path) -> tuple[str, float, float, subprocess.Popen]:
+    async with SimCluster.from_config(None, seed=0, time_scale=0.25) as sim:
+        text = CONFIG.format(k4=sim.urls["spec-k4"], k2=sim.urls["spec-k2"], k0=sim.urls["nospec"])
+        cfg = monitor_config.parse_text(text, "test-config.yaml")
+        monitor = monitor_app.Monitor(cfg)
+        guard_wiring.configure(monitor, cfg)
+        url = await monitor.start(port=0)
+        prom, prom_url = start_prometheus(tmp, url.removeprefix("http://"))
+        start = time.time()
+        try:
+            mix = [
+                loadgen.RequestClass("code", temperature=0.0, max_tokens=64),
+                loadgen.RequestClass("creative", temperature=1.0, max_tokens=64),
+            ]
+            await loadgen.run_load(url, mix, concurrency=6, duration_s=14, stream=True, seed=1)
+            await asyncio.sleep(3)  # a few more scrapes
+        finally:
+            await monitor.stop()
+        return prom_url, start, time.time(), prom
+
+
+def test_report_renders_from_real_prometheus(tmp_path):
+    prom_url, start, end, prom = asyncio.run(drive(tmp_path))
+    try:
+        source = PromData(prom_url)
+        data = report.collect(source, start, end, 1.0, window="5s")
+        source.close()
+    finally:
+        prom.terminate()
+        prom.wait(timeout=10)
+    assert data.requests > 20
+    assert not data.rc.empty and set(data.rc["task_type"]) >= {"code", "creative"}
+    creative = data.rc[data.rc["task_type"] == "creative"]["value"].dropna()
+    assert creative.max() > 1.0  # creative at temperature 1 loses on K=4 at any load
+    assert not data.actions.empty and "creative" in set(data.actions["task_type"])
+    assert not data.throughput.empty and data.throughput["value"].max() > 0
+    assert not data.accept_length.empty and (data.accept_length["value"].dropna() >= 1.0).all()
+    assert not data.plan.empty and "pool" in data.plan.columns
+    page = report.render_html(data)
+    assert page.count("data:image/png;base64,") >= 2
+    assert "Current plan" in page and "spec-k4" in page
+    assert "http://" not in page.replace(prom_url, "")  # self-contained: no external resources
+
+
+def test_report_says_clearly_when_prometheus_is_down():
+    from specguard.errors import SourceError
+
+    source = PromData(f"http://127.0.0.1:{free_port()}", timeout_s=1)
+    with pytest.raises(SourceError, match="cannot reach Prometheus"):
+        report.collect(source, time.time() - 60, time.time(), 5.0)
