@@ -183,7 +183,7 @@ class Guard:
             self.version += 1
             for d in acted:
                 reason = ("dry_run:" if d.dry_run else "") + (d.cause or "none")
-                self.counters.actions[(d.key[0], d.key[1], d.action, reason)] += 1
+                self.counters.count_action((d.key[0], d.key[1], d.action, reason), d.at)
                 log.info(
                     "%s %s: %s %s -> %s: %s",
                     "/".join(d.key),

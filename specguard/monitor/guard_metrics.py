@@ -25,11 +25,18 @@ class GuardCounters:
     actions: Counter[tuple[str, str, str, str]] = field(
         default_factory=Counter
     )  # (task, temp, action, reason)
+    # when each action label set first happened: exported as specguard_actions_created, so a
+    # decision taken before Prometheus's first scrape still has its real time
+    action_created: dict[tuple[str, str, str, str], float] = field(default_factory=dict)
     evaluations: Counter[str] = field(default_factory=Counter)  # result
     webhook_alerts: Counter[tuple[str, str]] = field(default_factory=Counter)  # (status, outcome)
     actuation_errors: Counter[str] = field(default_factory=Counter)  # actuator
     plan_write_errors: int = 0
     reloads: Counter[str] = field(default_factory=Counter)  # result: ok | error
+
+    def count_action(self, labels: tuple[str, str, str, str], at: float) -> None:
+        self.actions[labels] += 1
+        self.action_created.setdefault(labels, at)
 
 
 @dataclass(frozen=True)
@@ -112,7 +119,7 @@ class GuardCollector(Collector):
             labels=["task_type", "temperature_bucket", "action", "reason"],
         )
         for labels, value in sorted(counters.actions.items()):
-            actions.add_metric(list(labels), value)
+            actions.add_metric(list(labels), value, created=counters.action_created.get(labels))
         yield actions
         evaluations = CounterMetricFamily(
             "specguard_evaluations", "Class evaluations by result (ok, act, hold, error)", labels=["result"]
