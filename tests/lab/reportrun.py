@@ -1,8 +1,10 @@
 """A fixed run for the report tests: Prometheus's answers recorded from a real stack, replayed.
 
-Recording (about a minute; the fixture is checked in, so only rerun to change the run):
+Recording (about a minute; the fixture is checked in, so only rerun to change the run), and the
+report rendered from the recording (the screenshot in docs/commands.md):
 
     PYTHONPATH=. python3 tests/lab/reportrun.py tests/fixtures/report-run.json
+    PYTHONPATH=. python3 tests/lab/reportrun.py --html report.html
 
 The stack: the engine simulator's three pools, specguard in process (tap, cost model, guard with
 the relative-cost rule acting) and Debian's Prometheus scraping it every second. An operator pin
@@ -142,7 +144,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def render(html_path: Path) -> None:
+    from specguard.lab import report
+    from specguard.lab.report_data import PromData
+
+    recorded = load()
+    meta = recorded["meta"]
+    source = PromData(meta["url"], connect=Replay(recorded))
+    data = report.collect(source, meta["start"], meta["end"], meta["step"], meta["window"])
+    html_path.write_text(report.render_html(data))
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--html"]:
+        render(Path(sys.argv[2]))
+        sys.exit(0)
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else FIXTURE
     with tempfile.TemporaryDirectory() as tmp:
         recorded = asyncio.run(_run(Path(tmp)))
