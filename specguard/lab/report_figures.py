@@ -161,6 +161,25 @@ def gapped(series: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
     return times, values
 
 
+def _lines(ax, frame: pd.DataFrame, key: str, palette: dict[str, tuple], scale: float = 1.0) -> set[str]:
+    """One line per ``key`` value in its palette colour (gid ``<key>:<name>``); a note when empty."""
+    if not has_data(frame):
+        _no_data(ax)
+        return set()
+    for name, series in frame.groupby(key):
+        times, values = gapped(series)
+        (line,) = ax.plot(times, values * scale, color=palette[name], linewidth=1.4)
+        line.set_gid(f"{key}:{name}")
+    ax.grid(alpha=0.3)
+    _time_axis(ax)
+    return set(frame[key])
+
+
+def _side_legend(fig: Figure, palette: dict[str, tuple], names: set[str], title: str) -> None:
+    handles = [Line2D([], [], color=palette[n], label=n) for n in sorted(names)]
+    fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=9, title=title)
+
+
 def trends_figure(panels: list[tuple[pd.DataFrame, str]], window: str, colours: Colours) -> Figure | None:
     """Accept length, strict accept rate and full-rollback ratio per class, one colour per class."""
     if not any(has_data(frame) for frame, _ in panels):
@@ -169,17 +188,8 @@ def trends_figure(panels: list[tuple[pd.DataFrame, str]], window: str, colours: 
     shown: set[str] = set()
     for ax, (frame, label) in zip(axes, panels, strict=True):
         ax.set_ylabel(label, fontsize=9)
-        if not has_data(frame):
-            _no_data(ax)
-            continue
-        for name, series in with_class(frame).groupby("class"):
-            (line,) = ax.plot(*gapped(series), color=colours.classes[name], linewidth=1.3)
-            line.set_gid(f"class:{name}")
-            shown.add(name)
-        ax.grid(alpha=0.3)
-        _time_axis(ax)
-    handles = [Line2D([], [], color=colours.classes[n], label=n) for n in sorted(shown)]
-    fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=9, title="class")
+        shown |= _lines(ax, with_class(frame), "class", colours.classes)
+    _side_legend(fig, colours.classes, shown, "class")
     fig.suptitle(f"Acceptance and rollback per class (rate window {window})", fontsize=11)
     fig.tight_layout()
     return fig
@@ -196,18 +206,7 @@ def pools_figure(tpot: pd.DataFrame, throughput: pd.DataFrame, colours: Colours)
         (axes[1], throughput, "output tokens/s", 1.0),
     ):
         ax.set_ylabel(label, fontsize=9)
-        if not has_data(frame):
-            _no_data(ax)
-            continue
-        for pool, series in frame.groupby("pool"):
-            (line,) = ax.plot(
-                _time(series), series["value"] * scale, color=colours.pools[pool], linewidth=1.4
-            )
-            line.set_gid(f"pool:{pool}")
-            shown.add(pool)
-        ax.grid(alpha=0.3)
-        _time_axis(ax)
-    handles = [Line2D([], [], color=colours.pools[p], label=p) for p in sorted(shown)]
-    fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=9, title="pool")
+        shown |= _lines(ax, frame, "pool", colours.pools, scale)
+    _side_legend(fig, colours.pools, shown, "pool")
     fig.tight_layout()
     return fig

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -87,6 +88,28 @@ cost: {{min_samples: 5, baseline_min_samples: 5}}
 """
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_prometheus(tmp: Path, target: str) -> tuple[subprocess.Popen, str]:
+    """Debian's Prometheus scraping ``target`` (host:port) every second; (process, its URL)."""
+    port = free_port()
+    cfg = tmp / "prometheus.yml"
+    cfg.write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        f"scrape_configs:\n  - job_name: specguard\n    static_configs: [{{targets: ['{target}']}}]\n"
+    )
+    proc = subprocess.Popen(
+        [shutil.which("prometheus") or "prometheus", f"--config.file={cfg}",
+         f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    return proc, f"http://127.0.0.1:{port}"
+
+
 async def _run(tmp: Path) -> dict[str, Any]:
     from prometheus_api_client import PrometheusConnect
 
@@ -104,17 +127,7 @@ async def _run(tmp: Path) -> dict[str, Any]:
         start = time.time()
         await guard.override("pin", "extraction", "greedy", "low", pool="spec-k2", reason="before scraping")
         await asyncio.sleep(3)  # the pin is older than Prometheus's first scrape
-        port = _free_port()
-        (tmp / "prometheus.yml").write_text(
-            "global: {scrape_interval: 1s, evaluation_interval: 1s}\nscrape_configs:\n"
-            f"  - job_name: specguard\n    static_configs: [{{targets: ['{url.removeprefix('http://')}']}}]\n"
-        )
-        prom = subprocess.Popen(
-            [shutil.which("prometheus") or "prometheus", f"--config.file={tmp / 'prometheus.yml'}",
-             f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
-             "--log.level=warn"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        prom, prom_url = start_prometheus(tmp, url.removeprefix("http://"))
         try:
             mix = [
                 loadgen.RequestClass("code", temperature=0.0, max_tokens=64),
@@ -125,8 +138,8 @@ async def _run(tmp: Path) -> dict[str, Any]:
             await loadgen.run_load(url, mix, concurrency=8, duration_s=40, stream=True, seed=4)
             await asyncio.sleep(4)
             end = time.time()
-            recorder = _Recorder(PrometheusConnect(url=f"http://127.0.0.1:{port}", disable_ssl=True))
-            source = PromData(f"http://127.0.0.1:{port}", connect=recorder)
+            recorder = _Recorder(PrometheusConnect(url=prom_url, disable_ssl=True))
+            source = PromData(prom_url, connect=recorder)
             data = await asyncio.to_thread(report.collect, source, start - 10, end, 1.0, "5s")
         finally:
             prom.terminate()
@@ -134,14 +147,6 @@ async def _run(tmp: Path) -> dict[str, Any]:
             await monitor.stop()
     meta = {"url": "http://prometheus.example:9090", "start": data.start, "end": data.end, "step": 1.0}
     return {"meta": {**meta, "window": "5s"}, **recorder.recorded}
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def render(html_path: Path) -> None:
