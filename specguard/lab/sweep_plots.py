@@ -62,7 +62,10 @@ def heatmap_figure(grid: np.ndarray, classes: list[str], levels: list[int], pool
     for i in range(len(classes)):
         for j in range(len(levels)):
             if math.isfinite(grid[i, j]):
-                colour = "white" if abs(grid[i, j] - 1.0) > 0.55 else "black"
+                r, g, b, _ = image.cmap(image.norm(grid[i, j]))
+                colour = (
+                    "white" if 0.299 * r + 0.587 * g + 0.114 * b < 0.5 else "black"
+                )  # readable on the cell
                 ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=9, color=colour)
     ax.set_xticks(range(len(levels)), [str(c) for c in levels], fontsize=10)
     ax.set_yticks(range(len(classes)), classes, fontsize=10)
