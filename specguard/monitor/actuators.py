@@ -233,7 +233,14 @@ class ConfigMapActuator:
 
 
 def core_api(*, kubeconfig: str | None = None, api_server: str | None = None) -> Any:
-    """A CoreV1Api: in-cluster service account, else a kubeconfig, else ``api_server`` (kubectl proxy)."""
+    """A CoreV1Api over ``api_client``'s connection."""
+    from kubernetes import client
+
+    return client.CoreV1Api(api_client(kubeconfig=kubeconfig, api_server=api_server))
+
+
+def api_client(*, kubeconfig: str | None = None, api_server: str | None = None) -> Any:
+    """An ApiClient: ``api_server`` (e.g. kubectl proxy), else a kubeconfig, else in-cluster, else ~/.kube."""
     try:
         from kubernetes import client, config
     except ImportError as exc:
@@ -243,11 +250,11 @@ def core_api(*, kubeconfig: str | None = None, api_server: str | None = None) ->
     if api_server:
         configuration = client.Configuration()
         configuration.host = api_server
-        return client.CoreV1Api(client.ApiClient(configuration))
+        return client.ApiClient(configuration)
     if kubeconfig:
-        return client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))
+        return config.new_client_from_config(config_file=kubeconfig)
     try:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
-    return client.CoreV1Api()
+    return client.ApiClient()
