@@ -39,6 +39,8 @@ EXPORTED = frozenset(
     specguard_actions_total specguard_evaluations_total specguard_last_evaluation_timestamp_seconds
     specguard_guard_frozen specguard_consecutive_errors specguard_webhook_alerts_total
     specguard_audit_write_errors_total specguard_config_info
+    specguard_plan_version specguard_plan_age_seconds specguard_guard_leader
+    specguard_last_evaluation_duration_seconds
     """.split()
 )
 # Series Prometheus itself provides.

@@ -93,6 +93,7 @@ EXPECTED_ALERTS = {
     "SpecGuardEvaluationStale",
     "SpecGuardFlapping",
     "SpecGuardFrozen",
+    "SpecGuardPlanStale",
 }
 
 
