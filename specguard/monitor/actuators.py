@@ -150,7 +150,8 @@ class ConfigMapActuator:
         """Our plan laid over the stored one: only the classes we decided about replace stored entries.
 
         With no (readable) stored plan, ours is written whole. Another writer's entries for classes
-        we did not act on are kept, so replicas never clobber each other's decisions.
+        we did not act on are kept, so replicas never clobber each other's decisions. The stored
+        version follows ours (followers compare it with the decider's ``specguard_plan_version``).
         """
         stored = None
         if stored_text is not None:
@@ -170,7 +171,7 @@ class ConfigMapActuator:
             states.update({k: plan.states[k] for k in changed if k in plan.states})
             version = max(stored.version + (1 if changed else 0), plan.version)
             merged = state_mod.PlanDocument(version, plan.updated_at, states, {**stored.pools, **plan.pools})
-            if not changed:
+            if not changed and version == stored.version:
                 return stored_text  # nothing decided here: leave the stored plan as it is
         return json.dumps(state_mod.encode(merged), indent=1, sort_keys=True)
 

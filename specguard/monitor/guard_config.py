@@ -107,8 +107,8 @@ class LeaderElectionSettings:
     lease_namespace: str | None = None
     identity: str | None = None
     """This candidate's name (default: $SPECGUARD_POD_NAME, else hostname-pid)."""
-    lease_duration_seconds: float = 15.0
-    """A standby takes a Lease not renewed for this long."""
+    lease_duration_seconds: int = 15
+    """A standby takes a Lease not renewed for this long (the Lease's whole leaseDurationSeconds)."""
     renew_deadline_seconds: float = 10.0
     """The leader stops deciding when it has not renewed for this long."""
     retry_period_seconds: float = 2.0
@@ -243,7 +243,7 @@ def _leader_election(s: configfile.Section) -> LeaderElectionSettings:
         lease_name=e.get("lease_name", str, base.lease_name),
         lease_namespace=e.get("lease_namespace", str, None, nullable=True),
         identity=e.get("identity", str, None, nullable=True),
-        lease_duration_seconds=e.get("lease_duration_seconds", float, 15.0, minimum=1, maximum=3600),
+        lease_duration_seconds=e.get("lease_duration_seconds", int, 15, minimum=1, maximum=3600),
         renew_deadline_seconds=e.get("renew_deadline_seconds", float, 10.0, minimum=1, maximum=3600),
         retry_period_seconds=e.get("retry_period_seconds", float, 2.0, minimum=1, maximum=600),
     )

@@ -19,6 +19,7 @@ import contextlib
 import fcntl
 import functools
 import logging
+import math
 import os
 import socket
 import threading
@@ -181,7 +182,7 @@ class Lease:
         self.lease_name = name
         self.namespace = namespace
         self.identity = identity or default_identity()
-        self.lease_duration = lease_duration
+        self.lease_duration = max(1, math.ceil(lease_duration))  # whole seconds: leaseDurationSeconds
         self.renew_deadline = renew_deadline
         self.retry_period = retry_period
         self.timeout = timeout

@@ -146,7 +146,7 @@ async def test_a_standby_refuses_operator_overrides(tmp_path):
 
 
 # -- the Kubernetes Lease --------------------------------------------------------------------------
-FAST = {"lease_duration": 3, "renew_deadline": 2, "retry_period": 1, "timeout": 2}
+FAST = {"lease_duration": 2.5, "renew_deadline": 2, "retry_period": 1, "timeout": 2}
 
 
 def lease(url, identity):
