@@ -5,6 +5,7 @@ stand-in (tests/monitor/kubekit.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
@@ -154,7 +155,9 @@ def lease(url, identity):
     return leader.Lease("specguard-guard", "serving", api_client=client, identity=identity, **FAST)
 
 
-async def test_lease_one_leader_and_handover_on_stop():
+@contextlib.asynccontextmanager
+async def two_candidates():
+    """The API stand-in and two Lease candidates; guard-a leads, guard-b has started."""
     kube = FakeKubeApi()
     runner, url = await servekit.serve(kube.app())
     first, second = lease(url, "guard-a"), lease(url, "guard-b")
@@ -162,6 +165,15 @@ async def test_lease_one_leader_and_handover_on_stop():
         await first.start()
         assert await wait_for(lambda: first.is_leader)
         await second.start()
+        yield kube, first, second
+    finally:
+        await first.stop()
+        await second.stop()
+        await runner.cleanup()
+
+
+async def test_lease_one_leader_and_handover_on_stop():
+    async with two_candidates() as (kube, first, second):
         await asyncio.sleep(1.5)
         assert not second.is_leader and second.holder == "guard-a"
         assert kube.holder() == "guard-a" and kube.lease_writes[0] == ("create", "guard-a")
@@ -171,28 +183,14 @@ async def test_lease_one_leader_and_handover_on_stop():
         assert await wait_for(lambda: second.is_leader)
         assert time.monotonic() - started < FAST["lease_duration"]
         assert kube.holder() == "guard-b" and not first.is_leader
-    finally:
-        await first.stop()
-        await second.stop()
-        await runner.cleanup()
 
 
 async def test_lease_of_a_dead_leader_is_taken_after_it_expires():
-    kube = FakeKubeApi()
-    runner, url = await servekit.serve(kube.app())
-    first, second = lease(url, "guard-a"), lease(url, "guard-b")
-    try:
-        await first.start()
-        assert await wait_for(lambda: first.is_leader)
-        await second.start()
+    async with two_candidates() as (kube, first, second):
         first._stopping.set()  # dies: stops renewing, hands nothing back
         first._leading.clear()
         assert await wait_for(lambda: second.is_leader, FAST["lease_duration"] + 5)
         assert kube.holder() == "guard-b"
-    finally:
-        await first.stop()
-        await second.stop()
-        await runner.cleanup()
 
 
 async def test_lease_holder_stops_deciding_when_it_cannot_renew():
