@@ -89,6 +89,7 @@ class Guard(FleetRoles):
         self.version = 0
         self.last_evaluation: float | None = None
         self.last_evaluation_seconds: float | None = None
+        self.adopted_updated_at: float | None = None  # updated_at of the last plan taken from a file/source
         self.running = False
         self._applied: dict[str, int] = {}
         self._lock = asyncio.Lock()

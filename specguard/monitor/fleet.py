@@ -43,6 +43,7 @@ class FleetRoles:
     counters: Any
     version: int
     clock: Callable[[], float]
+    adopted_updated_at: float | None
     _applied: dict[str, int]
     # and _adopt(doc), _persist(), async _actuate(decisions)
 
@@ -53,7 +54,7 @@ class FleetRoles:
         self.plan_confirmed_at: float | None = None
         if self.follow is not None:
             # a plan from our own file (``_load``) was confirmed at the latest when we wrote it
-            stored = getattr(self, "adopted_updated_at", None)
+            stored = self.adopted_updated_at
             self.plan_confirmed_at = self.clock() if stored is None else min(stored, self.clock())
 
     # -- views ---------------------------------------------------------------------------------

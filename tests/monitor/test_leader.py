@@ -11,8 +11,11 @@ import subprocess
 import sys
 import time
 
+import aiohttp
+from aiohttp import web
+
 from specguard.exporters.routing import Router
-from specguard.monitor import actuators, daemon, leader
+from specguard.monitor import actuators, daemon, leader, receiver
 from specguard.monitor import state as state_mod
 from specguard.monitor.actuators import RouterActuator
 from tests.exporters import servekit
@@ -141,6 +144,18 @@ async def test_a_standby_refuses_operator_overrides(tmp_path):
         else:
             raise AssertionError("a standby took an override")
         assert [d.action for d in await first.override("pause", "code", "greedy", "low")] == ["pause"]
+        # over HTTP: 503, so a client tries the leader
+        api = receiver.Api(second, token="tok")
+        app = web.Application()
+        app.router.add_routes(api.routes())
+        runner, url = await servekit.serve(app)
+        try:
+            async with aiohttp.ClientSession(headers={"Authorization": "Bearer tok"}) as session:
+                body = {"action": "pause", "task_type": "code"}
+                async with session.post(url + "/api/v1/overrides", json=body) as response:
+                    assert response.status == 503 and "not the leader" in (await response.json())["error"]
+        finally:
+            await runner.cleanup()
     finally:
         await first.stop()
         await second.stop()

@@ -162,16 +162,18 @@ async def test_follower_keeps_and_persists_the_last_plan_and_exports_its_age(tmp
         clock.now += 30
         await follower.evaluate()  # 304: unchanged, and confirmed again
         assert registry.get_sample_value("specguard_plan_age_seconds") == 0.0
+        await runner.cleanup()
+        # the decider is gone: the follower routes by its last plan, which grows old
+        confirmed = clock.now
+        for _ in range(3):
+            clock.now += 30
+            await follower.evaluate()
+        assert router.plan()[CREATIVE] == "nospec" and follower.version == 1
+        assert registry.get_sample_value("specguard_plan_age_seconds") == clock.now - confirmed == 90
+        assert follower.counters.actuation_errors["follow"] == 3
     finally:
         await runner.cleanup()
-    # the decider is gone: the follower routes by its last plan, which grows old
-    confirmed = clock.now
-    for _ in range(3):
-        clock.now += 30
-        await follower.evaluate()
-    assert router.plan()[CREATIVE] == "nospec" and follower.version == 1
-    assert registry.get_sample_value("specguard_plan_age_seconds") == clock.now - confirmed == 90
-    assert follower.counters.actuation_errors["follow"] == 3
+        await follower.stop()
     # ... and after its own restart too, from its plan file, before any decider answers
     restarted, restarted_router = follower_guard(tmp_path, url, clock)
     await restarted._actuate([])  # what start() does first
@@ -179,4 +181,3 @@ async def test_follower_keeps_and_persists_the_last_plan_and_exports_its_age(tmp
     assert restarted.status()["mode"] == "follow"
     # at the latest confirmed when it wrote its plan file (a 304 later confirmed it, unwritten)
     assert restarted.status()["plan_age_seconds"] == clock.now - written == 120
-    await follower.stop()
