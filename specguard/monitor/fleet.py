@@ -124,7 +124,8 @@ class FleetRoles:
                 doc = await self.takeover()
             except (SourceError, InputError, OSError, TimeoutError) as exc:
                 self.counters.actuation_errors["takeover"] += 1
-                log.error("leader: cannot read the shared plan (%s); not deciding until it can", exc)
+                why = str(exc) or type(exc).__name__
+                log.error("leader: cannot read the shared plan (%s); not deciding until it can", why)
                 return False
         if doc is not None and doc.version > self.version:
             log.info("leader: taking over plan version %d (had %d)", doc.version, self.version)

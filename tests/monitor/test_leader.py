@@ -12,12 +12,15 @@ import sys
 import time
 
 import aiohttp
+import pytest
 from aiohttp import web
 
+from specguard.errors import ConfigError
 from specguard.exporters.routing import Router
-from specguard.monitor import actuators, daemon, leader, receiver
+from specguard.monitor import actuators, config, daemon, guard_wiring, leader, receiver
 from specguard.monitor import state as state_mod
 from specguard.monitor.actuators import RouterActuator
+from specguard.monitor.app import Monitor
 from tests.exporters import servekit
 from tests.monitor.guardkit import CODE, CREATIVE, POOLS, ScriptedSource
 from tests.monitor.kubekit import FakeKubeApi
@@ -270,3 +273,43 @@ async def test_lease_deciders_only_the_leader_writes_the_configmap(tmp_path):
         await first.stop()
         await second.stop()
         await runner.cleanup()
+
+
+ELECTION_BASE = """
+pools: [{name: spec-k4, url: "http://127.0.0.1:1", num_speculative_tokens: 4},
+        {name: nospec, url: "http://127.0.0.1:2", num_speculative_tokens: 0}]
+tap: {default_pool: spec-k4, nospec_pool: nospec}
+"""
+
+
+def test_election_config_errors_say_what_the_client_library_would_exit_on():
+    timings = "lease_duration_seconds: 5, renew_deadline_seconds: 5, retry_period_seconds: 5"
+    text = ELECTION_BASE + f"actuators: {{leader_election: {{mode: lease, {timings}}}}}\n"
+    with pytest.raises(ConfigError) as caught:
+        config.parse_text(text, "f.yaml")
+    message = str(caught.value)
+    assert "actuators.leader_election: mode lease needs actuators.configmap" in message
+    assert "leader_election.lease_duration_seconds: (5) must be > renew_deadline_seconds (5)" in message
+    assert "renew_deadline_seconds: (5) must be > 1.2 x retry_period_seconds (5)" in message
+    with pytest.raises(ConfigError, match="mode lock needs actuators.plan_file"):
+        config.parse_text(ELECTION_BASE + "actuators: {leader_election: {mode: lock}}\n", "f.yaml")
+
+
+def test_election_auto_picks_the_lease_with_a_configmap_and_the_lock_with_a_plan_file(tmp_path):
+    cm = "configmap: {namespace: serving, name: routing, api_server: 'http://127.0.0.1:9'}"
+    picks = {}
+    for name, acts in {
+        "lease": f"{{{cm}, plan_file: '{tmp_path / 'a.json'}'}}",
+        "lock": f"{{plan_file: '{tmp_path / 'b.json'}'}}",
+        "none": "{}",
+        "follower": f"{{follow: true, {cm}}}",
+    }.items():
+        cfg = config.parse_text(ELECTION_BASE + f"actuators: {acts}\n", "f.yaml")
+        guard, _ = guard_wiring.build(Monitor(cfg), cfg)
+        picks[name] = (guard.elector.name, guard.takeover is not None)
+    assert picks == {
+        "lease": ("lease", True),
+        "lock": ("lock", True),
+        "none": ("none", False),
+        "follower": ("none", False),
+    }

@@ -11,11 +11,12 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from specguard.errors import SourceError
+from specguard.errors import ConfigError, SourceError
 from specguard.exporters.routing import Router
-from specguard.monitor import daemon, leader, planhttp
+from specguard.monitor import config, daemon, guard_wiring, leader, planhttp
 from specguard.monitor import state as state_mod
 from specguard.monitor.actuators import RouterActuator
+from specguard.monitor.app import Monitor
 from specguard.monitor.guard_metrics import GuardCollector
 from tests.exporters import servekit
 from tests.monitor.guardkit import CREATIVE, POOLS, ScriptedSource
@@ -181,3 +182,57 @@ async def test_follower_keeps_and_persists_the_last_plan_and_exports_its_age(tmp
     assert restarted.status()["mode"] == "follow"
     # at the latest confirmed when it wrote its plan file (a 304 later confirmed it, unwritten)
     assert restarted.status()["plan_age_seconds"] == clock.now - written == 120
+
+
+BASE = """
+pools: [{name: spec-k4, url: "http://127.0.0.1:1", num_speculative_tokens: 4},
+        {name: nospec, url: "http://127.0.0.1:2", num_speculative_tokens: 0}]
+tap: {default_pool: spec-k4, nospec_pool: nospec}
+"""
+
+
+@pytest.mark.parametrize(
+    ("actuators", "message"),
+    [
+        pytest.param(
+            '{follow: true, plan_http: {urls: ["ftp://d"]}}',
+            "actuators.plan_http.urls[0]: ('ftp://d') must be an http(s) URL",
+            id="bad-url",
+        ),
+        pytest.param(
+            "{follow: true, plan_http: {urls: []}}",
+            "actuators.plan_http.urls: must name at least one decider",
+            id="no-url",
+        ),
+        pytest.param(
+            '{plan_http: {urls: ["http://d:8090"]}}',
+            "actuators.plan_http: is where a follower reads the plan: set follow: true",
+            id="decider-with-plan-http",
+        ),
+        pytest.param(
+            '{follow: true, plan_http: {urls: ["http://d:8090"]}, configmap: {namespace: n, name: m}}',
+            "actuators.follow: follow: true needs one plan source",
+            id="two-sources",
+        ),
+        pytest.param(
+            '{follow: true, plan_http: {urls: ["http://d:8090"], timeout_seconds: 0}}',
+            "actuators.plan_http.timeout_seconds: (0.0) must be >= 0.1",
+            id="zero-timeout",
+        ),
+    ],
+)
+def test_plan_http_config_errors_name_the_key(actuators, message):
+    with pytest.raises(ConfigError) as caught:
+        config.parse_text(BASE + f"actuators: {actuators}\n", "f.yaml")
+    assert message in str(caught.value)
+
+
+def test_plan_http_config_builds_a_follower():
+    from specguard.monitor import config
+
+    cfg = config.parse_text(
+        BASE + 'actuators: {follow: true, plan_http: {urls: ["http://d:8090/"]}}\n', "f.yaml"
+    )
+    guard, _ = guard_wiring.build(Monitor(cfg), cfg)
+    assert isinstance(guard.follow, planhttp.HttpPlanSource)
+    assert guard.follow.urls == ["http://d:8090" + planhttp.PATH] and guard.status()["leader"] is None

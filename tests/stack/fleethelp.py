@@ -59,7 +59,7 @@ def plan_source(source: str, decider_url: str, kube_url: str | None) -> dict:
     if source == "http":
         return {"plan_http": {"urls": [decider_url], "timeout_seconds": 1}}
     return {
-        "configmap": {"namespace": NAMESPACE, "name": CONFIGMAP, "api_server": kube_url, "timeout_seconds": 2}
+        "configmap": {"namespace": NAMESPACE, "name": CONFIGMAP, "api_server": kube_url, "timeout_seconds": 5}
     }
 
 
@@ -101,7 +101,7 @@ def decider_config(engines: dict[str, str], source: str, workdir: Path, promethe
     if source == "http":
         del acts["configmap"], acts["leader_election"]  # mode auto: the lock on plan_file
     else:
-        acts["configmap"].update(namespace=NAMESPACE, name=CONFIGMAP, api_server=kube, timeout_seconds=2)
+        acts["configmap"].update(namespace=NAMESPACE, name=CONFIGMAP, api_server=kube, timeout_seconds=5)
         acts["leader_election"].update(
             identity="specguard-guard-0",  # a pod name: a restarted container renews at once
             lease_duration_seconds=3,
