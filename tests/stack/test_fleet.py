@@ -190,7 +190,9 @@ def test_fleet_end_to_end(tmp_path: Path, source: str):
         published = (tmp_path / "decider-plan.json").stat().st_mtime
         delays = [float(series["values"][0][0]) - published for series in seen]
         assert max(delays) <= POLL_SECONDS + SCRAPE_SECONDS + 1.0, delays  # 1 s: scheduling on a busy box
-        print("seconds from decision to Prometheus, per follower:", [round(d, 2) for d in delays])
+        print(
+            "seconds from the plan's publication to Prometheus, per follower:", [round(d, 2) for d in delays]
+        )
         before = [creative_routes(url) for url in followers]
         time.sleep(4)
         results = load.stop()
