@@ -28,6 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from specguard.errors import ConfigError
+
 log = logging.getLogger("specguard.leader")
 # the client library logs every retry at info ("yet to finish lease_duration ..."); we log changes
 logging.getLogger("leaderelection").setLevel(logging.WARNING)
@@ -86,21 +88,35 @@ class FileLock:
         self._fd: int | None = None
         self._holder: str | None = None
         self._task: asyncio.Task | None = None
+        self._unlocked = False  # the lock file could not be created: decide without it
 
     @property
     def is_leader(self) -> bool:
-        return self._fd is not None
+        return self._fd is not None or self._unlocked
 
     @property
     def holder(self) -> str | None:
-        return self.identity if self._fd is not None else self._holder
+        return self.identity if self.is_leader else self._holder
 
     def try_acquire(self) -> bool:
-        """Take the lock if it is free; never blocks."""
-        if self._fd is not None:
+        """Take the lock if it is free; never blocks.
+
+        A lock file that cannot be created at all (read-only or missing directory) must not stop
+        the guard: it then decides unlocked, as a single decider would, and says so.
+        """
+        if self._fd is not None or self._unlocked:
             return True
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            self._unlocked = True
+            log.error(
+                "cannot create the lock %s (%s): deciding without it; run no second decider on this plan",
+                self.path,
+                exc.strerror or exc,
+            )
+            return True
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -269,6 +285,13 @@ class Lease:
         self._leading.clear()
 
     async def start(self) -> None:
+        try:
+            import kubernetes.leaderelection  # noqa: F401
+        except ImportError as exc:
+            raise ConfigError(
+                "actuators.leader_election (a Lease) needs the kubernetes client: "
+                "pip install 'specguard[kubernetes]'"
+            ) from exc
         self._stopping.clear()
         self._thread = threading.Thread(target=self._run, name="leader-election", daemon=True)
         self._thread.start()

@@ -54,6 +54,15 @@ async def test_file_lock_one_holder_and_takeover_on_release(tmp_path):
         await first.stop()
 
 
+async def test_file_lock_that_cannot_be_created_never_stops_the_guard(tmp_path, caplog):
+    (tmp_path / "not-a-dir").write_text("")
+    lock = leader.FileLock(tmp_path / "not-a-dir" / "plan.json.lock", identity="only")
+    await lock.start()
+    assert lock.is_leader and lock.holder == "only"
+    assert "deciding without it" in caplog.text
+    await lock.stop()
+
+
 HOLDER = """
 import sys, time
 from specguard.monitor import leader
