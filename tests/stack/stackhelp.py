@@ -270,9 +270,9 @@ class Stack(ExitStack):
         self.callback(proc.stop)
         return proc
 
-    def start_sim(self, time_scale: float = 0.05) -> dict[str, str]:
+    def start_sim(self, time_scale: float = 0.05, args: tuple[str, ...] = ()) -> dict[str, str]:
         """`specguard simulate` (the default pools on ephemeral loopback ports); returns their URLs."""
-        argv = [sys.executable, "-m", "specguard", "simulate", "--time-scale", str(time_scale)]
+        argv = [sys.executable, "-m", "specguard", "simulate", "--time-scale", str(time_scale), *args]
         proc = self.spawn("sim", argv)
         urls = {}
         for raw in proc.popen.stdout:  # "  spec-k4    K=4  http://127.0.0.1:PORT" ... "ground truth: ..."
@@ -323,7 +323,11 @@ class Stack(ExitStack):
         wait_until("alertmanager ready", lambda: http_get(url + "/-/ready")[0] == 200, 30, [proc])
         return url
 
-    def start_prometheus(self, specguard_url: str, alertmanager_url: str) -> Prometheus:
+    def start_prometheus(
+        self, specguard_url: str, alertmanager_url: str, jobs: dict[str, list[str]] | None = None
+    ) -> Prometheus:
+        """Prometheus scraping `specguard_url` as job "specguard" (or every URL of `jobs`, by job)."""
+        jobs = jobs or {"specguard": [specguard_url]}
         rules = self.workdir / "specguard-rules.yaml"
         rules.write_text(stack_rules(RULES.read_text()))
         config = {
@@ -333,7 +337,8 @@ class Stack(ExitStack):
                 "alertmanagers": [{"static_configs": [{"targets": [alertmanager_url.split("//")[1]]}]}]
             },
             "scrape_configs": [
-                {"job_name": "specguard", "static_configs": [{"targets": [specguard_url.split("//")[1]]}]}
+                {"job_name": job, "static_configs": [{"targets": [url.split("//")[1] for url in urls]}]}
+                for job, urls in jobs.items()
             ],
         }
         path = self.workdir / "prometheus.yml"
