@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 
 import pandas as pd
 import pytest
-from conftest import SMOL, provision, server_command, server_env
+from conftest import ROOT, provision
 
 from specguard import cli
 from specguard.lab import sweep_launch
@@ -17,20 +16,14 @@ from specguard.rules import profile as profile_mod
 
 pytestmark = pytest.mark.vllm
 
+SERVE = ROOT / "scripts" / "serve-smollm2"
 
-def template(spec: bool) -> str:
-    """The conftest command line, with {port} and {k} where the sweep fills them in."""
-    venv, model = provision("smollm2")
-    cmd = server_command(venv, model, 0, spec, SMOL, k=0)
-    cmd[cmd.index("--port") + 1] = "{port}"
-    if spec:
-        i = cmd.index("--speculative-config") + 1
-        cmd[i] = cmd[i].replace('"num_speculative_tokens": 0', '"num_speculative_tokens": {k}')
-        assert "{k}" in cmd[i]
+
+def template(k: str) -> str:
+    """scripts/serve-smollm2 (what docs/real-model.md tells users to run), pinned to one core."""
+    provision("smollm2")
     cpu = sorted(os.sched_getaffinity(0))[0]
-    env = server_env(cpu)
-    pinned = [f"{key}={env[key]}" for key in sorted(env) if key.startswith(("VLLM_", "HF_", "TRANSFORMERS_"))]
-    return shlex.join(["env", *pinned, *cmd])
+    return f"{SERVE} --port {{port}} --cpu {cpu} --k {k}"
 
 
 def test_sweep_launch_on_real_vllm_with_smollm2(tmp_path, capsys, monkeypatch):
@@ -44,8 +37,9 @@ def test_sweep_launch_on_real_vllm_with_smollm2(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(sweep_launch.LaunchedEngine, "__enter__", enter)
     args = [
-        "sweep", "--launch", template(True), "--launch-nospec", template(False), "--ks", "0,2,4",
+        "sweep", "--launch", template("{k}"), "--launch-nospec", template("0"), "--ks", "0,2,4",
         "--levels", "1,4", "--requests", "8", "--max-tokens", "24",
+        "--seed", "2",  # its first 8 draws hold every class of the mix
         "--mix", "extraction:0.0,code:0.0,chat:0.7,creative:1.0",
         "--ready-timeout", "300", "-o", str(tmp_path), "--json",
     ]  # fmt: skip
@@ -60,6 +54,7 @@ def test_sweep_launch_on_real_vllm_with_smollm2(tmp_path, capsys, monkeypatch):
     print(captured.err)
     print("\n".join(summary["best_k"] + summary["crossovers"]))
     assert summary["pools"] == ["nospec", "spec-k2", "spec-k4"]
+    assert {line.split()[1] for line in summary["best_k"]} >= {"extraction/greedy", "creative/high"}
     for pgid in groups:  # every engine's whole process group is gone
         with pytest.raises(ProcessLookupError):
             os.killpg(pgid, 0)
