@@ -177,19 +177,10 @@ def run_grid(
     """Every (pool, geometry, concurrency) cell, in order; ``progress(done, total, label)`` after each."""
     check_pools(pools)
     counter = Counter(len(pools) * len(geometries) * len(levels), progress)
+    cells = {"geometries": geometries, "requests_per_level": requests_per_level, "step": counter}
     out: list[Sample] = []
     for pool in pools:
-        out.extend(
-            run_pool(
-                pool,
-                levels,
-                mix,
-                driver,
-                geometries=geometries,
-                requests_per_level=requests_per_level,
-                step=counter,
-            )
-        )
+        out.extend(run_pool(pool, levels, mix, driver, **cells))
     return out
 
 

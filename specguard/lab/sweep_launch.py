@@ -96,6 +96,8 @@ class LaunchedEngine:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = spec.log_dir / f"engine-k{k}.log"
         self.proc: subprocess.Popen | None = None
+        self.pid: int | None = None
+        self.returncode: int | None = None
 
     def __enter__(self) -> LaunchedEngine:
         command = self.spec.command(self.k, self.port)
@@ -111,6 +113,7 @@ class LaunchedEngine:
                 )
             except OSError as exc:
                 raise SourceError(f"K={self.k}: cannot start {command[0]!r}: {exc.strerror}") from exc
+        self.pid = self.proc.pid
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -161,7 +164,20 @@ class LaunchedEngine:
                 break
             except subprocess.TimeoutExpired:
                 continue
+        self.returncode = proc.returncode
         self.proc = None
+
+
+@dataclass(frozen=True)
+class Launched:
+    """One engine the sweep started: its process group id (= pid), how long it took to get ready
+    and its exit status after the stop (negative: the signal that ended it)."""
+
+    k: int
+    url: str
+    pid: int
+    ready_seconds: float
+    exit_status: int | None
 
 
 def run_launched(
@@ -174,12 +190,14 @@ def run_launched(
     requests_per_level: Callable[[int], int] = lambda c: max(64, 8 * c),
     progress: Callable[[int, int, str], None] | None = None,
     on_ready: Callable[[int, str, float], None] | None = None,
-) -> tuple[list[sweep.Sample], list[sweep.PoolSpec]]:
-    """Each K in turn: start, wait ready, warm up, sweep, stop. Returns (samples, pools)."""
+) -> tuple[list[sweep.Sample], list[sweep.PoolSpec], list[Launched]]:
+    """Each K in turn: start, wait ready, warm up, sweep, stop. Returns (samples, pools, engines)."""
     spec.check()
     counter = sweep.Counter(len(spec.ks) * len(geometries) * len(levels), progress)
+    cells = {"geometries": geometries, "requests_per_level": requests_per_level, "step": counter}
     samples: list[sweep.Sample] = []
     pools = []
+    launched = []
     for k in spec.ks:
         with LaunchedEngine(spec, k) as engine:
             seconds = engine.wait_ready()
@@ -189,16 +207,8 @@ def run_launched(
             first = geometries[0].apply(mix) if geometries[0] is not sweep.MIX_GEOMETRY else list(mix)
             if spec.warmup_requests:
                 driver(pool, 1, first, spec.warmup_requests)  # JIT, caches; not measured
-            samples.extend(
-                sweep.run_pool(
-                    pool,
-                    levels,
-                    mix,
-                    driver,
-                    geometries=geometries,
-                    requests_per_level=requests_per_level,
-                    step=counter,
-                )
-            )
+            samples.extend(sweep.run_pool(pool, levels, mix, driver, **cells))
             pools.append(pool)
-    return samples, pools
+        assert engine.pid is not None
+        launched.append(Launched(k, engine.url, engine.pid, seconds, engine.returncode))
+    return samples, pools, launched

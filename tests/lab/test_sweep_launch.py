@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 
 import pandas as pd
@@ -12,7 +13,7 @@ import pytest
 
 from specguard import cli
 from specguard.errors import ConfigError
-from specguard.lab import sweep, sweep_launch, sweep_tables
+from specguard.lab import sweep, sweep_tables
 
 SIM = f"{sys.executable} -m specguard simulate --time-scale 0.02 --port-base {{port}}"
 
@@ -26,25 +27,17 @@ def launch_args(out, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def test_launch_sweeps_each_k_in_turn_and_stops_every_engine(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", os.getcwd())
-    started: list[int] = []
-    real_enter = sweep_launch.LaunchedEngine.__enter__
-
-    def enter(self):
-        engine = real_enter(self)
-        started.append(engine.proc.pid)
-        return engine
-
-    monkeypatch.setattr(sweep_launch.LaunchedEngine, "__enter__", enter)
+def test_launch_sweeps_each_k_in_turn_and_stops_every_engine(tmp_path, capsys):
     assert cli.main(launch_args(tmp_path, "--no-plots")) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["pools"] == ["nospec", "spec-k2", "spec-k4"]
-    # every engine was started in its own process group and is gone
-    assert len(started) == 3
-    for pid in started:
+    # every engine was started in its own process group, stopped by SIGTERM, and its group is gone
+    engines = summary["engines"]
+    assert [e["k"] for e in engines] == [0, 2, 4]
+    for engine in engines:
+        assert engine["exit_status"] in (0, -signal.SIGTERM) and engine["ready_seconds"] > 0
         with pytest.raises(ProcessLookupError):
-            os.killpg(pid, 0)
+            os.killpg(engine["pid"], 0)
     frame = pd.read_csv(tmp_path / "sweep.csv")
     assert set(frame.num_speculative_tokens) == {0, 2, 4} and set(frame.concurrency) == {1, 4}
     code = frame[(frame.pool == "spec-k4") & (frame.task_type == "code")]

@@ -11,7 +11,6 @@ import pytest
 from conftest import ROOT, provision
 
 from specguard import cli
-from specguard.lab import sweep_launch
 from specguard.rules import profile as profile_mod
 
 pytestmark = pytest.mark.vllm
@@ -26,16 +25,7 @@ def template(k: str) -> str:
     return f"{SERVE} --port {{port}} --cpu {cpu} --k {k}"
 
 
-def test_sweep_launch_on_real_vllm_with_smollm2(tmp_path, capsys, monkeypatch):
-    groups: list[int] = []
-    real_enter = sweep_launch.LaunchedEngine.__enter__
-
-    def enter(self):
-        engine = real_enter(self)
-        groups.append(engine.proc.pid)
-        return engine
-
-    monkeypatch.setattr(sweep_launch.LaunchedEngine, "__enter__", enter)
+def test_sweep_launch_on_real_vllm_with_smollm2(tmp_path, capsys):
     args = [
         "sweep", "--launch", template("{k}"), "--launch-nospec", template("0"), "--ks", "0,2,4",
         "--levels", "1,4", "--requests", "8", "--max-tokens", "24",
@@ -55,9 +45,10 @@ def test_sweep_launch_on_real_vllm_with_smollm2(tmp_path, capsys, monkeypatch):
     print("\n".join(summary["best_k"] + summary["crossovers"]))
     assert summary["pools"] == ["nospec", "spec-k2", "spec-k4"]
     assert {line.split()[1] for line in summary["best_k"]} >= {"extraction/greedy", "creative/high"}
-    for pgid in groups:  # every engine's whole process group is gone
+    assert [e["k"] for e in summary["engines"]] == [0, 2, 4]
+    for engine in summary["engines"]:  # every engine's whole process group is gone
         with pytest.raises(ProcessLookupError):
-            os.killpg(pgid, 0)
+            os.killpg(engine["pid"], 0)
 
     frame = pd.read_csv(tmp_path / "sweep.csv")
     assert set(frame.concurrency) == {1, 4}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -164,8 +165,9 @@ def run(args: argparse.Namespace) -> int:
     per_cell = (lambda c: args.requests) if args.requests else (lambda c: max(64, 8 * c))
     progress = Progress(sys.stderr if args.json else sys.stdout, quiet=False)
     grid = {"geometries": geometries, "requests_per_level": per_cell, "progress": progress}
+    engines: list[dict] = []
     if args.launch:
-        samples, pools, stack = _launched(args, levels, mix, grid)
+        samples, pools, stack, engines = _launched(args, levels, mix, grid)
     else:
         pools = _configured_pools(cfg, args.pools)
         driver, stack = _driver(args, cfg, pools)
@@ -175,6 +177,8 @@ def run(args: argparse.Namespace) -> int:
     summary = _write(args, frame, stack, geometries)
     summary.update(requests=len(samples), levels=list(levels), pools=[p.name for p in pools])
     summary["geometries"] = [g.name for g in geometries]
+    if engines:
+        summary["engines"] = engines
     if args.json:
         json.dump(summary, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
@@ -261,9 +265,9 @@ def _launched(args: argparse.Namespace, levels, mix, grid: dict):
         out.write(f"engine K={k} ready at {url} after {seconds:.1f} s\n")
         out.flush()
 
-    samples, pools = sweep_launch.run_launched(spec, levels, mix, driver, on_ready=ready, **grid)
+    samples, pools, launched = sweep_launch.run_launched(spec, levels, mix, driver, on_ready=ready, **grid)
     stack = {"engine": "launched", "source": "specguard sweep --launch", "command": args.launch}
-    return samples, pools, stack
+    return samples, pools, stack, [dataclasses.asdict(e) for e in launched]
 
 
 def _write(args: argparse.Namespace, frame, stack: dict, geometries) -> dict:
