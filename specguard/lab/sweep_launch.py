@@ -98,6 +98,7 @@ class LaunchedEngine:
         self.proc: subprocess.Popen | None = None
         self.pid: int | None = None
         self.returncode: int | None = None
+        self.leftover = 0  # processes of the group still running after stop()
 
     def __enter__(self) -> LaunchedEngine:
         command = self.spec.command(self.k, self.port)
@@ -144,40 +145,74 @@ class LaunchedEngine:
         )
 
     def stop(self) -> None:
-        """SIGTERM to the process group, SIGKILL after ``stop_timeout_s``; idempotent."""
+        """SIGTERM to the process group; SIGKILL to whatever of it still runs after
+        ``stop_timeout_s`` (or after the server itself exited); idempotent."""
         proc = self.proc
         if proc is None:
             return
-        for sig, wait_s in ((signal.SIGTERM, self.spec.stop_timeout_s), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                pass
-            try:
-                proc.wait(timeout=wait_s)
-                if sig == signal.SIGTERM:
-                    # children the server left behind in its group, if any
-                    try:
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        _killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=self.spec.stop_timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+        deadline = time.monotonic() + self.spec.stop_timeout_s
+        while live_members(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)  # the server's own children finishing their shutdown
+        _killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while live_members(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
         self.returncode = proc.returncode
+        self.leftover = len(live_members(proc.pid))
         self.proc = None
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def live_members(pgid: int) -> list[int]:
+    """Processes of group ``pgid`` that still run. Zombies do not count: children orphaned by the
+    server are reaped by PID 1 in its own time, and ``killpg(pgid, 0)`` still sees them until then."""
+    out = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:  # no procfs: fall back on the signal test (zombies count there)
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return []
+        return [pgid]
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            out.append(int(name))
+    return out
 
 
 @dataclass(frozen=True)
 class Launched:
     """One engine the sweep started: its process group id (= pid), how long it took to get ready
-    and its exit status after the stop (negative: the signal that ended it)."""
+    its exit status after the stop (negative: the signal that ended it) and how many processes of
+    its group still ran after the stop (0 unless something ignores SIGKILL)."""
 
     k: int
     url: str
     pid: int
     ready_seconds: float
     exit_status: int | None
+    leftover_processes: int
 
 
 def run_launched(
@@ -210,5 +245,5 @@ def run_launched(
             samples.extend(sweep.run_pool(pool, levels, mix, driver, **cells))
             pools.append(pool)
         assert engine.pid is not None
-        launched.append(Launched(k, engine.url, engine.pid, seconds, engine.returncode))
+        launched.append(Launched(k, engine.url, engine.pid, seconds, engine.returncode, engine.leftover))
     return samples, pools, launched

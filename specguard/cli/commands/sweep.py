@@ -162,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
         raise flag_error("--launch: give either --launch (start the engines) or --http (they run already)")
     if args.launch_nospec and not args.launch:
         raise flag_error("--launch-nospec: only with --launch")
+    if args.launch and args.pools:
+        raise flag_error("--pools: not with --launch (it launches the pools of --ks)")
     per_cell = (lambda c: args.requests) if args.requests else (lambda c: max(64, 8 * c))
     progress = Progress(sys.stderr if args.json else sys.stdout, quiet=False)
     grid = {"geometries": geometries, "requests_per_level": per_cell, "progress": progress}
@@ -183,8 +185,8 @@ def run(args: argparse.Namespace) -> int:
         json.dump(summary, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
     else:
-        print(f"wrote {summary['csv']}, {summary['profile']}" + (f" and {len(summary['plots'])} plots"
-                                                                 if summary["plots"] else ""))  # fmt: skip
+        plots = f" and {len(summary['plots'])} plots" if summary["plots"] else ""
+        print(f"wrote {summary['csv']}, {summary['profile']}{plots}")
         print("best K per class and concurrency (lowest TPOT; K=0: speculation does not pay):")
         for line in summary["best_k"]:
             print(f"  {line}")
