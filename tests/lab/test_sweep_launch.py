@@ -14,7 +14,7 @@ from specguard import cli
 from specguard.errors import ConfigError
 from specguard.lab import sweep, sweep_launch, sweep_tables
 
-SIM = f"{sys.executable} -m specguard simulate --time-scale 0.02 --port-base {{port}}"
+SIM = f"{sys.executable} -m specguard simulate --time-scale 0.2 --port-base {{port}}"  # slow enough to time
 
 
 def launch_args(out, *extra: str) -> list[str]:
