@@ -322,7 +322,7 @@ class Guard(FleetRoles):
         from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED
         from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-        await self.elector.start()
+        await self.start_elector()
         if self.follow is None:
             await self._lead()  # a new leader first takes the shared plan over
         await self._actuate([])  # the plan we hold (a follower: until its source answers)
@@ -365,6 +365,7 @@ class Guard(FleetRoles):
         async with self._lock:  # let an evaluation in flight finish its writes
             pass
         await self.elector.stop()
+        self._elector_started = False
         if self.follow is not None and hasattr(self.follow, "close"):
             await self.follow.close()
 

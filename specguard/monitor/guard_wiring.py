@@ -233,7 +233,7 @@ def configure(monitor: Any, cfg: Any) -> daemon.Guard:
         log.warning("guard.enabled is false: no evaluations; the persisted plan is still applied")
 
         async def apply_only() -> None:
-            await guard.elector.start()
+            await guard.start_elector()
             if guard.follow is None:
                 await guard._lead()
             await guard._actuate([])

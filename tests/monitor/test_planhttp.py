@@ -69,7 +69,7 @@ async def test_only_the_leader_serves_the_plan(tmp_path):
         POLICY, clock=clock, elector=leader.FileLock(lock, identity="decider-b"), takeover=nothing
     )
     follower = daemon.Guard(POLICY, clock=clock, follow=planhttp.HttpPlanSource(["http://127.0.0.1:9"]))
-    await standby.elector.start()  # finds the lock held: a standby
+    await standby.start_elector()  # finds the lock held: a standby
     for guard, message in ((standby, "not the leader (leader: decider-a)"), (follower, "follows a plan")):
         runner, url = await serve_decider(guard)
         try:
