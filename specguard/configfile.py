@@ -15,7 +15,8 @@ from typing import Any, TypeVar
 
 import yaml
 
-from specguard.errors import ConfigError, ConfigIssue
+from specguard import untrusted
+from specguard.errors import ConfigError, ConfigIssue, InputError
 
 T = TypeVar("T")
 _MISSING: Any = object()
@@ -63,23 +64,98 @@ def _join(prefix: str, key: str | int) -> str:
     return f"{prefix}.{key}" if prefix else str(key)
 
 
-def _to_python(node: yaml.Node, path: str, positions: dict[str, tuple[int, int]]) -> Any:
-    positions[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
-    if isinstance(node, yaml.MappingNode):
-        out: dict[str, Any] = {}
-        for key_node, value_node in node.value:
-            key = (
-                yaml.safe_load(yaml.serialize(key_node))
-                if not isinstance(key_node, yaml.ScalarNode)
-                else _scalar(key_node)
-            )
-            key_path = _join(path, str(key))
-            out[str(key)] = _to_python(value_node, key_path, positions)
-            positions[key_path] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
-        return out
-    if isinstance(node, yaml.SequenceNode):
-        return [_to_python(item, _join(path, i), positions) for i, item in enumerate(node.value)]
-    return _scalar(node)
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on one YAML or JSON file, so a hostile file costs little to refuse."""
+
+    max_bytes: int = 4 * 1024 * 1024  # file size
+    max_depth: int = 64  # nesting of mappings and lists
+    max_aliases: int = 100  # ``*alias`` references in the file
+    max_nodes: int = 100_000  # values after aliases are expanded (a "billion laughs" stops here)
+
+
+LIMITS = Limits()
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with a nesting and an alias budget checked while composing."""
+
+    def __init__(self, stream: str, limits: Limits):
+        super().__init__(stream)
+        self.limits = limits
+        self.depth = 0
+        self.aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > self.limits.max_aliases:
+                raise _LimitExceeded(event.start_mark, f"more than {self.limits.max_aliases} aliases")
+            return super().compose_node(parent, index)
+        self.depth += 1
+        try:
+            if self.depth > self.limits.max_depth:
+                raise _LimitExceeded(event.start_mark, f"nested deeper than {self.limits.max_depth} levels")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+class _LimitExceeded(Exception):
+    def __init__(self, mark: Any, message: str):
+        super().__init__(message)
+        self.mark = mark
+        self.message = message
+
+
+class _Builder:
+    """Plain Python data from composed nodes, with every key path's position.
+
+    Counts values as aliases expand them (``max_nodes``) and bounds the nesting again (an alias
+    may point at its own ancestor); a duplicate key is an issue at the repeated key.
+    """
+
+    def __init__(self, file: str, limits: Limits):
+        self.file = file
+        self.limits = limits
+        self.positions: dict[str, tuple[int, int]] = {}
+        self.issues: list[ConfigIssue] = []
+        self.nodes = 0
+        self._scalars: dict[int, Any] = {}  # an aliased scalar is constructed once
+
+    def build(self, node: yaml.Node, path: str = "", depth: int = 1) -> Any:
+        self.nodes += 1
+        if self.nodes > self.limits.max_nodes:
+            raise _LimitExceeded(node.start_mark, f"expands to more than {self.limits.max_nodes} values")
+        if depth > self.limits.max_depth:
+            raise _LimitExceeded(node.start_mark, f"nested deeper than {self.limits.max_depth} levels")
+        self.positions[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
+        if isinstance(node, yaml.MappingNode):
+            out: dict[str, Any] = {}
+            for key_node, value_node in node.value:
+                if not isinstance(key_node, yaml.ScalarNode):
+                    raise _LimitExceeded(
+                        key_node.start_mark, "a key must be a plain value, not a list or mapping"
+                    )
+                key = str(_scalar(key_node))
+                key_path = _join(path, key)
+                where = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+                if key in out:
+                    first = self.positions.get(key_path, (None, None))
+                    self.issues.append(
+                        ConfigIssue(self.file, *where, key_path, f"duplicate key (first at line {first[0]})")
+                    )
+                    continue
+                out[key] = self.build(value_node, key_path, depth + 1)
+                self.positions[key_path] = where
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            return [self.build(item, _join(path, i), depth + 1) for i, item in enumerate(node.value)]
+        value = self._scalars.get(id(node), _MISSING)
+        if value is _MISSING:
+            value = self._scalars[id(node)] = _scalar(node)
+        return value
 
 
 def _scalar(node: yaml.Node) -> Any:
@@ -90,10 +166,20 @@ def _scalar(node: yaml.Node) -> Any:
         constructor.dispose()
 
 
-def parse_text(text: str, file: str = "<config>") -> Document:
-    """Parse YAML text; a syntax error becomes a ConfigError naming the line and column."""
+def parse_text(text: str, file: str = "<config>", *, limits: Limits = LIMITS) -> Document:
+    """Parse YAML text within ``limits``; a syntax error or a limit passed becomes a ConfigError
+    naming the line and the column."""
+    if len(text) > limits.max_bytes:
+        raise ConfigError(ConfigIssue(file, None, None, "", f"larger than {limits.max_bytes} bytes"))
+    loader: _BoundedLoader | None = None
+    builder = _Builder(file, limits)
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        loader = _BoundedLoader(text, limits)
+        node = loader.get_single_node()
+        data = builder.build(node) if node is not None else {}
+    except _LimitExceeded as exc:
+        line, column = exc.mark.line + 1, exc.mark.column + 1
+        raise ConfigError(ConfigIssue(file, line, column, "", f"refused: {exc.message}")) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         line = mark.line + 1 if mark else None
@@ -105,9 +191,10 @@ def parse_text(text: str, file: str = "<config>") -> Document:
         raise ConfigError(ConfigIssue(file, line, column, "", f"invalid YAML: {problem}")) from exc
     except yaml.YAMLError as exc:
         raise ConfigError(ConfigIssue(file, None, None, "", f"invalid YAML: {exc}")) from exc
-    positions: dict[str, tuple[int, int]] = {}
-    data = _to_python(node, "", positions) if node is not None else {}
-    doc = Document(file, data, positions)
+    finally:
+        if loader is not None:
+            loader.dispose()
+    doc = Document(file, data, builder.positions, list(builder.issues))
     if not isinstance(data, dict):
         doc.error("", f"the top level must be a mapping, got {type(data).__name__}")
     return doc
@@ -128,19 +215,44 @@ def _char_text(character: str | bytes | int, encoding: str) -> str:
     return f"#x{character:04x}" if encoding == "unicode" else f"byte #x{character:02x} ({encoding})"
 
 
-def load_file(path: str | Path) -> Document:
-    """Read and parse a config file; an unreadable file (or one not in UTF-8) is a ConfigError too."""
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise ConfigError(ConfigIssue(str(path), None, None, "", f"cannot read: {exc.strerror}")) from exc
+def load_file(path: str | Path, *, limits: Limits = LIMITS) -> Document:
+    """Read and parse a config file within ``limits``; an unreadable file (too large, or not in
+    UTF-8) is a ConfigError too."""
+    raw = read_bytes(path, limits)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line, column = line_column(raw, exc.start)
         message = f"not UTF-8: byte #x{raw[exc.start]:02x} ({exc.reason})"
         raise ConfigError(ConfigIssue(str(path), line, column, "", message)) from exc
-    return parse_text(text, str(path))
+    return parse_text(text, str(path), limits=limits)
+
+
+def read_bytes(path: str | Path, limits: Limits = LIMITS) -> bytes:
+    """A file's bytes up to ``limits.max_bytes``; ConfigError when unreadable or larger."""
+    try:
+        return untrusted.read_bytes(path, limits.max_bytes)
+    except OSError as exc:
+        raise ConfigError(ConfigIssue(str(path), None, None, "", f"cannot read: {exc.strerror}")) from exc
+    except InputError as exc:
+        raise ConfigError(
+            ConfigIssue(str(path), None, None, "", f"refused: larger than {limits.max_bytes} bytes")
+        ) from exc
+
+
+def load_json_file(path: str | Path, where: str | None = None, *, limits: Limits = LIMITS) -> Any:
+    """A JSON file's value within ``limits`` (size, nesting); InputError naming the file otherwise.
+
+    None when there is no file; any other failure to read is an InputError too.
+    """
+    where = where or str(path)
+    try:
+        raw = untrusted.read_bytes(path, limits.max_bytes)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise InputError(f"cannot read {where}: {exc.strerror}") from exc
+    return untrusted.loads(raw, where, max_depth=limits.max_depth)
 
 
 _TYPE_NAMES = {

@@ -22,7 +22,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from specguard.exporters import bodypush, httpbody, readwatch, tapflow, tapstream
+from specguard.exporters import bodypush, clientguard, httpbody, readwatch, tapflow, tapstream
 from specguard.exporters.classify import Classifier
 from specguard.exporters.config import ExporterConfig
 from specguard.exporters.routing import Router
@@ -189,6 +189,7 @@ class Tap:
         self._pools = {p.name: p for p in config.pools}
         self.engines = {p.name: p.engine for p in config.pools}  # "auto" resolved by the scrape loop
         self.in_flight = {p.name: 0 for p in config.pools}
+        self.clients: clientguard.ClientGuard | None = None  # counts body timeouts (set by the app)
         tap = config.tap
         self._timeout = aiohttp.ClientTimeout(
             total=None, connect=tap.connect_timeout_seconds, sock_read=tap.upstream_timeout_seconds
@@ -224,13 +225,19 @@ class Tap:
 
     # -- request handling --------------------------------------------------------------------
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        tap = self.config.tap
         try:
             raw = await httpbody.read_limited(
-                request.content, self.config.tap.max_body_bytes, request.content_length
+                request.content,
+                tap.max_body_bytes,
+                request.content_length,
+                timeout=tap.client_body_timeout_seconds,
             )
         except httpbody.BodyTooLarge:
-            limit = self.config.tap.max_body_bytes
+            limit = tap.max_body_bytes
             return openai_error(413, f"request body exceeds {limit} bytes", "invalid_request_error")
+        except httpbody.BodyTimeout as exc:
+            return self.body_timeout(request, exc)
         if request.method == "POST" and request.path in TAPPED_PATHS:
             return await self._tapped(request, raw)
         return await self._passthrough(request, raw)
@@ -356,6 +363,14 @@ class Tap:
                 return self._abort(request, out)
             flow.status = 502
             return openai_error(502, f"pool {pool.name} failed: {type(exc).__name__}", "upstream_error")
+
+    def body_timeout(self, request: web.Request, exc: httpbody.BodyTimeout) -> web.StreamResponse:
+        """408 for a body that did not arrive in time; the connection is closed after it."""
+        if self.clients is not None:
+            self.clients.count("body")
+        response = openai_error(408, f"request {exc}", "invalid_request_error")
+        response.force_close()
+        return response
 
     @staticmethod
     def _abort(request: web.Request, out: web.StreamResponse) -> web.StreamResponse:

@@ -69,9 +69,8 @@ def with_listen(cfg: SpecguardConfig, listen: str) -> SpecguardConfig:
     Applied before anything is built from the config, so every check of the listen address
     (e.g. ``server.insecure_loopback`` needs loopback) sees the address actually bound.
     """
-    host, _, port = listen.rpartition(":")
-    if not (host and port.isdigit() and 0 <= int(port) <= 65535):
-        raise ConfigError(f"--listen ({listen!r}) must be host:port")
+    if exporter_config.split_listen(listen) is None:
+        raise ConfigError(f"--listen ({listen!r}) must be host:port ([address]:port for IPv6)")
     tap = replace(cfg.exporter.tap, listen=listen)
     return replace(cfg, exporter=replace(cfg.exporter, tap=tap))
 

@@ -24,10 +24,12 @@ from __future__ import annotations
 import ipaddress
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from specguard import configfile
-from specguard.errors import ConfigError
+from specguard import configfile, untrusted
+from specguard.errors import ConfigError, InputError
+
+TOKEN_FILE_LIMIT = 4096
+"""Largest token file read, bytes (a token is tens of bytes; /dev/zero must not be read for ever)."""
 
 
 @dataclass(frozen=True)
@@ -47,11 +49,15 @@ class ServerSettings:
         """The configured token, or None. Raises ConfigError when the file cannot be read."""
         if self.token_file:
             try:
-                value = Path(self.token_file).read_text(encoding="utf-8").strip()
+                raw = untrusted.read_bytes(self.token_file, TOKEN_FILE_LIMIT, "token file")
+                value = raw.decode("utf-8").strip()
             except OSError as exc:
                 raise ConfigError(
                     f"server.token_file: cannot read {self.token_file}: {exc.strerror}"
                 ) from exc
+            except (InputError, UnicodeDecodeError) as exc:
+                reason = exc if isinstance(exc, InputError) else "not UTF-8 text"
+                raise ConfigError(f"server.token_file: {reason}") from exc
             if not value:
                 raise ConfigError(f"server.token_file: {self.token_file} is empty")
             return value
