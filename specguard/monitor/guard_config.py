@@ -17,6 +17,8 @@ Example::
       follow: false                      # fleet replica: read the plan from the ConfigMap, never decide
     alertmanager:
       enabled: true                      # mount POST /api/v1/alerts
+      max_alerts: 10000                  # alerts kept at most (oldest received dropped first)
+      max_alerts_per_class: 16           # per class, pool and alert name
 """
 
 from __future__ import annotations
@@ -103,6 +105,10 @@ class ActuatorSettings:
 @dataclass(frozen=True)
 class AlertmanagerSettings:
     enabled: bool = True
+    max_alerts: int = 10_000
+    """Alerts kept at most (the oldest received go first)."""
+    max_alerts_per_class: int = 16
+    """Alerts kept at most per class, pool and alert name (a flood of one kind dedupes to this)."""
 
 
 @dataclass(frozen=True)
@@ -173,7 +179,11 @@ def parse_actuators(root: configfile.Section) -> ActuatorSettings:
 
 def parse_alertmanager(root: configfile.Section) -> AlertmanagerSettings:
     s = root.section("alertmanager")
-    out = AlertmanagerSettings(enabled=s.get("enabled", bool, True))
+    out = AlertmanagerSettings(
+        enabled=s.get("enabled", bool, True),
+        max_alerts=s.get("max_alerts", int, 10_000, minimum=1, maximum=1_000_000),
+        max_alerts_per_class=s.get("max_alerts_per_class", int, 16, minimum=1, maximum=10_000),
+    )
     s.reject_unknown()
     return out
 
