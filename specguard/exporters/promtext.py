@@ -105,6 +105,7 @@ class Page:
     families: dict[str, Family]
     by_name: dict[str, list[Sample]]
     source: str = "<page>"
+    duplicates: tuple[Sample, ...] = ()  # samples repeating an earlier series (same name and labels)
 
     def samples(self, name: str) -> list[Sample]:
         return self.by_name.get(name, [])
@@ -126,6 +127,8 @@ class _Parser:
         self.source = source
         self.limits = limits
         self.count = 0
+        self.seen: set[tuple[str, Labels]] = set()
+        self.duplicates: list[Sample] = []
         self.families: dict[str, Family] = {}
         self.by_name: dict[str, list[Sample]] = {}
         self.current: Family | None = None
@@ -237,6 +240,11 @@ class _Parser:
             where = f"{self.source}:{self.lineno}"
             raise PageRejected(f"{where}: more than {self.limits.max_samples} samples", "too_many_samples")
         found = Sample(name, labels, value, timestamp, self.lineno)
+        series = (name, labels)
+        if series in self.seen:
+            self.duplicates.append(found)
+        else:
+            self.seen.add(series)
         family.samples.append(found)
         bucket = self.by_name.get(name)
         if bucket is None:
@@ -279,7 +287,7 @@ class _Parser:
                 done = self.comment(line)
             else:
                 self.sample(line)
-        return Page(self.families, self.by_name, self.source)
+        return Page(self.families, self.by_name, self.source, tuple(self.duplicates))
 
 
 def parse(text: str | bytes, source: str = "<page>", limits: Limits = LIMITS) -> Page:
