@@ -16,6 +16,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from specguard import untrusted
+from specguard.errors import InputError
+
 log = logging.getLogger("specguard.audit")
 
 MAX_PENDING = 10_000
@@ -32,8 +35,8 @@ def read(path: str | Path) -> tuple[list[dict[str, Any]], list[int]]:
                 if not line.strip():
                     continue
                 try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
+                    record = untrusted.loads(line, f"{path}:{number}")
+                except InputError:  # torn, not JSON, nested too deep...
                     skipped.append(number)
                     continue
                 if isinstance(record, dict):
