@@ -59,6 +59,9 @@ class PageRejected(InputError):
         super().__init__(message)
         self.reason = reason
 
+    def __reduce__(self) -> tuple:  # raised in the page worker process, re-raised in the tap
+        return (type(self), (str(self), self.reason))
+
 
 def reject_reason(exc: BaseException) -> str:
     """The ``REJECT_REASONS`` value for an error raised by reading or parsing a page."""
@@ -300,14 +303,27 @@ def parse(text: str | bytes, source: str = "<page>", limits: Limits = LIMITS) ->
             text = text.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise PageRejected(f"{source}: metrics page is not UTF-8 (byte {exc.start})", "not_utf8") from exc
+    # an upper bound of the samples, counted in C: a page of tiny lines is refused before parsing
+    lines = text.count("\n") + 1 - text.count("\n#") - text.count("\n\n")
+    if lines > limits.max_samples and lines - text.count("\n ") - text.count("\n\t") > limits.max_samples:
+        raise PageRejected(f"{source}: more than {limits.max_samples} samples", "too_many_samples")
     return _Parser(source, limits).run(text)
 
 
-def longest_line(data: bytes, carried: int = 0) -> tuple[int, int]:
-    """(longest line in ``data`` counting ``carried`` bytes of an unfinished line before it,
-    length of the unfinished line at its end): checks a page's lines chunk by chunk as it arrives."""
-    parts = data.split(b"\n")
-    if len(parts) == 1:
-        return carried + len(data), carried + len(data)
-    longest = max(carried + len(parts[0]), max(map(len, parts[1:])))
-    return longest, len(parts[-1])
+def carried_line(data: bytes, carried: int, limit: int) -> int | None:
+    """Checks a page's lines as it arrives: the length of the unfinished line at the end of
+    ``data`` (``carried`` bytes of it came before), or None when a line passes ``limit``.
+
+    Jumps from newline to the last newline within the next ``limit`` bytes, so a chunk costs a
+    few ``rfind`` calls however many short lines it holds.
+    """
+    window = limit - carried
+    pos = data.find(b"\n", 0, window + 1)
+    if pos < 0:
+        return carried + len(data) if len(data) <= window else None
+    end = len(data)
+    while end - pos - 1 > limit:
+        pos = data.rfind(b"\n", pos + 1, pos + limit + 2)
+        if pos < 0:
+            return None
+    return end - data.rfind(b"\n", pos) - 1

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 
 from specguard.errors import InputError, SourceError
-from specguard.exporters import engines, promtext
+from specguard.exporters import engines, offload, promtext
 from specguard.exporters.config import mask_url
 from specguard.exporters.snapshot import EngineSnapshot
 
@@ -99,11 +99,12 @@ async def _read_page(response: aiohttp.ClientResponse, shown: str, limits: promt
             raise promtext.PageRejected(
                 f"{shown}: metrics page larger than {limits.max_page_bytes} bytes", "page_too_large"
             )
-        longest, carried = promtext.longest_line(data, carried)
-        if longest > limits.max_line_bytes:
+        line = promtext.carried_line(data, carried, limits.max_line_bytes)
+        if line is None:
             raise promtext.PageRejected(
                 f"{shown}: metrics page has a line longer than {limits.max_line_bytes} bytes", "line_too_long"
             )
+        carried = line
         parts.append(data)
     return b"".join(parts)
 
@@ -139,7 +140,7 @@ async def fetch_text(
 def normalise(
     body: bytes, shown: str, engine: str, limits: promtext.Limits = promtext.LIMITS
 ) -> EngineSnapshot:
-    """Decode, parse and normalise one fetched page (CPU only: ``scrape`` runs it in a thread)."""
+    """Decode, parse and normalise one fetched page (CPU only: ``scrape`` runs it off the loop)."""
     return engines.snapshot(promtext.parse(page_text(body, shown), shown, limits), engine)
 
 
@@ -162,12 +163,12 @@ async def scrape(
 ) -> Scrape:
     """Fetch and normalise one page. ``clock`` (monotonic seconds) times the scrape.
 
-    Parsing runs in a worker thread, so a large page never holds up the event loop that
-    serves traffic; ``limits`` bound what a page may cost.
+    Parsing runs in a worker thread, or a worker process for a large page (``offload``), so it
+    never holds up the event loop that serves traffic; ``limits`` bound what a page may cost.
     """
     started = clock()
     body = await fetch_page(url, timeout=timeout, session=session, limits=limits)
-    snap = await asyncio.to_thread(normalise, body, mask_url(url), engine, limits)
+    snap = await offload.run(normalise, body, mask_url(url), engine, limits, weight=len(body))
     return Scrape(url, clock() - started, snap)
 
 

@@ -24,7 +24,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from specguard.exporters import clientguard, collector, poolwatch, promtext, routing, stats, tap
+from specguard.exporters import clientguard, collector, offload, poolwatch, promtext, routing, stats, tap
 from specguard.exporters.classify import Classifier
 from specguard.exporters.config import ExporterConfig, PoolConfig, join_listen
 from specguard.exporters.snapshot import EngineSnapshot
@@ -165,6 +165,7 @@ class Monitor:
                     log.exception("stopping %s failed", component.name)
             for loop in self.loops:
                 await loop.stop()
+            offload.shutdown()
             await self.tap.close()
 
     def build_app(self) -> web.Application:

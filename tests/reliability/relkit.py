@@ -39,14 +39,20 @@ def closed_port() -> int:
         return sock.getsockname()[1]
 
 
-def monitor_config(urls: dict[str, str], *, engine: str = "vllm", extra: str = "", k=None):
-    """A parsed specguard config over ``urls`` (pool name -> URL); scrape only on demand."""
+def monitor_config(
+    urls: dict[str, str], *, engine: str = "vllm", extra: str = "", k=None, scrape: dict | None = None
+):
+    """A parsed specguard config over ``urls`` (pool name -> URL); scrape only on demand.
+
+    ``scrape``: ``scrape:`` keys to set (``{"max_page_bytes": 2097152}``).
+    """
     ks = k or K
     pools = "\n".join(
         f'  - {{name: {name}, url: "{url}", engine: {engine}, num_speculative_tokens: {ks.get(name, 0)}}}'
         for name, url in urls.items()
     )
-    text = f"pools:\n{pools}\nscrape: {{interval_seconds: 3600, timeout_seconds: 1}}\n{extra}"
+    keys = {"interval_seconds": 3600, "timeout_seconds": 1, **(scrape or {})}
+    text = f"pools:\n{pools}\nscrape: {json.dumps(keys)}\n{extra}"
     return config.parse_text(text, "reliability.yaml")
 
 
