@@ -37,8 +37,8 @@ _BUSY_503 = (
     b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nRetry-After: 1\r\n"
     b"Content-Type: text/plain\r\nContent-Length: 29\r\n\r\ntoo many client connections\r\n"
 )
-FD_RESERVE = 32
-"""File descriptors kept for everything but client connections (upstream sockets, files...)."""
+FD_RESERVE = 24
+"""File descriptors kept for the process itself (listening socket, event loop, files, scrapes)."""
 
 
 @dataclass(frozen=True)
@@ -49,12 +49,22 @@ class ClientLimits:
     idle_timeout: float = 75.0  # seconds a connection may wait for its next request
 
 
-def fd_cap(limit: int | None = None) -> int:
-    """Client connections the open-file limit allows (two descriptors each: client and upstream)."""
+def _open_files(limit: int | None) -> int:
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0] if limit is None else limit
-    if soft == resource.RLIM_INFINITY:
-        return 1 << 30
-    return max(4, (soft - FD_RESERVE) // 2)
+    return 1 << 20 if soft == resource.RLIM_INFINITY else soft
+
+
+def accept_burst(open_files: int | None = None) -> int:
+    """Connections accepted per turn of the event loop (asyncio's ``backlog``): their descriptors
+    are taken before the cap can close anything, so they come out of the budget too."""
+    return max(8, min(128, _open_files(open_files) // 8))
+
+
+def fd_cap(open_files: int | None = None) -> int:
+    """Client connections the open-file limit allows: two descriptors each (client and upstream)
+    after the process's own and one accept burst."""
+    soft = _open_files(open_files)
+    return max(4, (soft - FD_RESERVE - accept_burst(soft)) // 2)
 
 
 class ClientGuard:
@@ -63,6 +73,7 @@ class ClientGuard:
     def __init__(self, limits: ClientLimits = ClientLimits(), *, open_files: int | None = None):
         self.limits = limits
         self.max_connections = min(limits.max_connections, fd_cap(open_files))
+        self.backlog = accept_burst(open_files)
         if self.max_connections < limits.max_connections:
             log.warning(
                 "tap.max_client_connections %d lowered to %d by the open-file limit",
@@ -104,6 +115,7 @@ class ClientGuard:
         # quiet ones first (no partial request), then the oldest
         victim = min(idle, key=lambda c: (c.head_since is not None, c.since))
         self.rejected["evicted"] += 1
+        self.open.pop(victim.transport, None)  # its room is free now, not when the close completes
         victim.close()
         return True
 
@@ -246,12 +258,13 @@ class ServerLog(logging.LoggerAdapter):
     def __init__(self, logger: logging.Logger):
         super().__init__(logger, {})
 
-    def exception(self, msg: object, *args: object, exc_info: Any = True, **kwargs: Any) -> None:
-        if isinstance(exc_info, HttpProcessingError):
-            text = msg % args if args else msg
-            self.logger.info("%s: %s", text, _one_line(exc_info))
-            return
-        self.logger.error(msg, *args, exc_info=exc_info, **kwargs)
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info")
+        if isinstance(exc, HttpProcessingError):  # aiohttp logs these at ERROR or DEBUG, with a traceback
+            kwargs.pop("exc_info")
+            level = min(level, logging.INFO)
+            msg, args = f"{msg}: %s", (*args, _one_line(exc))
+        super().log(level, msg, *args, **kwargs)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -204,7 +204,7 @@ class Monitor:
                 host,
                 listen.port if port is None else port,
                 reuse_address=True,
-                backlog=128,
+                backlog=self.clients.backlog,
             )
         except BaseException:  # e.g. the port is taken: close what setup() opened (the tap's session)
             await self.stop()
