@@ -64,7 +64,7 @@ class Guard:
         self.store = store
         self.audit = audit or audit_mod.AuditLog(None)
         self.counters = counters or GuardCounters()
-        self.alerts = alerts or AlertBook()
+        self.alerts = alerts if alerts is not None else AlertBook()  # (an empty book is falsy)
         self.clock = clock
         self.configured_keys = list(keys)
         self.temperature_buckets = list(temperature_buckets)
@@ -350,6 +350,10 @@ class Guard:
     async def _tick(self) -> None:
         try:
             await asyncio.wait_for(self.evaluate(), self.evaluation_timeout * 2)
+        except asyncio.CancelledError:
+            if self.running:
+                raise
+            log.info("guard evaluation: cancelled (shutting down)")  # not an error to report
         except TimeoutError:
             # no class was evaluated this round: each counts as an error evaluation
             classes = len(set(self.states) | set(self.configured_keys)) or 1

@@ -310,7 +310,7 @@ class PlanStore:
         """The file's bytes, or None when absent; InputError when larger than any plan can be."""
         try:
             return untrusted.read_bytes(self.path, configfile.LIMITS.max_bytes, "plan file")
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as exc:
             raise _Unreadable(f"cannot read plan file {self.path}: {exc.strerror}") from exc

@@ -273,6 +273,7 @@ class AlertBook:
         self.max_per_class = max_per_class
         self._alerts: dict[str, AlertRecord] = {}  # oldest received first
         self._slots: dict[tuple[str, ...], dict[str, None]] = {}  # slot -> fingerprints, oldest first
+        self._resolved: dict[str, None] = {}  # resolved fingerprints, oldest received first
         self.evicted = 0
 
     def __len__(self) -> int:
@@ -305,9 +306,12 @@ class AlertBook:
     def _put(self, alert: AlertRecord) -> None:
         self._alerts[alert.fingerprint] = alert
         self._slots.setdefault(_slot(alert), {})[alert.fingerprint] = None
+        if alert.status == "resolved":
+            self._resolved[alert.fingerprint] = None
 
     def _drop(self, fingerprint: str) -> None:
         alert = self._alerts.pop(fingerprint)
+        self._resolved.pop(fingerprint, None)
         slot = _slot(alert)
         members = self._slots.get(slot, {})
         members.pop(fingerprint, None)
@@ -315,16 +319,16 @@ class AlertBook:
             self._slots.pop(slot, None)
 
     def _make_room(self, slot: tuple[str, ...]) -> None:
+        """Drop the oldest received alert of a full slot, then of a full book; resolved ones first."""
         members = self._slots.get(slot, {})
         if len(members) >= self.max_per_class:
-            self._evict(list(members))
+            oldest = list(members)  # (at most max_per_class)
+            self._evict(next((f for f in oldest if f in self._resolved), oldest[0]))
         if len(self._alerts) >= self.max_alerts:
-            self._evict(list(self._alerts))
+            self._evict(next(iter(self._resolved or self._alerts)))
 
-    def _evict(self, fingerprints: list[str]) -> None:
-        """Drop the oldest received of ``fingerprints`` (oldest first), a resolved one if any."""
-        victim = next((f for f in fingerprints if self._alerts[f].status == "resolved"), fingerprints[0])
-        self._drop(victim)
+    def _evict(self, fingerprint: str) -> None:
+        self._drop(fingerprint)
         self.evicted += 1
 
     def expire(self, now: float, firing_ttl: float, resolved_ttl: float) -> None:
