@@ -8,6 +8,7 @@ Each layer parses its own section with a ``Section`` reader; problems are record
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,6 +159,55 @@ class _Builder:
         return value
 
 
+FLOW_DEPTH_FACTOR = 4
+"""Flow brackets are pre-checked against this multiple of ``max_depth`` (quotes and comments are
+only skipped roughly there); the composer checks the exact depth below that."""
+_QUOTED_OR_COMMENT = re.compile(r'"(?:[^"\\\n]++|\\.)*+"|\'(?:[^\'\n]++|\'\')*+\'|#[^\n]*+')
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def _flow_depth_over(text: str, limit: int) -> int | None:
+    """Where ``[``/``{`` brackets first nest deeper than ``limit``, or None (cheap when few)."""
+    if text.count("[") + text.count("{") <= limit:
+        return None
+    cleaned = _QUOTED_OR_COMMENT.sub(lambda m: " " * len(m.group()), text)
+    depth = 0
+    for match in _BRACKET.finditer(cleaned):
+        depth += 1 if match.group() in "[{" else -1
+        if depth > limit:
+            return match.start()
+    return None
+
+
+def _expanded_size(root: yaml.Node, limits: Limits) -> int:
+    """Values ``root`` holds once every alias is expanded, counted once per distinct node (so in
+    time proportional to the file); an alias to its own ancestor is refused as too deep."""
+    sizes: dict[int, int] = {}
+    visiting: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        known = sizes.get(id(node))
+        if known is not None:
+            return known
+        if id(node) in visiting:
+            raise _LimitExceeded(node.start_mark, f"nested deeper than {limits.max_depth} levels")
+        total = 1
+        if isinstance(node, yaml.MappingNode | yaml.SequenceNode):
+            visiting.add(id(node))
+            children = (
+                (v for pair in node.value for v in pair) if isinstance(node, yaml.MappingNode) else node.value
+            )
+            for child in children:
+                total += size(child)
+                if total > limits.max_nodes:
+                    raise _LimitExceeded(root.start_mark, f"expands to more than {limits.max_nodes} values")
+            visiting.discard(id(node))
+        sizes[id(node)] = total
+        return total
+
+    return size(root)
+
+
 def _scalar(node: yaml.Node) -> Any:
     constructor = yaml.SafeLoader("")
     try:
@@ -171,11 +221,18 @@ def parse_text(text: str, file: str = "<config>", *, limits: Limits = LIMITS) ->
     naming the line and the column."""
     if len(text) > limits.max_bytes:
         raise ConfigError(ConfigIssue(file, None, None, "", f"larger than {limits.max_bytes} bytes"))
+    deep = _flow_depth_over(text, limits.max_depth * FLOW_DEPTH_FACTOR)
+    if deep is not None:  # PyYAML scans deep flow nesting in quadratic time before composing it
+        line, column = line_column(text, deep)
+        message = f"refused: nested deeper than {limits.max_depth * FLOW_DEPTH_FACTOR} levels"
+        raise ConfigError(ConfigIssue(file, line, column, "", message))
     loader: _BoundedLoader | None = None
     builder = _Builder(file, limits)
     try:
         loader = _BoundedLoader(text, limits)
         node = loader.get_single_node()
+        if node is not None:
+            _expanded_size(node, limits)  # before building anything: a bomb costs only its own size
         data = builder.build(node) if node is not None else {}
     except _LimitExceeded as exc:
         line, column = exc.mark.line + 1, exc.mark.column + 1
