@@ -14,7 +14,7 @@ DEPLOY = ROOT / "deploy"
 RULES = DEPLOY / "prometheus" / "specguard-rules.yaml"
 RULE_TESTS = sorted((DEPLOY / "prometheus" / "tests").glob("*.yaml"))
 DASHBOARD = DEPLOY / "grafana" / "specguard-overview.json"
-README = DEPLOY.parent / "README.md"  # the runbooks live in the main README
+RUNBOOKS = DEPLOY.parent / "docs" / "runbooks.md"
 KUSTOMIZE_DIR = DEPLOY / "kubernetes"
 
 # Metric names exported by specguard (team contract, notes/contracts.md "Metric names").
