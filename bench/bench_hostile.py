@@ -56,18 +56,7 @@ def _engine_main(port: int) -> None:
     async def answer(request: web.Request) -> web.Response:
         await request.read()
         await asyncio.sleep(DELAY)
-        return web.json_response(
-            {
-                "id": "x",
-                "object": "chat.completion",
-                "created": 1,
-                "model": "m",
-                "choices": [
-                    {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
-                ],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
-            }
-        )
+        return web.json_response({"choices": [{"index": 0, "message": {"content": "ok"}}]})
 
     async def metrics(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/plain"})

@@ -20,6 +20,8 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from tests.reliability import relkit
+
 DELAY = 0.05  # seconds the normal engine takes per answer
 MB = 1 << 20
 
@@ -153,18 +155,7 @@ class Engine:
         if self.body is not None and request.path == "/v1/completions":
             return await self.body(request)
         await asyncio.sleep(DELAY)
-        return web.json_response(
-            {
-                "id": "x",
-                "object": "chat.completion",
-                "created": 1,
-                "model": "m",
-                "choices": [
-                    {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
-                ],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
-            }
-        )
+        return web.json_response(relkit.COMPLETION)
 
     async def metrics(self, request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/plain"})

@@ -82,6 +82,17 @@ def chat_body(model: str = "m", *, stream: bool = False, text: str = "hi") -> di
     }
 
 
+COMPLETION = {
+    "id": "x",
+    "object": "chat.completion",
+    "created": 1,
+    "model": "m",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+}
+"""A small valid chat completion (what the test engines answer)."""
+
+
 class Misbehaving:
     """An OpenAI-style upstream whose behaviour is set per test (``mode``).
 
@@ -126,18 +137,7 @@ class Misbehaving:
             assert request.transport is not None
             request.transport.abort()  # the engine process died: RST, no terminating chunk
             return out
-        return web.json_response(
-            {
-                "id": "x",
-                "object": "chat.completion",
-                "created": 1,
-                "model": "m",
-                "choices": [
-                    {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
-                ],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
-            }
-        )
+        return web.json_response(COMPLETION)
 
     async def metrics(self, request: web.Request) -> web.Response:
         if self.mode == "5xx":

@@ -128,11 +128,7 @@ async def test_at_the_connection_cap_idle_connections_make_room(caplog):
 
                 slower = await hostkit.latency_ratio(url, idlers)
         finally:
-            for _, writer in idle:
-                writer.close()
-            for _, writer in idle:
-                with contextlib.suppress(ConnectionError):
-                    await writer.wait_closed()
+            await close_all(idle)
             await monitor.stop()
     evicted = registry.get_sample_value("specguard_client_connections_rejected_total", {"reason": "evicted"})
     assert open_now <= 8 and evicted >= 32
@@ -321,11 +317,15 @@ async def _lockout(listen: int, port: int) -> None:
         connections = float(re.search(r"^specguard_client_connections (\S+)$", page, re.M).group(1))
         assert connections <= 16  # (64 - 24 - 8) / 2: the cap the open-file limit allows
     finally:
-        for _, writer in idle:
-            writer.close()
-        for _, writer in idle:
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
+        await close_all(idle)
+
+
+async def close_all(connections: list) -> None:
+    for _, writer in connections:
+        writer.close()
+    for _, writer in connections:
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
 
 
 async def _wait_for(url: str) -> None:
