@@ -141,9 +141,12 @@ class Monitor:
 
     async def healthz(self, request: web.Request) -> web.Response:
         pools = {name: watch.up for name, watch in self.watches.items()}
-        return web.Response(
-            text=json.dumps({"status": "ok", "pools_up": pools}), content_type="application/json"
-        )
+        # why a pool is down (unreachable, or its page refused: too large, a line too long...)
+        errors = {
+            name: (watch.last_error or "")[:300] for name, watch in self.watches.items() if not watch.up
+        }
+        body = {"status": "ok", "pools_up": pools, "pools_error": errors}
+        return web.Response(text=json.dumps(body), content_type="application/json")
 
     async def _lifecycle(self, app: web.Application):
         await self.tap.start()
