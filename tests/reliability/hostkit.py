@@ -110,17 +110,23 @@ async def running(attack: Callable[[], Awaitable[object]]) -> AsyncIterator[asyn
             await task
 
 
-def ratio(loud: list[float], quiet: list[float]) -> float:
-    """Median latency under attack over median latency without it."""
-    return statistics.median(loud) / statistics.median(quiet)
+def ratio(loud: list[float], quiet: list[float], q: float = 0.5) -> float:
+    """Latency under attack over latency without it, at quantile ``q`` (the median by default)."""
+    if q == 0.5:
+        return statistics.median(loud) / statistics.median(quiet)
+    return (
+        statistics.quantiles(loud, n=10)[int(q * 10) - 1] / statistics.quantiles(quiet, n=10)[int(q * 10) - 1]
+    )
 
 
-async def latency_ratio(url: str, attack: Callable[[], Awaitable[object]], count: int = 12) -> float:
-    """The same normal traffic without, then with ``attack`` running: the ratio of medians."""
+async def latency_ratio(
+    url: str, attack: Callable[[], Awaitable[object]], count: int = 12, q: float = 0.5
+) -> float:
+    """The same normal traffic without, then with ``attack`` running: the ratio at quantile ``q``."""
     quiet = await probe(url, count)
     async with running(attack):
         loud = await probe(url, count)
-    return ratio(loud, quiet)
+    return ratio(loud, quiet, q)
 
 
 # ------------------------------------------------------------------ logs

@@ -92,7 +92,8 @@ async def test_a_large_valid_page_is_parsed_off_the_serving_loop(caplog):
 
         try:
             with caplog.at_level(logging.INFO):
-                slower = await hostkit.latency_ratio(url, scrapes)
+                # the 90th percentile: a parse on the loop stalls a few requests by whole seconds
+                slower = await hostkit.latency_ratio(url, scrapes, count=20, q=0.9)
         finally:
             await monitor.stop()
     assert registry.get_sample_value("specguard_engine_up", {"pool": "spec-k4"}) == 1.0
