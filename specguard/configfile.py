@@ -8,7 +8,6 @@ Each layer parses its own section with a ``Section`` reader; problems are record
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,8 +15,11 @@ from typing import Any, TypeVar
 
 import yaml
 
-from specguard import untrusted
+from specguard import untrusted, yamlcompose
 from specguard.errors import ConfigError, ConfigIssue, InputError
+from specguard.yamlcompose import LIMITS, Limits, join_path
+
+__all__ = ["LIMITS", "Document", "Limits", "Section", "load_file", "parse_text", "parse_with"]
 
 T = TypeVar("T")
 _MISSING: Any = object()
@@ -59,183 +61,15 @@ def _parent(path: str) -> str:
     return path.rpartition(".")[0]
 
 
-def _join(prefix: str, key: str | int) -> str:
-    if isinstance(key, int):
-        return f"{prefix}[{key}]"
-    return f"{prefix}.{key}" if prefix else str(key)
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Bounds on one YAML or JSON file, so a hostile file costs little to refuse."""
-
-    max_bytes: int = 4 * 1024 * 1024  # file size
-    max_depth: int = 64  # nesting of mappings and lists
-    max_aliases: int = 100  # ``*alias`` references in the file
-    max_nodes: int = 100_000  # values after aliases are expanded (a "billion laughs" stops here)
-
-
-LIMITS = Limits()
-
-
-class _BoundedLoader(yaml.SafeLoader):
-    """PyYAML's safe loader with a nesting and an alias budget checked while composing."""
-
-    def __init__(self, stream: str, limits: Limits):
-        super().__init__(stream)
-        self.limits = limits
-        self.depth = 0
-        self.aliases = 0
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        event = self.peek_event()
-        if isinstance(event, yaml.AliasEvent):
-            self.aliases += 1
-            if self.aliases > self.limits.max_aliases:
-                raise _LimitExceeded(event.start_mark, f"more than {self.limits.max_aliases} aliases")
-            return super().compose_node(parent, index)
-        self.depth += 1
-        try:
-            if self.depth > self.limits.max_depth:
-                raise _LimitExceeded(event.start_mark, f"nested deeper than {self.limits.max_depth} levels")
-            return super().compose_node(parent, index)
-        finally:
-            self.depth -= 1
-
-
-class _LimitExceeded(Exception):
-    def __init__(self, mark: Any, message: str):
-        super().__init__(message)
-        self.mark = mark
-        self.message = message
-
-
-class _Builder:
-    """Plain Python data from composed nodes, with every key path's position.
-
-    Counts values as aliases expand them (``max_nodes``) and bounds the nesting again (an alias
-    may point at its own ancestor); a duplicate key is an issue at the repeated key.
-    """
-
-    def __init__(self, file: str, limits: Limits):
-        self.file = file
-        self.limits = limits
-        self.positions: dict[str, tuple[int, int]] = {}
-        self.issues: list[ConfigIssue] = []
-        self.nodes = 0
-        self._scalars: dict[int, Any] = {}  # an aliased scalar is constructed once
-
-    def build(self, node: yaml.Node, path: str = "", depth: int = 1) -> Any:
-        self.nodes += 1
-        if self.nodes > self.limits.max_nodes:
-            raise _LimitExceeded(node.start_mark, f"expands to more than {self.limits.max_nodes} values")
-        if depth > self.limits.max_depth:
-            raise _LimitExceeded(node.start_mark, f"nested deeper than {self.limits.max_depth} levels")
-        self.positions[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
-        if isinstance(node, yaml.MappingNode):
-            out: dict[str, Any] = {}
-            for key_node, value_node in node.value:
-                if not isinstance(key_node, yaml.ScalarNode):
-                    raise _LimitExceeded(
-                        key_node.start_mark, "a key must be a plain value, not a list or mapping"
-                    )
-                key = str(_scalar(key_node))
-                key_path = _join(path, key)
-                where = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
-                if key in out:
-                    first = self.positions.get(key_path, (None, None))
-                    self.issues.append(
-                        ConfigIssue(self.file, *where, key_path, f"duplicate key (first at line {first[0]})")
-                    )
-                    continue
-                out[key] = self.build(value_node, key_path, depth + 1)
-                self.positions[key_path] = where
-            return out
-        if isinstance(node, yaml.SequenceNode):
-            return [self.build(item, _join(path, i), depth + 1) for i, item in enumerate(node.value)]
-        value = self._scalars.get(id(node), _MISSING)
-        if value is _MISSING:
-            value = self._scalars[id(node)] = _scalar(node)
-        return value
-
-
-FLOW_DEPTH_FACTOR = 4
-"""Flow brackets are pre-checked against this multiple of ``max_depth`` (quotes and comments are
-only skipped roughly there); the composer checks the exact depth below that."""
-_QUOTED_OR_COMMENT = re.compile(r'"(?:[^"\\\n]++|\\.)*+"|\'(?:[^\'\n]++|\'\')*+\'|#[^\n]*+')
-_BRACKET = re.compile(r"[\[\]{}]")
-
-
-def _flow_depth_over(text: str, limit: int) -> int | None:
-    """Where ``[``/``{`` brackets first nest deeper than ``limit``, or None (cheap when few)."""
-    if text.count("[") + text.count("{") <= limit:
-        return None
-    cleaned = _QUOTED_OR_COMMENT.sub(lambda m: " " * len(m.group()), text)
-    depth = 0
-    for match in _BRACKET.finditer(cleaned):
-        depth += 1 if match.group() in "[{" else -1
-        if depth > limit:
-            return match.start()
-    return None
-
-
-def _expanded_size(root: yaml.Node, limits: Limits) -> int:
-    """Values ``root`` holds once every alias is expanded, counted once per distinct node (so in
-    time proportional to the file); an alias to its own ancestor is refused as too deep."""
-    sizes: dict[int, int] = {}
-    visiting: set[int] = set()
-
-    def size(node: yaml.Node) -> int:
-        known = sizes.get(id(node))
-        if known is not None:
-            return known
-        if id(node) in visiting:
-            raise _LimitExceeded(node.start_mark, f"nested deeper than {limits.max_depth} levels")
-        total = 1
-        if isinstance(node, yaml.MappingNode | yaml.SequenceNode):
-            visiting.add(id(node))
-            children = (
-                (v for pair in node.value for v in pair) if isinstance(node, yaml.MappingNode) else node.value
-            )
-            for child in children:
-                total += size(child)
-                if total > limits.max_nodes:
-                    raise _LimitExceeded(root.start_mark, f"expands to more than {limits.max_nodes} values")
-            visiting.discard(id(node))
-        sizes[id(node)] = total
-        return total
-
-    return size(root)
-
-
-def _scalar(node: yaml.Node) -> Any:
-    constructor = yaml.SafeLoader("")
-    try:
-        return constructor.construct_object(node, deep=True)
-    finally:
-        constructor.dispose()
-
-
 def parse_text(text: str, file: str = "<config>", *, limits: Limits = LIMITS) -> Document:
     """Parse YAML text within ``limits``; a syntax error or a limit passed becomes a ConfigError
     naming the line and the column."""
     if len(text) > limits.max_bytes:
         raise ConfigError(ConfigIssue(file, None, None, "", f"larger than {limits.max_bytes} bytes"))
-    deep = _flow_depth_over(text, limits.max_depth * FLOW_DEPTH_FACTOR)
-    if deep is not None:  # PyYAML scans deep flow nesting in quadratic time before composing it
-        line, column = line_column(text, deep)
-        message = f"refused: nested deeper than {limits.max_depth * FLOW_DEPTH_FACTOR} levels"
-        raise ConfigError(ConfigIssue(file, line, column, "", message))
-    loader: _BoundedLoader | None = None
-    builder = _Builder(file, limits)
     try:
-        loader = _BoundedLoader(text, limits)
-        node = loader.get_single_node()
-        if node is not None:
-            _expanded_size(node, limits)  # before building anything: a bomb costs only its own size
-        data = builder.build(node) if node is not None else {}
-    except _LimitExceeded as exc:
-        line, column = exc.mark.line + 1, exc.mark.column + 1
+        data, positions, issues = yamlcompose.compose(text, file, limits)
+    except yamlcompose.LimitExceeded as exc:
+        line, column = (exc.mark.line + 1, exc.mark.column + 1) if exc.mark else exc.position
         raise ConfigError(ConfigIssue(file, line, column, "", f"refused: {exc.message}")) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
@@ -248,10 +82,7 @@ def parse_text(text: str, file: str = "<config>", *, limits: Limits = LIMITS) ->
         raise ConfigError(ConfigIssue(file, line, column, "", f"invalid YAML: {problem}")) from exc
     except yaml.YAMLError as exc:
         raise ConfigError(ConfigIssue(file, None, None, "", f"invalid YAML: {exc}")) from exc
-    finally:
-        if loader is not None:
-            loader.dispose()
-    doc = Document(file, data, builder.positions, list(builder.issues))
+    doc = Document(file, data, positions, issues)
     if not isinstance(data, dict):
         doc.error("", f"the top level must be a mapping, got {type(data).__name__}")
     return doc
@@ -297,21 +128,6 @@ def read_bytes(path: str | Path, limits: Limits = LIMITS) -> bytes:
         ) from exc
 
 
-def load_json_file(path: str | Path, where: str | None = None, *, limits: Limits = LIMITS) -> Any:
-    """A JSON file's value within ``limits`` (size, nesting); InputError naming the file otherwise.
-
-    None when there is no file; any other failure to read is an InputError too.
-    """
-    where = where or str(path)
-    try:
-        raw = untrusted.read_bytes(path, limits.max_bytes)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise InputError(f"cannot read {where}: {exc.strerror}") from exc
-    return untrusted.loads(raw, where, max_depth=limits.max_depth)
-
-
 _TYPE_NAMES = {
     bool: "a boolean",
     int: "an integer",
@@ -340,7 +156,7 @@ class Section:
         return key in self.data
 
     def key_path(self, key: str | int) -> str:
-        return _join(self.path, key)
+        return join_path(self.path, key)
 
     def error(self, key: str | None, message: str) -> None:
         self.doc.error(self.key_path(key) if key is not None else self.path, message)
@@ -400,7 +216,7 @@ class Section:
     def items(self, key: str, *, required: bool = False) -> Iterator[Section]:
         """Each mapping in the list under ``key``."""
         for index, value in self.values(key, required=required):
-            yield Section(self.doc, _join(self.key_path(key), index), value)
+            yield Section(self.doc, join_path(self.key_path(key), index), value)
 
     def values(self, key: str, *, required: bool = False) -> Iterator[tuple[int, Any]]:
         """(index, value) for each entry in the list under ``key``."""

@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from urllib.parse import SplitResult, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from specguard.configfile import Section
-from specguard.exporters import clientguard, promtext
+from specguard.exporters import addresses, clientguard, promtext
 
 ENGINES = ("vllm", "sglang", "trtllm", "llamacpp", "tgi", "auto")
 OTHER = "other"  # task type for everything outside the configured set
@@ -40,7 +40,7 @@ class PoolConfig:
     @property
     def display_url(self) -> str:
         """The URL for logs and messages: a password in it is masked."""
-        return mask_url(self.url)
+        return addresses.mask_url(self.url)
 
 
 @dataclass(frozen=True)
@@ -121,30 +121,11 @@ class TapConfig:
     @property
     def host(self) -> str:
         """The address to bind (an IPv6 address without its brackets)."""
-        return (split_listen(self.listen) or ("127.0.0.1", 0))[0]
+        return (addresses.split_listen(self.listen) or ("127.0.0.1", 0))[0]
 
     @property
     def port(self) -> int:
-        return (split_listen(self.listen) or ("", 0))[1]
-
-
-def split_listen(listen: str) -> tuple[str, int] | None:
-    """``host:port`` or ``[v6-address]:port`` as (host without brackets, port); None if malformed."""
-    host, _, port = listen.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-        if not host:
-            return None
-    elif ":" in host or host.startswith("["):
-        return None  # an IPv6 address needs brackets: [::1]:8090
-    if not (host and port.isdigit() and 0 <= int(port) <= 65535):
-        return None
-    return host, int(port)
-
-
-def join_listen(host: str, port: int) -> str:
-    """The ``host:port`` text of an address (IPv6 in brackets), as in URLs and ``tap.listen``."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return (addresses.split_listen(self.listen) or ("", 0))[1]
 
 
 @dataclass(frozen=True)
@@ -199,7 +180,9 @@ def parse_pools(root: Section) -> tuple[PoolConfig, ...]:
             ok = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.path in ("", "/")
             if not item.check(ok, "url", f"({url!r}) must be http(s)://host:port with no path"):
                 url = None
-            elif not item.check(_port_ok(parts), "url", f"({mask_url(url)!r}): port must be 1-65535"):
+            elif not item.check(
+                addresses.port_ok(parts), "url", f"({addresses.mask_url(url)!r}): port must be 1-65535"
+            ):
                 url = None
         if metrics_path is not None:
             item.check(metrics_path.startswith("/"), "metrics_path", "must start with '/'")
@@ -212,24 +195,6 @@ def parse_pools(root: Section) -> tuple[PoolConfig, ...]:
     if "pools" in root.data and isinstance(root.data["pools"], list) and not root.data["pools"]:
         root.error("pools", "must list at least one pool")
     return tuple(pools)
-
-
-def _port_ok(parts: SplitResult) -> bool:
-    try:
-        port = parts.port
-    except ValueError:
-        return False
-    return port is None or 1 <= port <= 65535
-
-
-def mask_url(url: str) -> str:
-    """``url`` with any password replaced by ``*****`` (pool URLs may carry credentials)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user, _, host = parts.netloc.rpartition("@")
-    name = user.partition(":")[0]
-    return urlunsplit(parts._replace(netloc=f"{name}:*****@{host}"))
 
 
 def _buckets(section: Section, key: str, default: tuple[Bucket, ...], what: str) -> tuple[Bucket, ...]:
@@ -329,7 +294,7 @@ def parse_classes(section: Section) -> ClassesConfig:
 def parse_tap(section: Section, pools: tuple[PoolConfig, ...]) -> TapConfig:
     base = TapConfig()
     listen = section.get("listen", str, base.listen)
-    if split_listen(listen) is None:
+    if addresses.split_listen(listen) is None:
         section.error("listen", f"({listen!r}) must be host:port ([address]:port for IPv6)")
         listen = base.listen
     names = [p.name for p in pools]

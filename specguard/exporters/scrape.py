@@ -16,7 +16,7 @@ import aiohttp
 
 from specguard.errors import InputError, SourceError
 from specguard.exporters import engines, offload, promtext
-from specguard.exporters.config import mask_url
+from specguard.exporters.addresses import mask_url
 from specguard.exporters.snapshot import EngineSnapshot
 
 ACCEPT = "text/plain;version=0.0.4;q=0.9, application/openmetrics-text;version=1.0.0;q=0.5, */*;q=0.1"

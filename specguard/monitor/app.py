@@ -25,8 +25,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from specguard.exporters import clientguard, collector, offload, poolwatch, promtext, routing, stats, tap
+from specguard.exporters.addresses import join_listen
 from specguard.exporters.classify import Classifier
-from specguard.exporters.config import ExporterConfig, PoolConfig, join_listen
+from specguard.exporters.config import ExporterConfig, PoolConfig
 from specguard.exporters.snapshot import EngineSnapshot
 from specguard.monitor.config import SpecguardConfig
 

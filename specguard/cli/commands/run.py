@@ -7,7 +7,7 @@ import asyncio
 import logging
 import signal
 
-from specguard.exporters.config import join_listen
+from specguard.exporters.addresses import join_listen
 from specguard.monitor import app as monitor_app
 from specguard.monitor import config, guard_wiring
 
