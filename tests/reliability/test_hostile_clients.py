@@ -86,7 +86,7 @@ async def test_slow_and_idle_clients_are_closed_and_counted(phase, caplog):
     async with relkit.serving(engine.app()) as engine_url:
         monitor, url, registry = await start(engine, engine_url)
         try:
-            with caplog.at_level(logging.INFO), hostkit.PeakRSS() as rss:
+            with caplog.at_level(logging.INFO, logger="specguard"), hostkit.PeakRSS() as rss:
                 started = time.perf_counter()
                 answers = await asyncio.gather(*(attacker(url, phase) for _ in range(20)))
                 seconds = time.perf_counter() - started
@@ -115,7 +115,7 @@ async def test_at_the_connection_cap_idle_connections_make_room(caplog):
         monitor, url, registry = await start(engine, engine_url, max_client_connections=8)
         idle = []
         try:
-            with caplog.at_level(logging.INFO), hostkit.PeakRSS() as rss:
+            with caplog.at_level(logging.INFO, logger="specguard"), hostkit.PeakRSS() as rss:
                 for _ in range(40):  # far more idle sockets than the cap
                     idle.append(await asyncio.open_connection(*host_port(url)))
                 await asyncio.sleep(0.05)
@@ -230,7 +230,7 @@ async def test_malformed_requests_get_400_and_one_log_line_without_a_traceback(c
     async with relkit.serving(engine.app()) as engine_url:
         monitor, url, _ = await start(engine, engine_url)
         try:
-            with caplog.at_level(logging.DEBUG), hostkit.PeakRSS() as rss:
+            with caplog.at_level(logging.DEBUG, logger="specguard"), hostkit.PeakRSS() as rss:
                 answers = []
                 for raw in MALFORMED * 20:
                     reader, writer = await asyncio.open_connection(*host_port(url))

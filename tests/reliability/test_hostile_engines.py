@@ -60,7 +60,7 @@ async def test_a_hostile_page_is_rejected_in_bounded_memory_without_slowing_traf
                     await loop.scrape_once()
                     await asyncio.sleep(0.2)
 
-            with caplog.at_level(logging.INFO), hostkit.PeakRSS() as rss:
+            with caplog.at_level(logging.INFO, logger="specguard"), hostkit.PeakRSS() as rss:
                 assert not await loop.scrape_once()
                 slower = await hostkit.latency_ratio(url, scrapes)
             async with aiohttp.ClientSession() as session, session.get(url + "/healthz") as response:
@@ -91,7 +91,7 @@ async def test_a_large_valid_page_is_parsed_off_the_serving_loop(caplog):
                 await asyncio.sleep(0.2)
 
         try:
-            with caplog.at_level(logging.INFO):
+            with caplog.at_level(logging.INFO, logger="specguard"):
                 # the 90th percentile: a parse on the loop stalls a few requests by whole seconds
                 slower = await hostkit.latency_ratio(url, scrapes, count=20, q=0.9)
         finally:
@@ -157,7 +157,7 @@ async def test_a_huge_response_is_relayed_whole_in_bounded_memory_and_time(respo
                     return time.perf_counter() - start, length, digest.hexdigest()
 
                 direct_seconds, direct_length, direct = await fetch(engine_url)
-                with caplog.at_level(logging.INFO), hostkit.PeakRSS() as rss:
+                with caplog.at_level(logging.INFO, logger="specguard"), hostkit.PeakRSS() as rss:
                     seconds, length, relayed = await fetch(url)
 
                 async def again() -> None:

@@ -117,7 +117,7 @@ async def test_a_bomb_written_into_the_live_config_changes_nothing_and_slows_not
                     await guard._reload()
                     await asyncio.sleep(0.05)
 
-            with caplog.at_level(logging.INFO), hostkit.PeakRSS() as rss:
+            with caplog.at_level(logging.INFO, logger="specguard"), hostkit.PeakRSS() as rss:
                 slower = await hostkit.latency_ratio(url, swap_in_bombs)
         finally:
             await monitor.stop()

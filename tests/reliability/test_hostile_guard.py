@@ -83,7 +83,7 @@ async def test_an_alert_flood_is_bounded_and_guard_work_never_slows_traffic(tmp_
                         assert response.status == 200, await response.text()
                         return await response.json()
 
-                with caplog.at_level(logging.INFO), hostkit.PeakRSS() as rss:
+                with caplog.at_level(logging.INFO, logger="specguard"), hostkit.PeakRSS() as rss:
                     for start in range(0, 20_000, 1000):  # 20,000 distinct alerts about known classes
                         await push(alerts(start, 1000))
                     unknown = await push(alerts(0, 1000, task_type="no-such-class"))
@@ -125,7 +125,7 @@ async def test_a_timed_out_evaluation_counts_as_error_evaluations(tmp_path, capl
     acts = [Hanging(), Hanging(), Hanging()]
     guard, _ = make_guard(tmp_path, [ScriptedSource({})], clock, acts=acts, keys=[CREATIVE])
     guard.evaluation_timeout = 0.1  # three actuators of 0.1 s each: the round's 0.2 s deadline passes
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO, logger="specguard"):
         await guard._tick()
     assert guard.counters.evaluations["error"] >= 1
     assert "counted as errors" in caplog.text and hostkit.tracebacks(caplog) == []
@@ -153,7 +153,7 @@ async def test_every_malformed_plan_is_set_aside_and_versions_go_on(kind, tmp_pa
     err = capsys.readouterr().err
     engine = hostkit.Engine()
     async with relkit.serving(engine.app()) as engine_url:
-        with caplog.at_level(logging.INFO), hostkit.PeakRSS() as rss:
+        with caplog.at_level(logging.INFO, logger="specguard"), hostkit.PeakRSS() as rss:
             monitor, url, _ = await start_guard(tmp_path, engine_url)  # start-up goes on
         try:
             ok = await hostkit.probe(url, 3)
@@ -177,7 +177,7 @@ async def test_a_refused_plan_write_is_retried_and_the_pin_survives_a_restart(tm
     guard, router = make_guard(
         tmp_path, [ScriptedSource({})], clock, policy(), plan_path=plan, audit_path=audit
     )
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO, logger="specguard"):
         await guard.override("pin", CREATIVE[0], CREATIVE[1], CREATIVE[2], pool="nospec", reason="ops")
         assert guard.counters.plan_write_errors == 1 and router.plan()[CREATIVE] == "nospec"
         await guard.evaluate()  # still refused: counted again, routing goes on
@@ -231,7 +231,7 @@ async def test_hostile_bodies_and_headers_get_4xx_never_500(tmp_path, caplog):
 
         auth = f"Authorization: Bearer {TOKEN}\r\n".encode()
         try:
-            with caplog.at_level(logging.DEBUG), hostkit.PeakRSS() as rss:
+            with caplog.at_level(logging.DEBUG, logger="specguard"), hostkit.PeakRSS() as rss:
                 answers = {
                     name: await send(raw_request(path, body, auth))
                     for name, (path, body, _) in BAD_BODIES.items()
