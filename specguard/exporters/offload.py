@@ -51,10 +51,18 @@ async def run(func: Callable[..., T], *args: Any, weight: int) -> T:
         return await asyncio.to_thread(func, *args)
     pool = _executor()
     try:
-        return await asyncio.wrap_future(pool.submit(func, *args))
+        job = pool.submit(func, *args)
+        return await asyncio.wrap_future(job)
     except BrokenProcessPool as exc:  # the worker died (killed, out of memory): a new one next time
         _discard(pool)
         raise SourceError(f"the page parser process died ({exc})") from exc
+    except RuntimeError as exc:  # submitted while another user shut the pool down
+        raise SourceError(f"the page parser process is stopping ({exc})") from exc
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if job.cancelled() and task is not None and not task.cancelling():  # the pool was shut down
+            raise SourceError("the page parser process was stopped") from None
+        raise
 
 
 def _discard(pool: concurrent.futures.ProcessPoolExecutor) -> None:
@@ -65,10 +73,23 @@ def _discard(pool: concurrent.futures.ProcessPoolExecutor) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
 
 
-def shutdown() -> None:
-    """Stop the worker process, if one was started (a later job starts a new one)."""
-    global _pool
+_users = 0
+
+
+def acquire() -> None:
+    """One more user of the worker process (each running Monitor is one)."""
+    global _users
     with _lock:
+        _users += 1
+
+
+def release() -> None:
+    """One user fewer; the last one out stops the worker process (a later job starts a new one)."""
+    global _users, _pool
+    with _lock:
+        _users = max(0, _users - 1)
+        if _users:
+            return
         pool, _pool = _pool, None
     if pool is not None:
         pool.shutdown(wait=False, cancel_futures=True)

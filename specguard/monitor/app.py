@@ -150,6 +150,7 @@ class Monitor:
         return web.Response(text=json.dumps(body), content_type="application/json")
 
     async def _lifecycle(self, app: web.Application):
+        offload.acquire()
         await self.tap.start()
         for loop in self.loops:
             loop.start()
@@ -169,7 +170,7 @@ class Monitor:
                     log.exception("stopping %s failed", component.name)
             for loop in self.loops:
                 await loop.stop()
-            offload.shutdown()
+            offload.release()
             await self.tap.close()
 
     def build_app(self) -> web.Application:
