@@ -65,6 +65,11 @@ class Persistence:
 
         await asyncio.to_thread(flush)
 
+    def save_now(self, doc: state_mod.PlanDocument) -> None:
+        """Write ``doc`` as the plan file from the calling thread (a plan adopted from elsewhere)."""
+        with self._lock:
+            self._save(doc)
+
     def _save(self, doc: state_mod.PlanDocument) -> None:
         if self.store is None:
             return

@@ -256,8 +256,14 @@ class _Unreadable(InputError):
     """The file is there but cannot be read (permissions): not a malformed plan, never moved."""
 
 
-def _parse(raw: bytes, where: str) -> Any:
+def _parse(raw: bytes | str, where: str) -> Any:
     return untrusted.loads(raw, where, max_depth=configfile.LIMITS.max_depth)
+
+
+def parse(raw: bytes | str, where: str) -> PlanDocument:
+    """A stored plan's text (a file, a ConfigMap key, a decider's answer) within the JSON limits;
+    InputError for anything malformed, never RecursionError or ValueError."""
+    return decode(_parse(raw, where), where)
 
 
 class PlanStore:
