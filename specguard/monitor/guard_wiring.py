@@ -24,6 +24,7 @@ from specguard.monitor.cost_metrics import CostCollector
 from specguard.monitor.guard_metrics import GuardCollector
 from specguard.monitor.promql import PromQL
 from specguard.rules import policy as policy_mod
+from specguard.rules.evidence import AlertBook
 
 log = logging.getLogger("specguard.guard")
 
@@ -155,6 +156,7 @@ def build(
         actuators=actuators,
         store=store,
         audit=audit_mod.AuditLog(acts.audit_log),
+        alerts=AlertBook(max_alerts=alertmanager.max_alerts, max_per_class=alertmanager.max_alerts_per_class),
         keys=list(itertools.product(classes.task_labels, temps, loads)),
         temperature_buckets=temps,
         load_buckets=loads,
@@ -174,6 +176,8 @@ def build(
         max_body_bytes=server.max_body_bytes,
         status_decisions=server.status_decisions,
         alerts_enabled=alertmanager.enabled,
+        body_timeout=ex.tap.client_body_timeout_seconds,
+        clients=getattr(monitor, "clients", None),
     )
     if token is None and not server.insecure_loopback:
         log.warning("no server token configured: /api/v1/alerts and /api/v1/overrides answer 403")
