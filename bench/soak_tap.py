@@ -134,7 +134,7 @@ def start_tap(cfg_path: Path, port: int) -> subprocess.Popen:
         [
             sys.executable,
             "-m",
-            "specguard.cli",
+            "specguard",
             "run",
             "--config",
             str(cfg_path),

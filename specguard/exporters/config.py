@@ -97,6 +97,9 @@ class TapConfig:
     probe_share: float = 0.05  # share of a class routed off speculation kept on a spec pool
     default_pool: str = ""  # pool for classes without a plan entry (first pool when empty)
     nospec_pool: str | None = None  # the baseline pool (first K=0 pool when empty)
+    # a pool that cannot be connected to is marked down; its traffic goes to the best healthy pool
+    # and a request whose connect failed is retried there (exporters.health, exporters.routing)
+    failover: bool = True
 
     @property
     def host(self) -> str:
@@ -111,6 +114,7 @@ class TapConfig:
 class ScrapeConfig:
     interval_seconds: float = 15.0  # how often each pool's /metrics is read
     timeout_seconds: float = 5.0  # per scrape
+    down_interval_seconds: float = 2.0  # how often a pool marked down is re-checked (scraped)
 
 
 @dataclass(frozen=True)
@@ -302,6 +306,7 @@ def parse_tap(section: Section, pools: tuple[PoolConfig, ...]) -> TapConfig:
         probe_share=section.get("probe_share", float, base.probe_share, minimum=0.0, maximum=0.5),
         default_pool=default_pool,
         nospec_pool=nospec,
+        failover=section.get("failover", bool, base.failover),
     )
     section.reject_unknown()
     return cfg
@@ -311,10 +316,11 @@ def parse_scrape(section: Section) -> ScrapeConfig:
     base = ScrapeConfig()
     interval = section.get("interval_seconds", float, base.interval_seconds, minimum=0.01)
     timeout = section.get("timeout_seconds", float, base.timeout_seconds, minimum=0.01)
+    down = section.get("down_interval_seconds", float, base.down_interval_seconds, minimum=0.1)
     section.reject_unknown()
     if interval is not None and timeout is not None and timeout > interval:
         section.error("timeout_seconds", f"({timeout}) must be <= interval_seconds ({interval})")
-    return ScrapeConfig(interval, timeout)
+    return ScrapeConfig(interval, timeout, down)
 
 
 def parse_exporter(root: Section) -> ExporterConfig:

@@ -3,7 +3,9 @@
 ``PoolWatch`` keeps what the collector exports per pool: up/down, scrape duration, the last
 snapshot, and the engine's own counters accumulated as deltas since start (reset-safe,
 series by series, the way Prometheus ``increase()`` does) for the cross-check against the
-tap's per-class sums.
+tap's per-class sums. The scrape is also the active half of the pool health check
+(``exporters.health``): a scrape that cannot connect marks the pool down, any answer marks it
+up, and a pool that is down is scraped every ``down_interval`` seconds until it answers.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 
-from specguard.errors import SpecguardError
+import aiohttp
+
+from specguard.errors import SpecguardError, UnreachableError
 from specguard.exporters.config import PoolConfig
+from specguard.exporters.health import PoolHealth
 from specguard.exporters.snapshot import EngineSnapshot
 
 log = logging.getLogger("specguard.scrape")
@@ -119,6 +124,8 @@ class ScrapeLoop:
         timeout: float,
         on_snapshot: Callable[[PoolConfig, EngineSnapshot], None] | None = None,
         monotonic: Callable[[], float] = time.perf_counter,
+        health: PoolHealth | None = None,
+        down_interval: float | None = None,
     ):
         self.watch = watch
         self.name = f"scrape:{watch.pool.name}"
@@ -127,8 +134,13 @@ class ScrapeLoop:
         self.timeout = timeout
         self._on_snapshot = on_snapshot
         self._mono = monotonic
+        self.health = health
+        self.down_interval = min(interval, down_interval) if down_interval else interval
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
+        self._wake = asyncio.Event()  # set by stop() and when the tap marks the pool down
+        if health is not None:
+            health.listeners.append(self._on_health)
 
     async def scrape_once(self) -> bool:
         """One scrape now; True when the pool answered with a page the adapters understood.
@@ -140,12 +152,15 @@ class ScrapeLoop:
         first = self.watch.scrapes == 0
         was_up = self.watch.up
         start = self._mono()
+        answered: bool | None = True  # for the health check: None = no verdict (a slow answer)
         try:
             snapshot = await asyncio.wait_for(self._fetch(pool, self.timeout), self.timeout)
         except asyncio.CancelledError:
             raise
+        except (UnreachableError, aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
+            error, answered = str(exc) or type(exc).__name__, False
         except TimeoutError:
-            error = f"{pool.url}{pool.metrics_path}: timed out after {self.timeout}s"
+            error, answered = f"{pool.url}{pool.metrics_path}: timed out after {self.timeout}s", None
         except SpecguardError as exc:
             error = str(exc)
         except Exception as exc:  # a bad page or a socket error must not stop the loop
@@ -156,19 +171,48 @@ class ScrapeLoop:
                 log.info("%s: engine answers again", self.name)
             if self._on_snapshot is not None:
                 self._on_snapshot(pool, snapshot)
+            self._health(True, "")
             return True
+        self._health(answered, error)
         self.watch.fail(error, self._mono() - start)
         log.log(logging.WARNING if (was_up or first) else logging.DEBUG, "%s: %s", self.name, error)
         return False
+
+    def _health(self, answered: bool | None, error: str) -> None:
+        if self.health is None or answered is None:
+            return
+        if answered:
+            self.health.mark_up(self.watch.pool.name, "scrape")
+        else:
+            self.health.mark_down(self.watch.pool.name, error, "scrape")
+
+    def _on_health(self, pool: str, healthy: bool) -> None:
+        if pool == self.watch.pool.name and not healthy:
+            self._wake.set()  # re-check on the short interval from now, not after the long one
+
+    def _pause(self) -> float:
+        healthy = self.health is None or self.health.healthy(self.watch.pool.name)
+        return self.interval if healthy else self.down_interval
+
+    async def _sleep(self) -> None:
+        """Wait for the next scrape: the interval, or the down interval while the pool is down."""
+        deadline = self._mono() + self._pause()
+        while not self._stop.is_set():
+            left = deadline - self._mono()
+            if left <= 0:
+                return
+            try:
+                await asyncio.wait_for(self._wake.wait(), left)
+            except TimeoutError:
+                return
+            self._wake.clear()
+            deadline = min(deadline, self._mono() + self._pause())
 
     async def _run(self) -> None:
         log.info("%s: started (every %ss)", self.name, self.interval)
         while not self._stop.is_set():
             await self.scrape_once()
-            try:
-                await asyncio.wait_for(self._stop.wait(), self.interval)
-            except TimeoutError:
-                pass
+            await self._sleep()
         log.info("%s: stopped", self.name)
 
     def start(self) -> None:
@@ -180,6 +224,7 @@ class ScrapeLoop:
         if self._task is None:
             return
         self._stop.set()
+        self._wake.set()
         task, self._task = self._task, None
         try:
             await asyncio.wait_for(task, self.timeout + 1.0)

@@ -5,6 +5,10 @@ through to the default pool. The client receives the engine's status, headers (m
 hop-by-hop), body and stream events byte for byte, except for what the tap itself asked
 the engine for, which it removes again (see ``tapstream``). Each finished tapped request
 becomes one ``RequestRecord`` in the ``WindowedStats``.
+
+A connect that fails marks the pool down (``exporters.health``) and, with ``tap.failover``,
+the request is sent again to the best serving pool: only then, since nothing has reached the
+engine or the client yet. Any answer from a pool marks it up again.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ from multidict import CIMultiDict
 
 from specguard.exporters import bodypush, httpbody, readwatch, tapflow, tapstream
 from specguard.exporters.classify import Classifier
-from specguard.exporters.config import ExporterConfig
-from specguard.exporters.routing import Router
+from specguard.exporters.config import ExporterConfig, PoolConfig
+from specguard.exporters.health import PoolHealth
+from specguard.exporters.routing import ROUTE_FAILOVER, RouteChoice, Router
 from specguard.exporters.stats import WindowedStats
 
 log = logging.getLogger("specguard.tap")
@@ -54,6 +59,8 @@ _CONTENT = re.compile(rb'"(?:text|content|reasoning_content)"\s*:\s*"(?!")|"tool
 # a choice's terminal chunk (a non-null finish_reason); confirmed by a parse before it is held
 _FINISH = re.compile(rb'"finish_reason"\s*:\s*"')
 _CLIENT_GONE = (ConnectionResetError, aiohttp.ClientConnectionResetError)
+# a connect that failed: nothing reached the pool (aiohttp's connect timeout is also a TimeoutError)
+_CONNECT_FAILED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,7 @@ class _Seen:
     finish: bool = False  # ends a choice of an n = 1 stream whose usage the tap added
     usage: bool = False  # the tap's own usage event (dropped)
     fingerprint: bytes | None = None  # raw JSON value of the usage event's system_fingerprint
+    done: bool = False  # the stream's terminating ``data: [DONE]``
 
 
 class _Relay:
@@ -177,6 +185,7 @@ class Tap:
         session: aiohttp.ClientSession | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.perf_counter,
+        health: PoolHealth | None = None,
     ):
         self.config = config
         self.stats = stats
@@ -189,6 +198,8 @@ class Tap:
         self._pools = {p.name: p for p in config.pools}
         self.engines = {p.name: p.engine for p in config.pools}  # "auto" resolved by the scrape loop
         self.in_flight = {p.name: 0 for p in config.pools}
+        self.health = health
+        self.failover = config.tap.failover and health is not None
         tap = config.tap
         self._timeout = aiohttp.ClientTimeout(
             total=None, connect=tap.connect_timeout_seconds, sock_read=tap.upstream_timeout_seconds
@@ -235,10 +246,38 @@ class Tap:
             return await self._tapped(request, raw)
         return await self._passthrough(request, raw)
 
+    def _connect_failed(self, pool: PoolConfig, exc: Exception) -> None:
+        """Passive health: a connect to ``pool`` failed."""
+        self.stats.count_error(pool.name, "connect")
+        if self.health is not None:
+            reason = str(exc) or type(exc).__name__
+            self.health.mark_down(pool.name, f"connect failed: {reason}", "tap")
+
+    def _answered(self, pool: PoolConfig) -> None:
+        if self.health is not None:
+            self.health.mark_up(pool.name, "tap")
+
     async def _passthrough(self, request: web.Request, raw: bytes) -> web.StreamResponse:
-        pool = self._pools[self.router.default_pool]
+        """Any other path goes to the default pool, or the best serving one while it is down."""
+        name = self.router.default_pool
+        if self.failover and not self.router.serving(name):
+            name = self.router.fallback("", "", "", name) or name
         if request.method == "POST":
-            self.stats.count_unattributed(pool.name, "other_path")
+            self.stats.count_unattributed(name, "other_path")
+        tried: list[str] = []
+        while True:
+            pool = self._pools[name]
+            response = await self._pass(request, raw, pool)
+            if response is not None:
+                return response
+            tried.append(pool.name)
+            later = self.router.fallback("", "", "", pool.name, tried) if self.failover else None
+            if later is None:
+                return openai_error(502, f"pool {pool.name} failed: no pool answers", "upstream_error")
+            name = later
+
+    async def _pass(self, request: web.Request, raw: bytes, pool: PoolConfig) -> web.StreamResponse | None:
+        """One forward of a passed-through request; None when the connect failed (with failover)."""
         headers = forward_headers(request.headers, identity=False)
         out: web.StreamResponse | None = None
         try:
@@ -250,6 +289,7 @@ class Tap:
                 timeout=self._timeout,
                 allow_redirects=False,
             ) as resp:
+                self._answered(pool)
                 reply_headers = forward_headers(resp.headers, identity=False)
                 if not resp.headers.get("Content-Type", "").startswith("text/event-stream"):
                     data = await resp.read()
@@ -262,6 +302,11 @@ class Tap:
                     await out.write(data)
                 await out.write_eof()
                 return out
+        except _CONNECT_FAILED as exc:
+            self._connect_failed(pool, exc)
+            if self.failover:
+                return None
+            return openai_error(502, f"pool {pool.name} failed: {type(exc).__name__}", "upstream_error")
         except TimeoutError:
             self.stats.count_error(pool.name, "timeout")
             if out is not None:
@@ -279,33 +324,64 @@ class Tap:
         body = json_object(raw)
         cls = self.classifier.classify(request.headers, request.path, body)
         choice = self.router.choose(cls.task_type, cls.temperature_bucket, self._load_bucket_of)
+        headers = forward_headers(request.headers, identity=True)
+        started_at, t0 = self._clock(), self._mono()
+        tried: list[str] = []
+        while True:
+            flow = self._attempt(choice, cls, body, started_at, t0)
+            response = await self._finish(request, flow, raw, headers)
+            if flow.connect_failed and self.failover:
+                tried.append(flow.pool.name)
+                retry = self.router.retry(
+                    cls.task_type, cls.temperature_bucket, self._load_bucket_of, choice, tried
+                )
+                if retry is not None:  # nothing reached the pool nor the client: send it again
+                    self.in_flight[flow.pool.name] -= 1
+                    choice = retry
+                    continue
+            self.in_flight[flow.pool.name] -= 1
+            self.stats.add(tapflow.to_record(flow, self.engines[flow.pool.name], self._mono()))
+            if choice.route == ROUTE_FAILOVER and self.health is not None:
+                self.health.count_failover(choice.planned, choice.pool)
+            return response
+
+    def _attempt(
+        self, choice: RouteChoice, cls: Any, body: dict[str, Any] | None, started_at: float, t0: float
+    ) -> tapflow.Flow:
+        """A request's forward to the pool ``choice`` names, counted in flight until recorded."""
         pool = self._pools[choice.pool]
         self.in_flight[pool.name] += 1
-        flow = tapflow.Flow(
+        return tapflow.Flow(
             pool=pool,
             cls=cls,
             route=choice.route,
             load_bucket=self.classifier.load_bucket(self.in_flight[pool.name]),
-            started_at=self._clock(),
-            t0=self._mono(),
+            started_at=started_at,
+            t0=t0,
             body=body,
         )
+
+    async def _finish(
+        self, request: web.Request, flow: tapflow.Flow, raw: bytes, headers: CIMultiDict[str]
+    ) -> web.StreamResponse:
+        """Forward ``flow``'s request; a cancelled one (its client went away) is recorded here."""
+        pool = flow.pool
         payload = raw
-        if body is not None:
+        if flow.body is not None:
             new, flow.additions = tapstream.prepare(
-                self.engines[pool.name], body, force_include_usage=pool.force_include_usage
+                self.engines[pool.name], flow.body, force_include_usage=pool.force_include_usage
             )
             if new is not None:
                 payload = json.dumps(new).encode()
-        headers = forward_headers(request.headers, identity=True)
         try:
             return await self._forward(request, flow, payload, headers)
-        except asyncio.CancelledError:
-            flow.failure = flow.failure or "client_disconnected"
-            raise
-        finally:
+        except BaseException as exc:
+            # after [DONE] the client has the whole answer: leaving then is no failure
+            if isinstance(exc, asyncio.CancelledError) and not flow.done:
+                flow.failure = flow.failure or "client_disconnected"
             self.in_flight[pool.name] -= 1
             self.stats.add(tapflow.to_record(flow, self.engines[pool.name], self._mono()))
+            raise
 
     async def _forward(
         self, request: web.Request, flow: tapflow.Flow, payload: bytes, headers: CIMultiDict[str]
@@ -321,6 +397,7 @@ class Tap:
                 timeout=self._timeout,
                 allow_redirects=False,
             ) as resp:
+                self._answered(pool)
                 flow.status = resp.status
                 if resp.status >= 500:
                     self.stats.count_error(pool.name, "status_5xx")
@@ -336,6 +413,12 @@ class Tap:
                 data = await resp.read()
                 data = self._inspect_body(data, flow)
                 return web.Response(body=data, status=resp.status, reason=resp.reason, headers=reply_headers)
+        except _CONNECT_FAILED as exc:
+            self._connect_failed(pool, exc)
+            flow.connect_failed = True
+            flow.failure = "upstream_error"
+            flow.status = 502
+            return openai_error(502, f"pool {pool.name} failed: {type(exc).__name__}", "upstream_error")
         except TimeoutError:
             self.stats.count_error(pool.name, "timeout")
             flow.failure = "upstream_error"
@@ -344,13 +427,13 @@ class Tap:
             flow.status = 504
             return openai_error(504, f"pool {pool.name} did not answer in time", "upstream_timeout")
         except _CLIENT_GONE:
-            flow.failure = "client_disconnected"
+            if not flow.done:
+                flow.failure = "client_disconnected"
             if out is not None:
                 return out
             raise
         except aiohttp.ClientError as exc:
-            kind = "connect" if isinstance(exc, aiohttp.ClientConnectorError) else "broken"
-            self.stats.count_error(pool.name, kind)
+            self.stats.count_error(pool.name, "broken")
             flow.failure = "upstream_error"
             if out is not None:
                 return self._abort(request, out)
@@ -402,9 +485,14 @@ class Tap:
             if watch is not None:
                 watch.read()
             out: list[bytes] = []
+            done = False
             for event in events.feed(data):
-                out += relay.feed(event, self._inspect_event(event, flow))
-            return send(b"".join(out)) if out else False
+                seen = self._inspect_event(event, flow)
+                done = done or seen.done
+                out += relay.feed(event, seen)
+            full = send(b"".join(out)) if out else False
+            flow.done = flow.done or done  # (only once the client has it: send raises otherwise)
+            return full
 
         try:
             await bodypush.deliver(resp, on_data, request.writer.drain)
@@ -430,7 +518,7 @@ class Tap:
             return _Seen(event)
         payload = event[start + 5 :].strip()
         if not payload.startswith(b"{"):
-            return _Seen(event)
+            return _Seen(event, done=payload == b"[DONE]")
         now = self._mono()
         hold = flow.additions.hold_finish
         marked = _MARKERS.search(payload) is not None

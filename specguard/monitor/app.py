@@ -23,7 +23,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from specguard.exporters import collector, poolwatch, routing, stats, tap
+from specguard.exporters import collector, health, poolwatch, routing, stats, tap
 from specguard.exporters.classify import Classifier
 from specguard.exporters.config import ExporterConfig, PoolConfig
 from specguard.exporters.snapshot import EngineSnapshot
@@ -78,6 +78,7 @@ class Monitor:
             clock=clock,
             keys=keys,
         )
+        self.health = health.PoolHealth(ex.pool_names, clock=clock)
         self.router = routing.Router(
             ex.pools,
             default_pool=ex.tap.default_pool or ex.pools[0].name,
@@ -85,9 +86,16 @@ class Monitor:
             holdout_share=ex.tap.holdout_share,
             probe_share=ex.tap.probe_share,
             rng=rng,
+            health=self.health if ex.tap.failover else None,
         )
         self.tap = tap.Tap(
-            ex, stats=self.stats, router=self.router, classifier=self.classifier, session=session, clock=clock
+            ex,
+            stats=self.stats,
+            router=self.router,
+            classifier=self.classifier,
+            session=session,
+            clock=clock,
+            health=self.health,
         )
         self.watches = {pool.name: poolwatch.PoolWatch(pool, clock=clock) for pool in ex.pools}
         self.loops = [
@@ -97,11 +105,14 @@ class Monitor:
                 interval=ex.scrape.interval_seconds,
                 timeout=ex.scrape.timeout_seconds,
                 on_snapshot=self._on_snapshot,
+                health=self.health,
+                down_interval=ex.scrape.down_interval_seconds,
             )
             for pool in ex.pools
         ]
         self.registry.register(collector.TapCollector(self.stats, self.tap.in_flight))
         self.registry.register(collector.EngineCollector(self.watches.values()))
+        self.registry.register(collector.HealthCollector(self.health))
         self._components: list[Component] = []
         self._routes: list[web.RouteDef] = []
         self.app: web.Application | None = None
@@ -130,8 +141,10 @@ class Monitor:
 
     async def healthz(self, request: web.Request) -> web.Response:
         pools = {name: watch.up for name, watch in self.watches.items()}
+        serving = {name: state.healthy for name, state in self.health.view().items()}
         return web.Response(
-            text=json.dumps({"status": "ok", "pools_up": pools}), content_type="application/json"
+            text=json.dumps({"status": "ok", "pools_up": pools, "pools_serving": serving}),
+            content_type="application/json",
         )
 
     async def _lifecycle(self, app: web.Application):

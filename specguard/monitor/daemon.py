@@ -27,7 +27,7 @@ from specguard.monitor import state as state_mod
 from specguard.monitor.actuators import Actuator
 from specguard.monitor.guard_metrics import GuardCounters, GuardView
 from specguard.monitor.sources import EvidenceSource, LocalSource, PromQLSource, merge
-from specguard.rules import guard
+from specguard.rules import bestpool, guard
 from specguard.rules import policy as policy_mod
 from specguard.rules.evidence import AlertBook, ClassKey, Evidence
 
@@ -58,6 +58,8 @@ class Guard:
         follow: Any = None,
         reloader: Callable[[], policy_mod.Policy | None] | None = None,
         reload_interval: float = 10.0,
+        preferences: Callable[[dict[ClassKey, tuple[str, ...]]], None] | None = None,
+        routing_status: Callable[[], list[dict[str, Any]]] | None = None,
     ):
         self.policy = policy
         self.sources = list(sources)
@@ -74,6 +76,8 @@ class Guard:
         self.follow = follow  # ConfigMapActuator to read the plan from (fleet replica), or None
         self.reloader = reloader  # returns a new policy when the config file changed (ConfigError if bad)
         self.reload_interval = reload_interval
+        self.preferences = preferences  # the router's failover order per class (cheapest first)
+        self.routing_status = routing_status  # pool health and failovers, for /status
         self.reload_error: str | None = None
         self.states: dict[ClassKey, guard.ClassState] = {}
         self.last_decisions: dict[ClassKey, guard.Decision] = {}
@@ -145,16 +149,21 @@ class Guard:
             keys = sorted(keys)
             evidence, error = await self._collect(now, keys)
             decisions: list[guard.Decision] = []
+            order: dict[ClassKey, tuple[str, ...]] = {}
             for key in sorted(set(keys) | set(evidence)):
                 prior = self._state(key)
                 found = evidence.get(key, Evidence())
                 found = replace(found, alerts=self.alerts.for_class(key), error=error)
                 new, decision = guard.step(prior, found, now, self.policy)
                 self.states[key] = new
+                if self.preferences is not None and error is None:
+                    order[key] = bestpool.ranking(new.pool, found, new.memory, now, self.policy)
                 if decision.reason != "no rule due":  # a tick between two rule intervals is no evaluation
                     self.last_decisions[key] = decision
                     self.counters.evaluations[decision.phase.value] += 1
                 decisions.append(decision)
+            if self.preferences is not None and error is None:
+                self.preferences(order)
             await self._record(decisions)
             self.last_evaluation = now
             return decisions

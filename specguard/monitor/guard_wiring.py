@@ -156,6 +156,8 @@ def build(
         reloader=PolicyReloader(cfg.file, pools, default_pool, ex.tap.nospec_pool)
         if Path(cfg.file).is_file()
         else None,
+        preferences=monitor.router.set_preferences if acts.router else None,
+        routing_status=getattr(getattr(monitor, "health", None), "status", None),
     )
     token = server.token()
     guard_config.check_listen(server, ex.tap.host)

@@ -164,6 +164,20 @@ def choose(
     return Choice(current, best, warm)
 
 
+def ranking(
+    pool: str,
+    evidence: Evidence,
+    memory: Mapping[str, tuple[float, float]],
+    now: float,
+    policy: policy_mod.Policy,
+) -> tuple[str, ...]:
+    """The pools with an estimate for a class on ``pool``, cheapest first: the order in which the
+    tap fails the class over when its pool is down (pools without an estimate come after)."""
+    found = estimates(pool, evidence, memory, now, policy)
+    ordered = sorted(found.values(), key=lambda e: (e.rc, -policy.pools.get(e.pool, 0), e.pool))
+    return tuple(e.pool for e in ordered)
+
+
 def remember(
     memory: Mapping[str, tuple[float, float]], evidence: Evidence, now: float, policy: policy_mod.Policy
 ) -> dict[str, tuple[float, float]]:

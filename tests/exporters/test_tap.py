@@ -16,6 +16,7 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict
+from prometheus_client import generate_latest
 
 from specguard.exporters import tap, tapstream
 from specguard.monitor import config
@@ -441,6 +442,7 @@ async def test_stream_slower_in_total_than_the_timeout_but_never_quiet_that_long
 
 
 async def test_unreachable_pool_is_502_in_openai_shape():
+    # both pools unreachable: each is tried once (failover), then the client gets a 502
     monitor = Monitor(tap_config("http://127.0.0.1:9"), fetch=no_scrape)
     tap_url = await monitor.start("127.0.0.1", 0)
     try:
@@ -448,10 +450,63 @@ async def test_unreachable_pool_is_502_in_openai_shape():
             status, _, data = await fetch(session, tap_url + "/v1/chat/completions", {"messages": []})
             assert status == 502
             assert json.loads(data)["error"]["type"] == "upstream_error"
+            assert monitor.stats.upstream_errors() == {("spec", "connect"): 1, ("base", "connect"): 1}
             status, _, _ = await fetch(session, tap_url + "/v1/models", {})
             assert status == 502
         assert monitor.stats.upstream_errors()[("spec", "connect")] == 2
+        assert monitor.stats.unattributed()[("base", "upstream_error")] == 1  # one record per request
+        assert [s.healthy for s in monitor.health.view().values()] == [False, False]
+    finally:
+        await monitor.stop()
+
+
+async def test_a_refused_connect_is_sent_again_to_a_pool_that_serves(env):
+    """Failover: nothing reached the dead pool nor the client, so the request goes elsewhere once."""
+    upstream, up_url, _, _, session = env
+    cfg = config.parse_text(
+        f"""
+pools:
+  - {{name: spec, url: "http://127.0.0.1:9", engine: vllm, num_speculative_tokens: 4}}
+  - {{name: base, url: "{up_url}", engine: vllm, num_speculative_tokens: 0}}
+tap: {{holdout_share: 0, probe_share: 0}}
+scrape: {{interval_seconds: 3600}}
+"""
+    )
+    monitor = Monitor(cfg, fetch=no_scrape)
+    tap_url = await monitor.start("127.0.0.1", 0)
+    try:
+        for stream in (True, False, True):
+            body = {"prompt": "x", "stream": stream}
+            status, _, data = await fetch(session, tap_url + "/v1/completions", body)
+            assert status == 200 and data.startswith(b"data:" if stream else b"{")
+        status, _, _ = await fetch(session, tap_url + "/v1/models", {})  # passed through: also served
+        assert status == 200
+        # one failed connect (the first request); then the pool is down and skipped
+        assert monitor.stats.upstream_errors() == {("spec", "connect"): 1}
+        records = monitor.stats.records()
+        assert [(r.pool, r.route, r.status) for r in records] == [("base", "failover", 200)] * 3
+        assert records[0].unattributed_reason is None  # a whole answer, measured on the pool that served
+        assert monitor.health.failovers == {("spec", "base"): 3}
+        assert len(upstream.bodies) == 4  # each request reached an engine exactly once
+        text = generate_latest(monitor.registry).decode()
+        assert 'specguard_pool_healthy{pool="spec"} 0.0' in text
+        assert 'specguard_failover_requests_total{pool="spec",to_pool="base"} 3.0' in text
+    finally:
+        await monitor.stop()
+
+
+async def test_unreachable_pool_without_failover_is_502_at_once():
+    monitor = Monitor(tap_config("http://127.0.0.1:9", extra=", failover: false"), fetch=no_scrape)
+    tap_url = await monitor.start("127.0.0.1", 0)
+    try:
+        async with aiohttp.ClientSession() as session:
+            status, _, data = await fetch(session, tap_url + "/v1/chat/completions", {"messages": []})
+            assert status == 502 and "pool spec failed" in json.loads(data)["error"]["message"]
+            status, _, _ = await fetch(session, tap_url + "/v1/models", {})
+            assert status == 502
+        assert monitor.stats.upstream_errors() == {("spec", "connect"): 2}
         assert monitor.stats.unattributed()[("spec", "upstream_error")] == 1
+        assert not monitor.health.healthy("spec")  # still reported (specguard_pool_healthy)
     finally:
         await monitor.stop()
 

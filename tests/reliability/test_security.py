@@ -116,7 +116,7 @@ def test_listen_override_cannot_expose_insecure_api(tmp_path):
         "server: {insecure_loopback: true}\n"
     )
     port = relkit.closed_port()
-    command = [sys.executable, "-m", "specguard.cli", "run", "--config", str(cfg)]
+    command = [sys.executable, "-m", "specguard", "run", "--config", str(cfg)]
     proc = subprocess.Popen(
         [*command, "--listen", f"0.0.0.0:{port}"],
         stdout=subprocess.PIPE,
@@ -144,7 +144,7 @@ def test_unreadable_token_refuses_to_start(tmp_path):
             f'server: {{token_file: "{tmp_path / name}"}}\n'
         )
         done = subprocess.run(
-            [sys.executable, "-m", "specguard.cli", "run", "--config", str(cfg)],
+            [sys.executable, "-m", "specguard", "run", "--config", str(cfg)],
             capture_output=True,
             text=True,
             timeout=60,
