@@ -187,9 +187,13 @@ class Guard:
         return merged, None
 
     async def _record(self, decisions: Sequence[guard.Decision]) -> None:
+        """Count, log and audit every action; a real one (not dry-run) bumps the plan version and
+        is persisted. A dry-run decision is a record of what would have happened, nothing more."""
         acted = [d for d in decisions if d.action != "none"]
+        real = [d for d in acted if not d.dry_run]
         if acted:
-            self.version += 1
+            if real:
+                self.version += 1
             for d in acted:
                 reason = ("dry_run:" if d.dry_run else "") + (d.cause or "none")
                 self.counters.actions[(d.key[0], d.key[1], d.action, reason)] += 1
@@ -205,7 +209,8 @@ class Guard:
             records = [{**d.to_json(), "plan_version": self.version} for d in acted]
             self.decisions.extend(records)
             self.audit.append(records)
-            self._persist()
+            if real:
+                self._persist()
         await self._actuate(acted)
 
     async def _actuate(self, acted: Sequence[guard.Decision]) -> None:

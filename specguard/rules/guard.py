@@ -170,17 +170,21 @@ def step(
             f"consecutive_errors ({count}) > consecutive_error_limit ({limit}): "
             f"freeze in safe state {policy.safe_state}"
         )
-        frozen = _reset_counters(replace(new, frozen=True, pending=None))
-        if policy.dry_run:
+        if policy.dry_run:  # say once what it would do; the class is not frozen (nothing changes)
+            if count == limit + 1:
+                return decide(
+                    new,
+                    Phase.ERROR,
+                    f"dry-run: {reason}",
+                    "freeze",
+                    target,
+                    dry_run=True,
+                    cause="source_errors",
+                )
             return decide(
-                frozen,
-                Phase.ERROR,
-                f"dry-run: {reason}",
-                "freeze",
-                target,
-                dry_run=True,
-                cause="source_errors",
+                new, Phase.ERROR, f"{first}; dry-run: would be frozen in safe state {policy.safe_state}"
             )
+        frozen = _reset_counters(replace(new, frozen=True, pending=None))
         return decide(
             replace(frozen, pool=target), Phase.ERROR, reason, "freeze", target, cause="source_errors"
         )
@@ -336,13 +340,18 @@ def _restore_wait(rules: Mapping[str, RuleState], recover: list[Assessment], now
 
 
 def _act(new, action, pool, reason, now, policy, decide, pending, extra):
+    if policy.dry_run:
+        # what it would do, recorded; nothing else changes: no cooldown, no action counted against
+        # max_actions_per_hour, no pending move, the same pool. The rule counters start over, as
+        # after a real move, so the same would-be action is reported at the pace a real one could be.
+        return decide(
+            _reset_counters(new), Phase.ACT, f"dry-run: {reason}", action, pool, dry_run=True, **extra
+        )
     moved = _reset_counters(
         replace(
             new, last_action_at=now, action_times=timing.recent(new.action_times, now) + (now,), pending=None
         )
     )
-    if policy.dry_run:
-        return decide(moved, Phase.ACT, f"dry-run: {reason}", action, pool, dry_run=True, **extra)
     return decide(replace(moved, pool=pool, pending=pending), Phase.ACT, reason, action, pool, **extra)
 
 

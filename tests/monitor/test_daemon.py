@@ -259,3 +259,40 @@ async def test_local_source_warm_starts_from_the_profile_and_sets_holdout_shares
     source.policy = replace(policy, prior="none", holdout="fixed")
     assert all(not ev.prior for ev in (await source.collect(clock.now, [])).values())
     assert shares[-1] == {}  # the router is back on the tap's share everywhere
+
+
+async def test_dry_run_changes_nothing_but_the_record(tmp_path):
+    """Issue 18 item 3: dry-run offs counted against max_actions_per_hour and the cooldown, bumped
+    plan_version and were persisted, so the first real move after dry-run was blocked for an hour."""
+    clock, source = Clock(), ScriptedSource({CREATIVE: 1.4})
+    capped = replace(POLICY, dry_run=True, max_actions_per_hour=2, cooldown_seconds=600)
+    guard, router = make_guard(tmp_path, source, clock, capped)
+    decisions = await run_rounds(guard, clock, 6)
+    dry = [d for d in decisions if d.action == "off"]
+    assert len(dry) == 3 and all(d.dry_run for d in dry)  # one per breach (2 bad evaluations each)
+    assert guard.version == 0 and not (tmp_path / "plan.json").exists()
+    state = guard.states[CREATIVE]
+    assert (state.pool, state.last_action_at, state.action_times) == ("spec-k4", None, ())
+    records, _ = audit_mod.read(tmp_path / "audit.jsonl")
+    assert [(r["action"], r["dry_run"], r["plan_version"]) for r in records] == [("off", True, 0)] * 3
+    # the operator turns dry-run off: the next breach moves the class, no cap or cooldown in the way
+    await guard.set_policy(replace(capped, dry_run=False))
+    decisions = await run_rounds(guard, clock, 2)
+    (off,) = [d for d in decisions if d.action == "off"]
+    assert not off.dry_run and router.plan()[CREATIVE] == "nospec" and guard.version == 1
+    # and a restart in between would not have mattered: nothing of the dry run was stored
+    restarted, _ = make_guard(tmp_path, source, clock, capped)
+    assert restarted.states[CREATIVE].action_times == (clock.now - 10,)
+
+
+async def test_dry_run_says_once_it_would_freeze_and_never_freezes(tmp_path):
+    clock, source = Clock(), ScriptedSource({CREATIVE: 0.8})
+    guard, _ = make_guard(tmp_path, source, clock, replace(POLICY, dry_run=True))
+    await run_rounds(guard, clock, 1)
+    source.down = True
+    decisions = [d for d in await run_rounds(guard, clock, 6) if d.key == CREATIVE]
+    assert [d.action for d in decisions] == ["none", "none", "freeze", "none", "none", "none"]
+    assert decisions[2].dry_run and "would be frozen" in decisions[3].reason
+    assert not guard.states[CREATIVE].frozen and guard.version == 0
+    source.down = False
+    assert [d.action for d in await guard.evaluate() if d.key == CREATIVE] == ["none"]  # no unfreeze
