@@ -166,6 +166,14 @@ def parse_pools(root: Section) -> tuple[PoolConfig, ...]:
         )
     if "pools" in root.data and isinstance(root.data["pools"], list) and not root.data["pools"]:
         root.error("pools", "must list at least one pool")
+    elif pools and all(p.speculative for p in pools):
+        names = ", ".join(f"{p.name} (K={p.num_speculative_tokens})" for p in pools)
+        root.error(
+            "pools",
+            f"no pool without speculation: {names}; add one with num_speculative_tokens: 0 "
+            "(it measures the baseline every relative cost is taken against, and it is where the "
+            "guard turns speculation off)",
+        )
     return tuple(pools)
 
 

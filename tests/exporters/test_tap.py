@@ -302,6 +302,7 @@ async def test_force_include_usage_pool_adds_and_strips_nothing():
         f"""
 pools:
   - {{name: spec, url: "{up_url}", engine: vllm, num_speculative_tokens: 4, force_include_usage: true}}
+  - {{name: base, url: "{up_url}", engine: vllm, num_speculative_tokens: 0}}
 tap: {{holdout_share: 0, probe_share: 0}}
 scrape: {{interval_seconds: 3600}}
 """

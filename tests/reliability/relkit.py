@@ -40,8 +40,14 @@ def closed_port() -> int:
 
 
 def monitor_config(urls: dict[str, str], *, engine: str = "vllm", extra: str = "", k=None):
-    """A parsed specguard config over ``urls`` (pool name -> URL); scrape only on demand."""
+    """A parsed specguard config over ``urls`` (pool name -> URL); scrape only on demand.
+
+    specguard needs a pool without speculation: when ``urls`` has none, a ``nospec`` pool on a
+    port nobody listens on is added (it gets traffic only if the tests' pools are down)."""
     ks = k or K
+    if all(ks.get(name, 0) > 0 for name in urls):
+        urls = {**urls, "nospec": f"http://127.0.0.1:{closed_port()}"}
+        ks = {**ks, "nospec": 0}
     pools = "\n".join(
         f'  - {{name: {name}, url: "{url}", engine: {engine}, num_speculative_tokens: {ks.get(name, 0)}}}'
         for name, url in urls.items()

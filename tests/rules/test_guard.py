@@ -496,7 +496,12 @@ def test_dry_run_decides_but_keeps_the_plan():
     )
     assert not decision.changes_plan
     # nothing but the record: no cooldown, nothing counted against max_actions_per_hour (issue 18)
-    assert (state.pool, state.last_action_at, state.action_times, state.pending) == ("spec-k4", None, (), None)
+    assert (state.pool, state.last_action_at, state.action_times, state.pending) == (
+        "spec-k4",
+        None,
+        (),
+        None,
+    )
     assert state.rule("rc").consecutive_failures == 0  # the next would-be action needs a new breach
 
 
