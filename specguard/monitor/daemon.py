@@ -86,6 +86,7 @@ class Guard:
         self.last_evaluation: float | None = None
         self.running = False
         self._applied: dict[str, int] = {}
+        self._reporting: set[tuple[ClassKey, str]] = set()  # report-only rules now breached
         self._lock = asyncio.Lock()
         self._scheduler: Any = None
         self.decisions.extend(self.audit.recent)
@@ -161,12 +162,24 @@ class Guard:
                 if decision.reason != "no rule due":  # a tick between two rule intervals is no evaluation
                     self.last_decisions[key] = decision
                     self.counters.evaluations[decision.phase.value] += 1
+                    self._report(key, decision)
                 decisions.append(decision)
             if self.preferences is not None and error is None:
                 self.preferences(order)
             await self._record(decisions)
             self.last_evaluation = now
             return decisions
+
+    def _report(self, key: ClassKey, decision: guard.Decision) -> None:
+        """Report-only rules: a breach is logged and counted once when it starts, and said to end."""
+        now = {(key, rule) for rule in decision.reports}
+        was = {(k, rule) for k, rule in self._reporting if k == key}
+        for _, rule in sorted(now - was):
+            self.counters.actions[(key[0], key[1], "report", f"report_only:{rule}")] += 1
+            log.warning("%s report: %s", "/".join(key), decision.reports[rule])
+        for _, rule in sorted(was - now):
+            log.info("%s report: %s is no longer breached", "/".join(key), rule)
+        self._reporting = (self._reporting - was) | now
 
     async def _collect(
         self, now: float, keys: Sequence[ClassKey]

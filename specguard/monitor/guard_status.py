@@ -56,6 +56,8 @@ def class_row(
         else {"from": st.pending.from_pool, "predicted_rc": st.pending.predicted_rc},
         # the planned pool is marked down: the tap serves the class from another pool meanwhile
         "failover": st.pool in down,
+        # report-only rules whose limits are breached (never acted on): rule -> why
+        "reports": dict(last.reports) if last else {},
     }
 
 

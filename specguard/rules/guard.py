@@ -118,10 +118,11 @@ def step(
         numbers.update(_counters(new))
         to_pool = to or state.pool
         return new, Decision(
-            state.key, now, phase, action, state.pool, to_pool, reason, numbers, dry_run, cause
+            state.key, now, phase, action, state.pool, to_pool, reason, numbers, dry_run, cause, reports
         )
 
     assessments: list[Assessment] = []
+    reports: dict[str, str] = {}
     state = timing.rebase(state, now)
     if state.pin is not None:
         return decide(state, Phase.HOLD, f"pinned to {state.pin} by operator")
@@ -206,6 +207,10 @@ def step(
         rules[a.rule.name] = _count_watch(rules[a.rule.name], a, now)
     for a in recover:
         rules[a.rule.name] = _count_recover(rules[a.rule.name], a, now)
+    # report-only rules: counted like the others; a breach is reported, never acted on
+    for a in watch:
+        if a.rule.dry_run and (why := failure_breach(rules[a.rule.name], a.rule.limits)):
+            reports[a.rule.name] = f"{a.rule.name} on {state.pool}: {a.reason}; {why} (report only)"
     watch_phase = worst(a.phase for a in watch if not a.rule.dry_run)
     confirm = state.confirm_successes
     if state.pending is not None:

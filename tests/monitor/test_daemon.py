@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import replace
 
 from prometheus_client import CollectorRegistry
@@ -15,6 +16,7 @@ from specguard.monitor import state as state_mod
 from specguard.monitor.actuators import RouterActuator
 from specguard.monitor.guard_metrics import GuardCollector
 from specguard.rules import policy as policy_mod
+from specguard.rules.evidence import Evidence, PoolEvidence
 from tests.monitor.guardkit import CODE, CREATIVE, POOLS, ScriptedSource
 
 LIMITS = policy_mod.Limits(
@@ -296,3 +298,52 @@ async def test_dry_run_says_once_it_would_freeze_and_never_freezes(tmp_path):
     assert not guard.states[CREATIVE].frozen and guard.version == 0
     source.down = False
     assert [d.action for d in await guard.evaluate() if d.key == CREATIVE] == ["none"]  # no unfreeze
+
+
+class RollbackSource:
+    """Good rc, but most requests of the class roll back every draft."""
+
+    def __init__(self, ratio):
+        self.ratio = ratio
+
+    async def collect(self, now, keys):
+        values = {"rc": 0.8, "full_rollback_request_ratio": self.ratio}
+        return {CREATIVE: Evidence(pools={"spec-k4": PoolEvidence("spec-k4", values, samples=425)})}
+
+
+async def test_a_report_only_rule_is_seen_in_status_log_and_counter_but_never_acts(tmp_path, caplog):
+    """Issue 18 item 5: the report-only full-rollback rule saw 424 of 425 requests above its
+    threshold, and nothing appeared in /status, the log or the actions counter."""
+    report_only = policy_mod.Rule(
+        "full-rollback-requests",
+        "full_rollback_request_ratio",
+        threshold=0.5,
+        restore_threshold=0.4,
+        limits=LIMITS,
+        dry_run=True,
+    )
+    clock, source = Clock(), RollbackSource(424 / 425)
+    guard, router = make_guard(tmp_path, source, clock, replace(POLICY, rules=(*POLICY.rules, report_only)))
+    registry = CollectorRegistry()
+    registry.register(GuardCollector(guard.counters, guard.view))
+    with caplog.at_level(logging.INFO, "specguard.guard"):
+        await run_rounds(guard, clock, 5)
+    row = next(
+        c for c in guard.status()["classes"] if (c["task_type"], c["load_bucket"]) == ("creative", "low")
+    )
+    assert list(row["reports"]) == ["full-rollback-requests"]
+    assert "full_rollback_request_ratio (0.998) > threshold (0.5)" in row["reports"]["full-rollback-requests"]
+    assert "(report only)" in row["reports"]["full-rollback-requests"]
+    labels = {
+        "task_type": "creative",
+        "temperature_bucket": "high",
+        "action": "report",
+        "reason": "report_only:full-rollback-requests",
+    }
+    assert registry.get_sample_value("specguard_actions_total", labels) == 1.0  # once per breach
+    assert caplog.text.count("report: full-rollback-requests on spec-k4") == 1
+    assert router.plan().get(CREATIVE, "spec-k4") == "spec-k4" and guard.version == 0  # never acted on
+    source.ratio = 0.1
+    with caplog.at_level(logging.INFO, "specguard.guard"):
+        await run_rounds(guard, clock, 1)
+    assert "full-rollback-requests is no longer breached" in caplog.text
