@@ -134,14 +134,23 @@ def step(
         rules[rule.name] = replace(state.rule(rule.name), last_evaluated_at=now)
 
     watching = k_of(policy, state.pool) > 0
-    watch = [a for r in due if watching and (a := assess(r, state.pool, evidence, policy, restoring=False))]
+    lb = state.key[2]
+    watch = [
+        a
+        for r in due
+        if watching and (a := assess(r, state.pool, evidence, policy, restoring=False, load_bucket=lb))
+    ]
     came_from = state.pending.from_pool if state.pending is not None else None
-    choice = bestpool.choose(state.pool, evidence, state.memory, now, policy, came_from)
+    choice = bestpool.choose(state.pool, evidence, state.memory, now, policy, came_from, load_bucket=lb)
     candidate = recover_candidate(state, evidence, policy)
     if policy.best_pool and candidate and k_of(policy, state.pool) > 0:
         # between speculative pools: restore only towards the pool the best-pool choice favours
         candidate = candidate if choice is not None and choice.best.pool == candidate else None
-    recover = [a for r in due if candidate and (a := assess(r, candidate, evidence, policy, restoring=True))]
+    recover = [
+        a
+        for r in due
+        if candidate and (a := assess(r, candidate, evidence, policy, restoring=True, load_bucket=lb))
+    ]
     assessments = watch + recover
     acting = [a for a in assessments if not a.rule.dry_run]
 
