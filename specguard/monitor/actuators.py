@@ -20,6 +20,7 @@ import json
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 import aiohttp
@@ -164,7 +165,7 @@ class ConfigMapActuator:
                     exc,
                 )
         if stored is None:
-            merged = plan
+            merged = replace(plan, alerts=())  # the received alerts stay in this guard's plan file
         else:
             states = dict(stored.states)
             states.update({k: plan.states[k] for k in changed if k in plan.states})

@@ -107,8 +107,14 @@ class Guard:
                 ", ".join(dropped),
             )
         self._adopt(doc)
+        for alert in doc.alerts:  # what Alertmanager sent before the restart (it re-sends hourly only)
+            self.alerts.ingest(alert)
         log.info(
-            "loaded plan version %d (%d classes) from %s", doc.version, len(self.states), self.store.path
+            "loaded plan version %d (%d classes, %d alerts) from %s",
+            doc.version,
+            len(self.states),
+            len(doc.alerts),
+            self.store.path,
         )
 
     def _adopt(self, doc: state_mod.PlanDocument) -> None:
@@ -120,7 +126,22 @@ class Guard:
         return self.states.get(key) or guard.initial_state(key, self.policy)
 
     def document(self) -> state_mod.PlanDocument:
-        return state_mod.PlanDocument(self.version, self.clock(), dict(self.states), dict(self.policy.pools))
+        return state_mod.PlanDocument(
+            self.version,
+            self.clock(),
+            dict(self.states),
+            dict(self.policy.pools),
+            tuple(self.alerts.records()),
+        )
+
+    def save_alerts(self) -> None:
+        """Persist the alert book with the plan (same file, same version): the receiver calls it."""
+        self._persist()
+
+    def known_labels(self) -> dict[str, set[str]]:
+        """The configured values of each class label (an alert naming another is refused)."""
+        names = ("task_type", "temperature_bucket", "load_bucket")
+        return {name: {k[i] for k in self.configured_keys} for i, name in enumerate(names)}
 
     def _persist(self) -> None:
         if self.store is None:
@@ -281,8 +302,9 @@ class Guard:
             for key in keys:
                 prior = self._state(key)
                 new, decision = guard.override(prior, action, now, pool=pool, reason=reason)
-                self.states[key] = new
-                self.last_decisions[key] = decision
+                if decision.action != "none":  # a no-op (unpin of a class not pinned...) changes nothing
+                    self.states[key] = new
+                    self.last_decisions[key] = decision
                 decisions.append(decision)
             await self._record(decisions)
             return decisions

@@ -30,6 +30,7 @@ class GuardCounters:
     actuation_errors: Counter[str] = field(default_factory=Counter)  # actuator
     plan_write_errors: int = 0
     reloads: Counter[str] = field(default_factory=Counter)  # result: ok | error
+    api_auth_failures: Counter[tuple[str, str]] = field(default_factory=Counter)  # (endpoint, code)
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,10 @@ class GuardCollector(Collector):
         yield CounterMetricFamily("specguard_plan_write_errors", "Plan file writes that failed")
         yield GaugeMetricFamily("specguard_plan_version", "Version of the plan the guard holds")
         yield CounterMetricFamily("specguard_policy_reloads", "Policy reloads from the config file by result")
+        yield CounterMetricFamily(
+            "specguard_api_auth_failures",
+            "Requests to /api/v1/alerts and /api/v1/overrides refused (401, 403)",
+        )
         yield InfoMetricFamily("specguard_config", "Digest of the guard policy in use")
 
     def collect(self) -> Iterator:
@@ -165,6 +170,14 @@ class GuardCollector(Collector):
         for result in ("ok", "error"):
             reloads.add_metric([result], counters.reloads.get(result, 0))
         yield reloads
+        refused = CounterMetricFamily(
+            "specguard_api_auth_failures",
+            "Requests to /api/v1/alerts and /api/v1/overrides refused (401, 403)",
+            labels=["endpoint", "code"],
+        )
+        for labels, value in sorted(counters.api_auth_failures.items()):
+            refused.add_metric(list(labels), value)
+        yield refused
         yield InfoMetricFamily(
             "specguard_config", "Digest of the guard policy in use", value={"version": view.config_version}
         )

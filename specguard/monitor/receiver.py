@@ -19,7 +19,7 @@ import hashlib
 import hmac
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -27,15 +27,21 @@ from aiohttp import web
 from specguard.errors import InputError
 from specguard.exporters import httpbody
 from specguard.monitor.daemon import Guard
-from specguard.rules.evidence import AlertRecord
+from specguard.rules.evidence import AlertRecord, alert_time
 
 log = logging.getLogger("specguard.receiver")
 
 STATUSES = ("firing", "resolved")
 
 
-def parse_alertmanager(payload: Any, now: float) -> list[AlertRecord]:
-    """Alert records from a decoded webhook payload; InputError names the first bad field."""
+def parse_alertmanager(
+    payload: Any, now: float, known: Mapping[str, Collection[str]] | None = None
+) -> list[AlertRecord]:
+    """Alert records from a decoded webhook payload; InputError names the first bad field.
+
+    ``known``: label name -> the configured values (task_type, temperature_bucket, load_bucket);
+    an alert naming another value is refused, since it could never be evidence about a class.
+    """
     if not isinstance(payload, dict):
         raise InputError(f"payload must be a JSON object, got {type(payload).__name__}")
     version = payload.get("version")
@@ -62,7 +68,16 @@ def parse_alertmanager(payload: Any, now: float) -> list[AlertRecord]:
             raise InputError(f"{where}.fingerprint: must be a string")
         if not fingerprint:  # Alertmanager always sends one; a hand-made payload may not
             fingerprint = hashlib.sha256(json.dumps(labels, sort_keys=True).encode()).hexdigest()[:16]
+        for name, values in (known or {}).items():
+            value = labels.get(name)
+            if value is not None and values and value not in values:
+                known_values = ", ".join(sorted(values))
+                raise InputError(
+                    f"{where}.labels.{name} ({value!r}) is not configured (known: {known_values})"
+                )
         starts_at = alert.get("startsAt", "")
+        if not isinstance(starts_at, str) or (starts_at and alert_time(starts_at) is None):
+            raise InputError(f"{where}.startsAt ({starts_at!r}) must be an RFC 3339 time")
         out.append(
             AlertRecord(
                 fingerprint=fingerprint,
@@ -127,13 +142,15 @@ class Api:
 
     def ingest(self, payload: Any) -> dict[str, Any]:
         now = self._clock()
-        records = parse_alertmanager(payload, now)
+        records = parse_alertmanager(payload, now, self.guard.known_labels())
         outcomes: dict[str, int] = {}
         for record in records:
             # an alert that names no class (no task_type label) is no evidence about any class
             outcome = self.guard.alerts.ingest(record) if record.labels.get("task_type") else "ignored"
             outcomes[outcome] = outcomes.get(outcome, 0) + 1
             self.guard.counters.webhook_alerts[(record.status, outcome)] += 1
+        if outcomes.keys() & {"new", "updated"}:
+            self.guard.save_alerts()  # kept with the plan: a restart does not forget a firing alert
         return {"accepted": len(records), "outcomes": outcomes}
 
     # -- handlers ----------------------------------------------------------------------------
@@ -146,11 +163,15 @@ class Api:
             return json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise _error(400, f"body is not JSON: {exc}") from exc
+        except RecursionError as exc:  # a small body nested a thousand levels deep
+            raise _error(400, "body is nested too deeply") from exc
 
     def _check(self, request: web.Request) -> None:
         denied = self.authorize(request.headers.get("Authorization"))
         if denied is not None:
             status, message = denied
+            endpoint = request.path.rsplit("/", 1)[-1]
+            self.guard.counters.api_auth_failures[(endpoint, str(status))] += 1
             log.warning("%s %s from %s: %s", request.method, request.path, request.remote, message)
             headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
             raise _error(status, message, headers)
@@ -183,6 +204,8 @@ class Api:
         for field in ("action", "task_type"):
             if not isinstance(body.get(field), str) or not body[field]:
                 raise _error(400, f"{field}: is required (a string)")
+        if not isinstance(body.get("reason", ""), str):
+            raise _error(400, f"reason: must be a string, got {type(body['reason']).__name__}")
         try:
             decisions = await self.guard.override(
                 body["action"],
@@ -190,7 +213,7 @@ class Api:
                 body.get("temperature_bucket"),
                 body.get("load_bucket"),
                 pool=body.get("pool"),
-                reason=str(body.get("reason", ""))[:200],
+                reason=body.get("reason", "")[:200],
             )
         except InputError as exc:
             raise _error(400, str(exc)) from exc

@@ -5,7 +5,8 @@ so a crash leaves either the old or the new file, never a torn one (a SIGKILL mi
 a ``.plan.json.XXXXXXXX.tmp``; the daemon's ``load`` at startup removes such leftovers).
 What survives a restart: the plan itself, operator pins and pauses, the frozen flag, pending
 shorten-K confirmations and the action times (so the cooldown and the cap per hour hold across
-restarts). Evaluation counters are not kept: after a restart the guard needs fresh evidence,
+restarts), and the Alertmanager alerts received (Alertmanager re-sends a firing alert only every
+``repeat_interval``). Evaluation counters are not kept: after a restart the guard needs fresh evidence,
 which is the safe side.
 
 The same JSON is what an external router reads (the "plan file" actuator) and what the
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from specguard.errors import InputError
-from specguard.rules.evidence import ClassKey
+from specguard.rules.evidence import AlertRecord, ClassKey
 from specguard.rules.guard import ClassState, Pending
 
 log = logging.getLogger("specguard.state")
@@ -42,6 +43,8 @@ class PlanDocument:
     updated_at: float
     states: Mapping[ClassKey, ClassState]
     pools: Mapping[str, int]
+    alerts: tuple[AlertRecord, ...] = ()
+    """Alerts received from Alertmanager (the plan file only; never sent to other stores)."""
 
     def routing(self) -> dict[ClassKey, str]:
         """The plan the tap's router takes: ``{(task_type, temperature_bucket, load_bucket): pool}``."""
@@ -77,7 +80,25 @@ def encode(doc: PlanDocument) -> dict[str, Any]:
                 "at": p.at,
             }
         entries.append(entry)
-    return {"format": FORMAT, "version": doc.version, "updated_at": doc.updated_at, "entries": entries}
+    out: dict[str, Any] = {
+        "format": FORMAT,
+        "version": doc.version,
+        "updated_at": doc.updated_at,
+        "entries": entries,
+    }
+    if doc.alerts:
+        out["alerts"] = [
+            {
+                "fingerprint": a.fingerprint,
+                "alertname": a.alertname,
+                "status": a.status,
+                "labels": dict(a.labels),
+                "starts_at": a.starts_at,
+                "received_at": a.received_at,
+            }
+            for a in doc.alerts
+        ]
+    return out
 
 
 def decode(data: Any, where: str) -> PlanDocument:
@@ -117,7 +138,32 @@ def decode(data: Any, where: str) -> PlanDocument:
         updated_at=float(data.get("updated_at", 0.0)),
         states=states,
         pools=pools,
+        alerts=_alerts(data.get("alerts", []), where),
     )
+
+
+def _alerts(data: Any, where: str) -> tuple[AlertRecord, ...]:
+    if not isinstance(data, list):
+        raise InputError(f"{where}: alerts: must be a list")
+    out = []
+    for index, item in enumerate(data):
+        try:
+            labels = item["labels"]
+            if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+                raise TypeError("labels must be an object of strings")
+            out.append(
+                AlertRecord(
+                    fingerprint=str(item["fingerprint"]),
+                    alertname=str(item["alertname"]),
+                    status=str(item["status"]),
+                    labels=dict(labels),
+                    starts_at=str(item["starts_at"]),
+                    received_at=float(item["received_at"]),
+                )
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InputError(f"{where}: alerts[{index}]: malformed alert ({exc!r})") from exc
+    return tuple(out)
 
 
 def _float(value: Any) -> float | None:

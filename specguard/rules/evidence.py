@@ -344,6 +344,11 @@ def _instant(text: str) -> datetime | None:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
+def alert_time(text: str) -> datetime | None:
+    """An alert's ``startsAt`` as a time (RFC 3339 as Alertmanager writes it), None if unreadable."""
+    return _instant(text)
+
+
 def _compare_instants(a: str, b: str) -> int:
     """-1, 0 or 1 as startsAt ``a`` is before, equal to or after ``b`` (text order if unreadable)."""
     if a == b:

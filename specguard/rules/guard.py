@@ -389,8 +389,29 @@ def _counters(state: ClassState) -> dict[str, Any]:
 def override(
     state: ClassState, action: str, now: float, *, pool: str | None = None, reason: str = ""
 ) -> tuple[ClassState, Decision]:
-    """An operator's pin / unpin / pause / resume: applied at once, never rate-limited."""
+    """An operator's pin / unpin / pause / resume: applied at once, never rate-limited.
+
+    One that would change nothing (unpin a class that is not pinned, pin it where it is pinned
+    already, pause a paused one, resume a running one) is action ``none``: no plan version, no
+    action counted."""
     why = f"operator: {reason}" if reason else "operator"
+    noop = {
+        "pin": state.pin is not None and state.pin == pool,
+        "unpin": state.pin is None,
+        "pause": state.paused,
+        "resume": not state.paused,
+    }
+    if noop.get(action):
+        already = {
+            "pin": f"already pinned to {pool}",
+            "unpin": "not pinned",
+            "pause": "already paused",
+            "resume": "not paused",
+        }[action]
+        decision = Decision(
+            state.key, now, Phase.OK, "none", state.pool, state.pool, f"{already}: nothing to do"
+        )
+        return state, decision
     if action == "pin":
         if pool is None:
             raise ValueError("pin needs a pool")
