@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -29,7 +29,7 @@ from specguard.monitor.guard_metrics import GuardCounters, GuardView
 from specguard.monitor.sources import EvidenceSource, LocalSource, PromQLSource, merge
 from specguard.rules import bestpool, guard
 from specguard.rules import policy as policy_mod
-from specguard.rules.evidence import AlertBook, ClassKey, Evidence
+from specguard.rules.evidence import AlertBook, AlertRecord, ClassKey, Evidence
 
 log = logging.getLogger("specguard.guard")
 
@@ -60,6 +60,7 @@ class Guard:
         reload_interval: float = 10.0,
         preferences: Callable[[dict[ClassKey, tuple[str, ...]]], None] | None = None,
         routing_status: Callable[[], list[dict[str, Any]]] | None = None,
+        restore_alerts: Callable[[], Awaitable[list[AlertRecord]]] | None = None,
     ):
         self.policy = policy
         self.sources = list(sources)
@@ -78,6 +79,7 @@ class Guard:
         self.reload_interval = reload_interval
         self.preferences = preferences  # the router's failover order per class (cheapest first)
         self.routing_status = routing_status  # pool health and failovers, for /status
+        self.restore_alerts = restore_alerts  # Alertmanager's active alerts, read at start-up
         self.reload_error: str | None = None
         self.states: dict[ClassKey, guard.ClassState] = {}
         self.last_decisions: dict[ClassKey, guard.Decision] = {}
@@ -362,6 +364,8 @@ class Guard:
         from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
         await self._actuate([])
+        if self.restore_alerts is not None:
+            await self._restore_alerts()
         interval = self.policy.interval_seconds
         self._scheduler = AsyncIOScheduler(timezone=UTC)
         self._scheduler.add_job(
@@ -392,6 +396,22 @@ class Guard:
         self._scheduler.start()
         self.running = True
         log.info("guard evaluation every %g s (%s)", interval, "dry-run" if self.policy.dry_run else "acting")
+
+    async def _restore_alerts(self) -> None:
+        """Take Alertmanager's active alerts as if its webhook had just delivered them."""
+        try:
+            records = await asyncio.wait_for(self.restore_alerts(), self.evaluation_timeout)  # type: ignore[misc]
+        except (SourceError, TimeoutError) as exc:
+            log.warning("reading the active alerts back from Alertmanager failed (%s): waiting for it", exc)
+            return
+        new = 0
+        for record in records:
+            outcome = self.alerts.ingest(record)
+            new += outcome in ("new", "updated")
+            self.counters.webhook_alerts[(record.status, "restored" if outcome == "new" else outcome)] += 1
+        log.info("read %d active alerts back from Alertmanager (%d not known yet)", len(records), new)
+        if new:
+            self._persist()
 
     async def stop(self) -> None:
         self.running = False

@@ -17,6 +17,9 @@ Example::
       follow: false                      # fleet replica: read the plan from the ConfigMap, never decide
     alertmanager:
       enabled: true                      # mount POST /api/v1/alerts
+      url: http://alertmanager:9093      # at start-up, read the active alerts back (API v2); optional
+      receiver: specguard                # ... only those routed to this receiver (a regex); optional
+      timeout_seconds: 10
 """
 
 from __future__ import annotations
@@ -97,6 +100,11 @@ class ActuatorSettings:
 @dataclass(frozen=True)
 class AlertmanagerSettings:
     enabled: bool = True
+    url: str | None = None
+    """Alertmanager base URL: the active alerts are read back from its API at start-up."""
+    receiver: str | None = None
+    """Only alerts routed to this receiver (Alertmanager's ``receiver`` filter, a regex)."""
+    timeout_seconds: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -167,7 +175,16 @@ def parse_actuators(root: configfile.Section) -> ActuatorSettings:
 
 def parse_alertmanager(root: configfile.Section) -> AlertmanagerSettings:
     s = root.section("alertmanager")
-    out = AlertmanagerSettings(enabled=s.get("enabled", bool, True))
+    url = s.get("url", str, None, nullable=True)
+    if url is not None and not url.startswith(("http://", "https://")):
+        s.error("url", f"({url!r}) must be an http(s) URL")
+        url = None
+    out = AlertmanagerSettings(
+        enabled=s.get("enabled", bool, True),
+        url=url.rstrip("/") if url else None,
+        receiver=s.get("receiver", str, None, nullable=True),
+        timeout_seconds=s.get("timeout_seconds", float, 10.0, minimum=0.1, maximum=120),
+    )
     s.reject_unknown()
     return out
 
