@@ -14,7 +14,7 @@ DEPLOY = ROOT / "deploy"
 RULES = DEPLOY / "prometheus" / "specguard-rules.yaml"
 RULE_TESTS = sorted((DEPLOY / "prometheus" / "tests").glob("*.yaml"))
 DASHBOARD = DEPLOY / "grafana" / "specguard-overview.json"
-README = DEPLOY.parent / "README.md"  # the runbooks live in the main README
+RUNBOOKS = DEPLOY.parent / "docs" / "runbooks.md"  # one "## AlertName" section per alert
 KUSTOMIZE_DIR = DEPLOY / "kubernetes"
 
 # Metric names exported by specguard (team contract, notes/contracts.md "Metric names").
@@ -39,6 +39,7 @@ EXPORTED = frozenset(
     specguard_actions_total specguard_evaluations_total specguard_last_evaluation_timestamp_seconds
     specguard_guard_frozen specguard_consecutive_errors specguard_webhook_alerts_total
     specguard_audit_write_errors_total specguard_config_info
+    specguard_pool_healthy specguard_failover_requests_total specguard_api_auth_failures_total
     """.split()
 )
 # Series Prometheus itself provides.

@@ -10,9 +10,9 @@ import pytest
 import yaml
 from deployhelp import (
     EXPORTED,
-    README,
     RULE_TESTS,
     RULES,
+    RUNBOOKS,
     alerting_rules,
     load_rules,
     metric_names,
@@ -22,7 +22,7 @@ from deployhelp import (
 )
 
 LEVELS = {"pool_class_load", "pool_class", "pool_load", "class_load"}
-RUNBOOK_BASE = "https://github.com/specguard/specguard/blob/main/README.md#"
+RUNBOOK_BASE = "https://github.com/specguard/specguard/blob/main/docs/runbooks.md#"
 
 
 def test_promtool_check_rules_passes():
@@ -76,12 +76,17 @@ def test_rules_only_use_exported_or_recorded_metrics():
             assert not unknown, f"{rule.get('record') or rule.get('alert')}: {sorted(unknown)}"
 
 
+def runbook_sections() -> dict[str, str]:
+    """docs/runbooks.md: GitHub-style anchor of each '## ' heading -> the text of its section."""
+    parts = re.split(r"(?m)^##\s+(.+)$", RUNBOOKS.read_text())
+    return {
+        re.sub(r"[^a-z0-9 -]", "", head.strip().lower()).replace(" ", "-"): body
+        for head, body in zip(parts[1::2], parts[2::2], strict=True)
+    }
+
+
 def runbook_anchors() -> set[str]:
-    """GitHub-style anchors of the headings under the README's '## Runbooks' section."""
-    text = README.read_text()
-    section = text.split("\n## Runbooks", 1)[1].split("\n## ", 1)[0]
-    heads = re.findall(r"^###\s+(.+)$", section, flags=re.M)
-    return {re.sub(r"[^a-z0-9 -]", "", h.strip().lower()).replace(" ", "-") for h in heads}
+    return set(runbook_sections())
 
 
 ALERTS = alerting_rules()
@@ -93,6 +98,9 @@ EXPECTED_ALERTS = {
     "SpecGuardEvaluationStale",
     "SpecGuardFlapping",
     "SpecGuardFrozen",
+    "SpecGuardPoolDown",
+    "SpecGuardDown",
+    "SpecGuardUpstreamErrors",
 }
 
 
@@ -110,7 +118,16 @@ def test_alert_conventions(rule: dict):
     assert ann["summary"][0].isupper() and ann["summary"].endswith(".") and "{{" not in ann["summary"]
     assert "{{" in ann["description"], "description is templated per instance"
     assert ann["runbook_url"] == RUNBOOK_BASE + rule["alert"].lower()
-    assert rule["alert"].lower() in runbook_anchors(), f"no '### {rule['alert']}' under README Runbooks"
+    assert rule["alert"].lower() in runbook_anchors(), f"no '## {rule['alert']}' in docs/runbooks.md"
+
+
+@pytest.mark.parametrize("rule", ALERTS, ids=[a["alert"] for a in ALERTS])
+def test_the_runbook_says_when_the_alert_fires_and_resolves(rule: dict):
+    """Issue 18 item 13: the runbook said the RC alert "resolves once the guard moves the class";
+    it keeps firing 15 minutes more (keep_firing_for). Each runbook names both durations."""
+    section = runbook_sections()[rule["alert"].lower()]
+    timing = f"`for: {rule['for']}`, `keep_firing_for: {rule['keep_firing_for']}`"
+    assert timing in section, f"{rule['alert']}: the runbook must say {timing}"
 
 
 def alert_cases() -> dict[str, tuple[int, int]]:
