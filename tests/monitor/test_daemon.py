@@ -347,3 +347,27 @@ async def test_a_report_only_rule_is_seen_in_status_log_and_counter_but_never_ac
     with caplog.at_level(logging.INFO, "specguard.guard"):
         await run_rounds(guard, clock, 1)
     assert "full-rollback-requests is no longer breached" in caplog.text
+
+
+async def test_scheduler_runs_do_not_fill_the_log(tmp_path, caplog):
+    """Issue 18: 90% of `specguard run`'s lines were APScheduler's "Running job ..." and
+    "... executed successfully" at the default level."""
+    clock, source = Clock(), ScriptedSource({CREATIVE: 0.5})
+    policy = replace(POLICY, rules=(replace(POLICY.rules[0], limits=replace(LIMITS, interval_seconds=1)),))
+    guard, _ = make_guard(tmp_path, source, clock, policy)
+    logging.getLogger("apscheduler.executors.guard").setLevel(logging.NOTSET)
+    with caplog.at_level(logging.INFO):
+        await guard.start()
+        try:
+            for _ in range(100):
+                if guard.last_evaluation is not None:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            await guard.stop()
+    assert guard.last_evaluation is not None
+    noise = [r for r in caplog.records if r.name.startswith("apscheduler") and r.levelno < logging.WARNING]
+    assert [
+        r.getMessage() for r in noise if "Running job" in r.getMessage() or "executed" in r.getMessage()
+    ] == []
+    assert any("guard evaluation every" in r.getMessage() for r in caplog.records)  # ours still there
