@@ -157,9 +157,11 @@ class Upstream:
         if self.mode == "break_after_finish":
             request.transport.close()
             return resp
-        if usage and self.mode != "no_usage_chunk":
+        if usage and self.mode not in ("no_usage_chunk", "linger_after_done"):
             await resp.write(usage_chunk(self.fingerprint))
         await resp.write(DONE)
+        if self.mode == "linger_after_done":  # a no-spec engine that ends its response after [DONE]
+            await asyncio.sleep(0.3)
         await resp.write_eof()
         return resp
 
@@ -510,6 +512,39 @@ async def test_unreachable_pool_without_failover_is_502_at_once():
         assert not monitor.health.healthy("spec")  # still reported (specguard_pool_healthy)
     finally:
         await monitor.stop()
+
+
+async def test_a_client_that_closes_right_after_done_is_not_client_disconnected(env):
+    """Issue 18: the `openai` client closes as soon as it has read `data: [DONE]`; 2 of 15 such
+    streams were counted as client_disconnected although they had their whole answer and usage."""
+    upstream, _, monitor, tap_url, _ = env
+    upstream.mode = "linger_after_done"
+    # on the no-spec pool: there a record has no spec stats, so its failure is what it reports
+    monitor.router.set_plan({("other", "high", load): "base" for load in ("low", "medium", "high")})
+    host, port = tap_url.removeprefix("http://").split(":")
+    body = json.dumps({"prompt": "x", "stream": True, "stream_options": {"include_usage": True}}).encode()
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    for _ in range(15):
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(head + body)
+        received = b""
+        while b"data: [DONE]" not in received:
+            data = await reader.read(65536)
+            assert data, received
+            received += data
+        writer.close()  # read to [DONE], then gone, as the openai client does
+        await writer.wait_closed()
+    for _ in range(200):
+        if len(monitor.stats.records()) == 15:
+            break
+        await asyncio.sleep(0.02)
+    records = monitor.stats.records()
+    assert len(records) == 15
+    assert {(r.pool, r.status, r.unattributed_reason) for r in records} == {("base", 200, None)}
+    assert monitor.stats.unattributed() == {}
 
 
 async def test_broken_stream_closes_the_client_connection(env):
