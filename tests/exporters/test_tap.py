@@ -182,6 +182,19 @@ scrape: {{interval_seconds: 3600}}
     )
 
 
+def two_pools(spec_url: str, base_url: str, spec_extra: str = "") -> config.SpecguardConfig:
+    """Pool ``spec`` (K=4) at ``spec_url`` and ``base`` (K=0) at ``base_url``; no holdout, no probe."""
+    return config.parse_text(
+        f"""
+pools:
+  - {{name: spec, url: "{spec_url}", engine: vllm, num_speculative_tokens: 4{spec_extra}}}
+  - {{name: base, url: "{base_url}", engine: vllm, num_speculative_tokens: 0}}
+tap: {{holdout_share: 0, probe_share: 0}}
+scrape: {{interval_seconds: 3600}}
+"""
+    )
+
+
 async def no_scrape(pool, timeout):
     raise OSError("scraping is not part of these tests")
 
@@ -300,15 +313,7 @@ async def test_force_include_usage_pool_adds_and_strips_nothing():
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", upstream.handle)
     up_runner, up_url = await serve(app)
-    cfg = config.parse_text(
-        f"""
-pools:
-  - {{name: spec, url: "{up_url}", engine: vllm, num_speculative_tokens: 4, force_include_usage: true}}
-  - {{name: base, url: "{up_url}", engine: vllm, num_speculative_tokens: 0}}
-tap: {{holdout_share: 0, probe_share: 0}}
-scrape: {{interval_seconds: 3600}}
-"""
-    )
+    cfg = two_pools(up_url, up_url, ", force_include_usage: true")
     monitor = Monitor(cfg, fetch=no_scrape)
     tap_url = await monitor.start("127.0.0.1", 0)
     try:
@@ -466,15 +471,7 @@ async def test_unreachable_pool_is_502_in_openai_shape():
 async def test_a_refused_connect_is_sent_again_to_a_pool_that_serves(env):
     """Failover: nothing reached the dead pool nor the client, so the request goes elsewhere once."""
     upstream, up_url, _, _, session = env
-    cfg = config.parse_text(
-        f"""
-pools:
-  - {{name: spec, url: "http://127.0.0.1:9", engine: vllm, num_speculative_tokens: 4}}
-  - {{name: base, url: "{up_url}", engine: vllm, num_speculative_tokens: 0}}
-tap: {{holdout_share: 0, probe_share: 0}}
-scrape: {{interval_seconds: 3600}}
-"""
-    )
+    cfg = two_pools("http://127.0.0.1:9", up_url)
     monitor = Monitor(cfg, fetch=no_scrape)
     tap_url = await monitor.start("127.0.0.1", 0)
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 
@@ -45,11 +46,12 @@ def payload(status="firing", fingerprint="fp-1", labels=None, **extra):
     }
 
 
-@pytest.fixture
-async def api(tmp_path):
+@contextlib.asynccontextmanager
+async def serving(tmp_path, keys=()):
+    """The API over a running guard (with ``keys`` as its configured classes), on loopback."""
     clock = Clock()
-    source = ScriptedSource({CREATIVE: 0.8})
-    guard, router = make_guard(tmp_path, source, clock)
+    guard, router = make_guard(tmp_path, ScriptedSource({CREATIVE: 0.8}), clock)
+    guard.configured_keys = list(keys)
     guard.running = True
     api = receiver.Api(guard, token=TOKEN, max_body_bytes=4096)
     app = web.Application()
@@ -60,6 +62,12 @@ async def api(tmp_path):
         yield client, guard, router, clock
     finally:
         await client.close()
+
+
+@pytest.fixture
+async def api(tmp_path):
+    async with serving(tmp_path) as served:
+        yield served
 
 
 async def post(client, path, body, headers=AUTH):
@@ -274,24 +282,14 @@ async def test_a_body_nested_a_thousand_levels_deep_is_400_not_500(api, path):
 @pytest.fixture
 async def configured(tmp_path):
     """The API over a guard that knows its classes (task types, temperature and load buckets)."""
-    clock = Clock()
-    guard, router = make_guard(tmp_path, ScriptedSource({CREATIVE: 0.8}), clock)
-    guard.configured_keys = [
+    keys = [
         (t, temp, load)
         for t in ("code", "creative")
         for temp in ("greedy", "high")
         for load in ("low", "high")
     ]
-    guard.running = True
-    api = receiver.Api(guard, token=TOKEN, max_body_bytes=4096)
-    app = web.Application()
-    app.router.add_routes(api.routes())
-    client = TestClient(TestServer(app, host="127.0.0.1"))
-    await client.start_server()
-    try:
-        yield client, guard, router, clock
-    finally:
-        await client.close()
+    async with serving(tmp_path, keys) as served:
+        yield served
 
 
 @pytest.mark.parametrize(
