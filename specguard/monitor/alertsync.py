@@ -4,7 +4,8 @@ Alertmanager sends a firing alert again only every ``repeat_interval`` (an hour 
 guard that restarted without its plan file (or whose file predates the alert) would not know about
 it for that long. With ``alertmanager.url`` set, the guard asks ``GET /api/v2/alerts`` for the
 active, unsilenced, uninhibited alerts (optionally only those routed to ``alertmanager.receiver``)
-at start-up and takes each one as if the webhook had delivered it. Alerts that name no configured
+as it starts (in the background: the tap never waits for it) and takes each one as if the
+webhook had delivered it. Alerts that name no configured
 class are skipped; a failure is logged and the guard starts anyway (the webhook still works).
 """
 

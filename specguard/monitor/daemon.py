@@ -92,6 +92,7 @@ class Guard:
         self.preferences = preferences  # the router's failover order per class (cheapest first)
         self.routing_status = routing_status  # pool health and failovers, for /status
         self.restore_alerts = restore_alerts  # Alertmanager's active alerts, read at start-up
+        self.readback: asyncio.Task[None] | None = None  # that read, running in the background
         self.reload_error: str | None = None
         self.states: dict[ClassKey, guard.ClassState] = {}
         self.last_decisions: dict[ClassKey, guard.Decision] = {}
@@ -377,8 +378,10 @@ class Guard:
         from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
         await self._actuate([])
-        if self.restore_alerts is not None:
-            await self._restore_alerts()
+        if self.restore_alerts is not None:  # in the background: the tap must not wait for Alertmanager
+            self.readback = asyncio.get_running_loop().create_task(
+                self._restore_alerts(), name="alert read-back"
+            )
         interval = self.policy.interval_seconds
         _quiet_job_log()
         self._scheduler = AsyncIOScheduler(timezone=UTC, executors={EXECUTOR: AsyncIOExecutor()})
@@ -431,6 +434,8 @@ class Guard:
 
     async def stop(self) -> None:
         self.running = False
+        if self.readback is not None and not self.readback.done():
+            self.readback.cancel()
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=False)
             self._scheduler = None

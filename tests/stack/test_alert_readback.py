@@ -7,6 +7,7 @@ receiver as evidence at once, instead of waiting for the next notification (``re
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import urllib.request
@@ -72,6 +73,7 @@ alertmanager: {{url: "{am_url}", receiver: specguard}}
         started = time.monotonic()
         await guard.start()
         try:
+            await asyncio.wait_for(guard.readback, 30)  # in the background: start() does not wait
             alerts = guard.status()["alerts"]
         finally:
             await guard.stop()
