@@ -7,6 +7,7 @@ run has an overall deadline on top of the timeouts of every network call, and
 from this process's tap and cost model (``LocalSource``) and/or PromQL (``PromQLSource``);
 Alertmanager alerts join as evidence. Decisions go to the audit log, the persisted plan and
 the actuators; a failed actuator or disk is counted and retried, and routing goes on.
+In a fleet the guard follows a plan source or decides only while it leads (``monitor.fleet``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from specguard.monitor import audit as audit_mod
 from specguard.monitor import guard_status
 from specguard.monitor import state as state_mod
 from specguard.monitor.actuators import Actuator
+from specguard.monitor.fleet import FleetRoles, NotLeader, Takeover
 from specguard.monitor.guard_metrics import GuardCounters, GuardView
 from specguard.monitor.sources import EvidenceSource, LocalSource, PromQLSource, merge
 from specguard.rules import bestpool, guard
@@ -33,7 +35,7 @@ from specguard.rules.evidence import AlertBook, AlertRecord, ClassKey, Evidence
 
 log = logging.getLogger("specguard.guard")
 
-__all__ = ["EvidenceSource", "Guard", "LocalSource", "PromQLSource", "merge"]
+__all__ = ["EvidenceSource", "Guard", "LocalSource", "NotLeader", "PromQLSource", "merge"]
 
 EXECUTOR = "guard"
 """The APScheduler executor of the guard's jobs; it logs as ``apscheduler.executors.guard``."""
@@ -48,8 +50,12 @@ def _quiet_job_log() -> None:
         jobs.setLevel(logging.WARNING)
 
 
-class Guard:
-    """Holds every class's state and the plan; ``evaluate()`` is one round (the scheduled job)."""
+class Guard(FleetRoles):
+    """Holds every class's state and the plan; ``evaluate()`` is one round (the scheduled job).
+
+    In a fleet it either follows a plan source (``follow``) or decides while its ``elector`` says
+    it leads (``monitor.fleet``); ``takeover`` reads the shared plan when it becomes leader.
+    """
 
     def __init__(
         self,
@@ -68,6 +74,8 @@ class Guard:
         evaluation_timeout: float | None = None,
         keep_decisions: int = 200,
         follow: Any = None,
+        elector: Any = None,
+        takeover: Takeover | None = None,
         reloader: Callable[[], policy_mod.Policy | None] | None = None,
         reload_interval: float = 10.0,
         preferences: Callable[[dict[ClassKey, tuple[str, ...]]], None] | None = None,
@@ -86,7 +94,7 @@ class Guard:
         self.temperature_buckets = list(temperature_buckets)
         self.load_buckets = list(load_buckets)
         self.evaluation_timeout = evaluation_timeout or max(5.0, policy.interval_seconds * 0.8)
-        self.follow = follow  # ConfigMapActuator to read the plan from (fleet replica), or None
+        self.follow = follow  # a plan source to follow (ConfigMap or HTTP; fleet replica), or None
         self.reloader = reloader  # returns a new policy when the config file changed (ConfigError if bad)
         self.reload_interval = reload_interval
         self.preferences = preferences  # the router's failover order per class (cheapest first)
@@ -99,6 +107,8 @@ class Guard:
         self.decisions: deque[dict[str, Any]] = deque(maxlen=keep_decisions)
         self.version = 0
         self.last_evaluation: float | None = None
+        self.last_evaluation_seconds: float | None = None
+        self.adopted_updated_at: float | None = None  # updated_at of the last plan taken from a file/source
         self.running = False
         self._applied: dict[str, int] = {}
         self._reporting: set[tuple[ClassKey, str]] = set()  # report-only rules now breached
@@ -106,6 +116,7 @@ class Guard:
         self._scheduler: Any = None
         self.decisions.extend(self.audit.recent)
         self._load()
+        self._init_fleet(elector, takeover)
 
     # -- persistence ---------------------------------------------------------------------------
     def _load(self) -> None:
@@ -136,18 +147,14 @@ class Guard:
         """Take a stored or followed plan; classes on pools no longer configured start over."""
         self.states = {k: s for k, s in doc.states.items() if s.pool in self.policy.pools}
         self.version = doc.version
+        self.adopted_updated_at = doc.updated_at
 
     def _state(self, key: ClassKey) -> guard.ClassState:
         return self.states.get(key) or guard.initial_state(key, self.policy)
 
     def document(self) -> state_mod.PlanDocument:
-        return state_mod.PlanDocument(
-            self.version,
-            self.clock(),
-            dict(self.states),
-            dict(self.policy.pools),
-            tuple(self.alerts.records()),
-        )
+        """The plan as actuators, followers and /api/v1/plan see it (no alerts: they stay here)."""
+        return state_mod.PlanDocument(self.version, self.clock(), dict(self.states), dict(self.policy.pools))
 
     def save_alerts(self) -> None:
         """Persist the alert book with the plan (same file, same version): the receiver calls it."""
@@ -161,8 +168,8 @@ class Guard:
     def _persist(self) -> None:
         if self.store is None:
             return
-        try:
-            self.store.save(self.document())
+        try:  # the plan file also keeps the alerts received, so a restart does not forget them
+            self.store.save(replace(self.document(), alerts=tuple(self.alerts.records())))
         except OSError as exc:
             self.counters.plan_write_errors += 1
             log.error(
@@ -173,9 +180,11 @@ class Guard:
     async def evaluate(self, now: float | None = None) -> list[guard.Decision]:
         async with self._lock:
             now = self.clock() if now is None else now
-            if self.follow is not None:
-                await self._follow()
-                self.last_evaluation = now
+            started = time.monotonic()
+            if self.follow is not None or not await self._lead():
+                if self.follow is not None:
+                    await self._follow(now)
+                self.last_evaluation = now  # a follower or a standby: its round is done
                 return []
             alerts_policy = self.policy.alerts
             self.alerts.expire(now, alerts_policy.firing_ttl_seconds, alerts_policy.resolved_ttl_seconds)
@@ -204,6 +213,7 @@ class Guard:
                 self.preferences(order)
             await self._record(decisions)
             self.last_evaluation = now
+            self.last_evaluation_seconds = time.monotonic() - started
             return decisions
 
     def _report(self, key: ClassKey, decision: guard.Decision) -> None:
@@ -245,7 +255,7 @@ class Guard:
                 self.version += 1
             for d in acted:
                 reason = ("dry_run:" if d.dry_run else "") + (d.cause or "none")
-                self.counters.actions[(d.key[0], d.key[1], d.action, reason)] += 1
+                self.counters.count_action((d.key[0], d.key[1], d.action, reason), d.at)
                 log.info(
                     "%s %s: %s %s -> %s: %s",
                     "/".join(d.key),
@@ -263,6 +273,8 @@ class Guard:
         await self._actuate(acted)
 
     async def _actuate(self, acted: Sequence[guard.Decision]) -> None:
+        if self.follow is None and not self.is_leader:
+            return  # a standby never writes (it may have lost the lead during this round)
         doc = self.document()
         for actuator in self.actuators:
             if self._applied.get(actuator.name) == self.version and not acted:
@@ -275,18 +287,6 @@ class Guard:
                 log.error(
                     "actuator %s failed: %s (retried on the next evaluation)", actuator.name, exc or "timeout"
                 )
-
-    async def _follow(self) -> None:
-        try:
-            doc = await self.follow.read_plan()
-        except (SourceError, InputError, TimeoutError) as exc:
-            self.counters.actuation_errors["follow"] += 1
-            log.error("reading the plan failed: %s; keeping plan version %d", exc, self.version)
-            return
-        if doc is None or doc.version == self.version:
-            return
-        self._adopt(doc)
-        await self._actuate([])
 
     # -- operator ------------------------------------------------------------------------------
     async def override(
@@ -312,6 +312,8 @@ class Guard:
                 f"load_bucket={load_bucket!r}"
             )
         async with self._lock:
+            if self.follow is None and not await self._lead():
+                raise NotLeader(f"not the leader (leader: {self.leader_holder or 'unknown'}): ask the leader")
             now = self.clock()
             decisions = []
             for key in keys:
@@ -364,6 +366,9 @@ class Guard:
             config_version=self.policy.version,
             audit_write_errors=self.audit.write_errors,
             plan_version=self.version,
+            plan_age_seconds=self.plan_age(self.clock()),
+            leader=None if self.follow is not None else self.is_leader,
+            last_evaluation_seconds=self.last_evaluation_seconds,
         )
 
     def status(self, decisions: int = 50) -> dict[str, Any]:
@@ -377,7 +382,10 @@ class Guard:
         from apscheduler.executors.asyncio import AsyncIOExecutor
         from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-        await self._actuate([])
+        await self.elector.start()
+        if self.follow is None:
+            await self._lead()  # a new leader first takes the shared plan over
+        await self._actuate([])  # the plan we hold (a follower: until its source answers)
         if self.restore_alerts is not None:  # in the background: the tap must not wait for Alertmanager
             self.readback = asyncio.get_running_loop().create_task(
                 self._restore_alerts(), name="alert read-back"
@@ -441,6 +449,9 @@ class Guard:
             self._scheduler = None
         async with self._lock:  # let an evaluation in flight finish its writes
             pass
+        await self.elector.stop()
+        if self.follow is not None and hasattr(self.follow, "close"):
+            await self.follow.close()
 
     async def _tick(self) -> None:
         try:

@@ -101,6 +101,7 @@ EXPECTED_ALERTS = {
     "SpecGuardPoolDown",
     "SpecGuardDown",
     "SpecGuardUpstreamErrors",
+    "SpecGuardPlanStale",
 }
 
 
