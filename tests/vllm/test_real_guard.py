@@ -70,6 +70,7 @@ async def test_guard_measures_rc_against_the_real_nospec_engine_and_decides_cons
     cfg = config.parse_text(config_text(vllm_engines, tmp_path), "specguard.yaml")
     monitor = Monitor(cfg, rng=random.Random(11))
     guard, _ = guard_wiring.build(monitor, cfg)  # no scheduler: the test triggers evaluations
+    await guard.elector.start()  # (the lock on the plan file: this guard decides)
     url = await monitor.start("127.0.0.1", 0)
     try:
         results = await loadgen.run_load(url, MIX, 1, requests=48, stream=True, seed=21)
@@ -95,6 +96,7 @@ async def test_guard_measures_rc_against_the_real_nospec_engine_and_decides_cons
         later_records = monitor.stats.records()[len(records) :]
     finally:
         await monitor.stop()
+        await guard.elector.stop()
 
     keys = {("code", "greedy", "low"), ("creative", "high", "low")}
     assert set(costs) == keys
