@@ -108,6 +108,9 @@ class TapConfig:
     client_body_timeout_seconds: float = 60.0  # to receive a whole request body
     client_idle_timeout_seconds: float = 75.0  # a connection with no request in flight is closed
     max_inspect_bytes: int = 1024 * 1024  # response bytes the tap inspects; the rest is only relayed
+    # a pool that cannot be connected to is marked down; its traffic goes to the best healthy pool
+    # and a request whose connect failed is retried there (exporters.health, exporters.routing)
+    failover: bool = True
 
     @property
     def client_limits(self) -> clientguard.ClientLimits:
@@ -135,6 +138,7 @@ class ScrapeConfig:
     max_page_bytes: int = promtext.LIMITS.max_page_bytes  # a larger page is rejected (engine_up 0)
     max_line_bytes: int = promtext.LIMITS.max_line_bytes  # a page with a longer line is rejected
     max_samples: int = promtext.LIMITS.max_samples  # a page with more samples is rejected
+    down_interval_seconds: float = 2.0  # how often a pool marked down is re-checked (scraped)
 
     @property
     def limits(self) -> promtext.Limits:
@@ -194,6 +198,14 @@ def parse_pools(root: Section) -> tuple[PoolConfig, ...]:
         )
     if "pools" in root.data and isinstance(root.data["pools"], list) and not root.data["pools"]:
         root.error("pools", "must list at least one pool")
+    elif pools and all(p.speculative for p in pools):
+        names = ", ".join(f"{p.name} (K={p.num_speculative_tokens})" for p in pools)
+        root.error(
+            "pools",
+            f"no pool without speculation: {names}; add one with num_speculative_tokens: 0 "
+            "(it measures the baseline every relative cost is taken against, and it is where the "
+            "guard turns speculation off)",
+        )
     return tuple(pools)
 
 
@@ -348,6 +360,7 @@ def parse_tap(section: Section, pools: tuple[PoolConfig, ...]) -> TapConfig:
         max_inspect_bytes=section.get(
             "max_inspect_bytes", int, base.max_inspect_bytes, minimum=4096, maximum=256 << 20
         ),
+        failover=section.get("failover", bool, base.failover),
     )
     section.reject_unknown()
     return cfg
@@ -360,10 +373,11 @@ def parse_scrape(section: Section) -> ScrapeConfig:
     page = section.get("max_page_bytes", int, base.max_page_bytes, minimum=1024, maximum=256 << 20)
     line = section.get("max_line_bytes", int, base.max_line_bytes, minimum=256, maximum=16 << 20)
     samples = section.get("max_samples", int, base.max_samples, minimum=100, maximum=10_000_000)
+    down = section.get("down_interval_seconds", float, base.down_interval_seconds, minimum=0.1)
     section.reject_unknown()
     if interval is not None and timeout is not None and timeout > interval:
         section.error("timeout_seconds", f"({timeout}) must be <= interval_seconds ({interval})")
-    return ScrapeConfig(interval, timeout, page, line, samples)
+    return ScrapeConfig(interval, timeout, page, line, samples, down)
 
 
 def parse_exporter(root: Section) -> ExporterConfig:

@@ -3,7 +3,9 @@
 ``PoolWatch`` keeps what the collector exports per pool: up/down, scrape duration, the last
 snapshot, and the engine's own counters accumulated as deltas since start (reset-safe,
 series by series, the way Prometheus ``increase()`` does) for the cross-check against the
-tap's per-class sums.
+tap's per-class sums. The scrape is also the active half of the pool health check
+(``exporters.health``): a scrape that cannot connect marks the pool down, any answer marks it
+up, and a pool that is down is scraped every ``down_interval`` seconds until it answers.
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 
+import aiohttp
+
 from specguard import untrusted
-from specguard.errors import InputError, SpecguardError
+from specguard.errors import InputError, SpecguardError, UnreachableError
 from specguard.exporters import promtext
 from specguard.exporters.config import PoolConfig
+from specguard.exporters.health import PoolHealth
 from specguard.exporters.snapshot import EngineSnapshot
 
 log = logging.getLogger("specguard.scrape")
@@ -126,6 +131,8 @@ class ScrapeLoop:
         timeout: float,
         on_snapshot: Callable[[PoolConfig, EngineSnapshot], None] | None = None,
         monotonic: Callable[[], float] = time.perf_counter,
+        health: PoolHealth | None = None,
+        down_interval: float | None = None,
     ):
         self.watch = watch
         self.name = f"scrape:{watch.pool.name}"
@@ -134,8 +141,13 @@ class ScrapeLoop:
         self.timeout = timeout
         self._on_snapshot = on_snapshot
         self._mono = monotonic
+        self.health = health
+        self.down_interval = min(interval, down_interval) if down_interval else interval
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
+        self._wake = asyncio.Event()  # set by stop() and when the tap marks the pool down
+        if health is not None:
+            health.listeners.append(self._on_health)
 
     async def scrape_once(self) -> bool:
         """One scrape now; True when the pool answered with a page the adapters understood.
@@ -148,12 +160,16 @@ class ScrapeLoop:
         was_up = self.watch.up
         start = self._mono()
         rejected = None
+        answered: bool | None = True  # for the health check: None = no verdict (a slow answer)
         try:
             snapshot = await asyncio.wait_for(self._fetch(pool, self.timeout), self.timeout)
         except asyncio.CancelledError:
             raise
+        except (UnreachableError, aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
+            error, answered = str(exc) or type(exc).__name__, False
         except TimeoutError:
             error = f"{pool.display_url}{pool.metrics_path}: timed out after {self.timeout}s"
+            answered = None
         except InputError as exc:  # the engine answered, but with a page that is refused
             error, rejected = str(exc), promtext.reject_reason(exc)
         except SpecguardError as exc:
@@ -166,7 +182,9 @@ class ScrapeLoop:
                 log.info("%s: engine answers again", self.name)
             if self._on_snapshot is not None:
                 self._on_snapshot(pool, snapshot)
+            self._health(True, "")
             return True
+        self._health(answered, error)
         self.watch.fail(error, self._mono() - start, rejected=rejected)
         level = logging.WARNING if (was_up or first) else logging.DEBUG
         if rejected is not None:
@@ -175,14 +193,41 @@ class ScrapeLoop:
             log.log(level, "%s: %s", self.name, untrusted.printable(error, 300))
         return False
 
+    def _health(self, answered: bool | None, error: str) -> None:
+        if self.health is None or answered is None:
+            return
+        if answered:
+            self.health.mark_up(self.watch.pool.name, "scrape")
+        else:
+            self.health.mark_down(self.watch.pool.name, error, "scrape")
+
+    def _on_health(self, pool: str, healthy: bool) -> None:
+        if pool == self.watch.pool.name and not healthy:
+            self._wake.set()  # re-check on the short interval from now, not after the long one
+
+    def _pause(self) -> float:
+        healthy = self.health is None or self.health.healthy(self.watch.pool.name)
+        return self.interval if healthy else self.down_interval
+
+    async def _sleep(self) -> None:
+        """Wait for the next scrape: the interval, or the down interval while the pool is down."""
+        deadline = self._mono() + self._pause()
+        while not self._stop.is_set():
+            left = deadline - self._mono()
+            if left <= 0:
+                return
+            try:
+                await asyncio.wait_for(self._wake.wait(), left)
+            except TimeoutError:
+                return
+            self._wake.clear()
+            deadline = min(deadline, self._mono() + self._pause())
+
     async def _run(self) -> None:
         log.info("%s: started (every %ss)", self.name, self.interval)
         while not self._stop.is_set():
             await self.scrape_once()
-            try:
-                await asyncio.wait_for(self._stop.wait(), self.interval)
-            except TimeoutError:
-                pass
+            await self._sleep()
         log.info("%s: stopped", self.name)
 
     def start(self) -> None:
@@ -194,6 +239,7 @@ class ScrapeLoop:
         if self._task is None:
             return
         self._stop.set()
+        self._wake.set()
         task, self._task = self._task, None
         try:
             await asyncio.wait_for(task, self.timeout + 1.0)

@@ -50,7 +50,7 @@ class RequestRecord:
     task_type: str
     temperature_bucket: str
     load_bucket: str
-    route: str  # "plan", "holdout" (sent to no-spec for the baseline) or "probe" (kept on spec)
+    route: str  # "plan", "holdout" (to no-spec for the baseline), "probe" (kept on spec), "failover"
     started_at: float  # wall clock, seconds since the epoch
     status: int  # HTTP status the client got
     streamed: bool

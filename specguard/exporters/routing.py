@@ -8,6 +8,12 @@ evidence flowing both ways:
   non-speculative baseline on this stack;
 - *probe*: a class the plan routes away from speculation keeps a small share on a
   speculative pool, so re-enabling is decided on evidence, not on a timer.
+
+A pool that is down (``exporters.health``) gets neither: its holdout and probe draws are
+skipped, and what the plan sends to it goes to the best healthy pool instead (route
+``failover``): first in the class's cost order when the guard has handed one over
+(``set_preferences``), then the pool whose K is nearest the planned pool's. Serving beats
+measuring and beats the cost question; the plan itself is left as it is.
 """
 
 from __future__ import annotations
@@ -18,14 +24,19 @@ from dataclasses import dataclass
 
 from specguard.errors import InputError
 from specguard.exporters.config import PoolConfig
+from specguard.exporters.health import PoolHealth
 
 PlanKey = tuple[str, str, str]
+
+
+ROUTE_FAILOVER = "failover"
 
 
 @dataclass(frozen=True)
 class RouteChoice:
     pool: str
-    route: str  # "plan" (plan entry or default pool), "holdout" or "probe"
+    route: str  # "plan" (plan entry or default pool), "holdout", "probe" or "failover"
+    planned: str = ""  # for "failover": the pool the plan chose (down or failed to connect)
 
 
 class Router:
@@ -38,6 +49,7 @@ class Router:
         holdout_share: float = 0.0,
         probe_share: float = 0.0,
         rng: random.Random | None = None,
+        health: PoolHealth | None = None,
     ):
         self._pools = {p.name: p for p in pools}
         if default_pool not in self._pools:
@@ -51,6 +63,8 @@ class Router:
         self._rng = rng or random.Random()
         self._plan: dict[PlanKey, str] = {}
         self._holdout_by_load: dict[str, float] = {}
+        self.health = health  # None: every pool is taken as serving (no failover)
+        self._preferences: dict[PlanKey, tuple[str, ...]] = {}
         spec = [p.name for p in pools if p.speculative]
         # probe target: the default pool when it speculates, else the first speculative pool
         self.probe_pool = (
@@ -77,6 +91,61 @@ class Router:
     def holdout_shares(self) -> dict[str, float]:
         return dict(self._holdout_by_load)
 
+    def set_preferences(self, preferences: Mapping[PlanKey, Sequence[str]]) -> None:
+        """Per class, its pools cheapest first (the guard's estimates): the failover order."""
+        self._preferences = {
+            key: tuple(p for p in pools if p in self._pools) for key, pools in preferences.items()
+        }
+
+    def serving(self, pool: str) -> bool:
+        return self.health is None or self.health.healthy(pool)
+
+    def fallback(
+        self,
+        task_type: str,
+        temperature_bucket: str,
+        load_bucket: str,
+        planned: str,
+        exclude: Sequence[str] = (),
+    ) -> str | None:
+        """The best serving pool for traffic planned for ``planned``; None when none serves.
+
+        The class's cost order first, then by distance of K from the planned pool's (the lower
+        K first on a tie, then configuration order).
+        """
+        k = self._pools[planned].num_speculative_tokens if planned in self._pools else 0
+        nearest = sorted(
+            self._pools,
+            key=lambda name: (
+                abs(self._pools[name].num_speculative_tokens - k),
+                self._pools[name].num_speculative_tokens,
+            ),
+        )
+        order = (*self._preferences.get((task_type, temperature_bucket, load_bucket), ()), *nearest)
+        for pool in order:
+            if pool != planned and pool not in exclude and self.serving(pool):
+                return pool
+        return None
+
+    def retry(
+        self,
+        task_type: str,
+        temperature_bucket: str,
+        load_bucket_of: Callable[[str], str],
+        failed: RouteChoice,
+        tried: Sequence[str],
+    ) -> RouteChoice | None:
+        """Where a request goes after a connect to every pool in ``tried`` failed; None: nowhere.
+
+        A holdout or probe request goes back to its class's planned pool if that one serves
+        (measuring gives way to serving); anything else to the best serving pool not yet tried.
+        """
+        planned = failed.planned or self.planned(task_type, temperature_bucket, load_bucket_of)
+        if planned not in tried and self.serving(planned):
+            return RouteChoice(planned, "plan")
+        pool = self.fallback(task_type, temperature_bucket, load_bucket_of(planned), planned, tried)
+        return RouteChoice(pool, ROUTE_FAILOVER, planned) if pool is not None else None
+
     def planned(self, task_type: str, temperature_bucket: str, load_bucket_of: Callable[[str], str]) -> str:
         """Plan lookup; the load bucket is that of the pool the request would go to.
 
@@ -102,13 +171,23 @@ class Router:
         holdout = self.holdout_share
         if self._holdout_by_load and target != self.nospec_pool:
             holdout = self._holdout_by_load.get(load_bucket_of(target), holdout)
-        if self.nospec_pool is not None and target != self.nospec_pool and draw < holdout:
+        if (
+            self.nospec_pool is not None
+            and target != self.nospec_pool
+            and draw < holdout
+            and self.serving(self.nospec_pool)
+        ):
             return RouteChoice(self.nospec_pool, "holdout")
         if (
             self.probe_pool is not None
             and not self._pools[target].speculative
             and target != self.probe_pool
             and draw < self.probe_share
+            and self.serving(self.probe_pool)
         ):
             return RouteChoice(self.probe_pool, "probe")
+        if not self.serving(target):
+            pool = self.fallback(task_type, temperature_bucket, load_bucket_of(target), target)
+            if pool is not None:  # (none serving: try the plan's pool, it may be back)
+                return RouteChoice(pool, ROUTE_FAILOVER, target)
         return RouteChoice(target, "plan")

@@ -1,7 +1,9 @@
 """Fetch one engine /metrics page over HTTP and normalise it (aiohttp; a sync wrapper for the CLI).
 
 An unreachable engine, a timeout or a non-200 answer is a ``SourceError`` naming the URL and the
-reason (temporary: the scrape loop retries); a page that is not Prometheus text is an ``InputError``.
+reason (temporary: the scrape loop retries); one that could not even be connected to is an
+``UnreachableError`` (the pool is down, see ``exporters.health``); a page that is not Prometheus
+text is an ``InputError``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
-from specguard.errors import InputError, SourceError
+from specguard.errors import InputError, SourceError, UnreachableError
 from specguard.exporters import engines, offload, promtext
 from specguard.exporters.addresses import mask_url
 from specguard.exporters.snapshot import EngineSnapshot
@@ -66,20 +68,25 @@ async def fetch_page(
     if own:
         session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout))
     try:
-        async with session.get(
-            url, headers={"Accept": ACCEPT}, timeout=aiohttp.ClientTimeout(total=timeout)
-        ) as response:
+        # the connect gets most of the budget on its own clock: a connect that times out is a
+        # pool that is down (UnreachableError), a page that is slow to come is not
+        budget = aiohttp.ClientTimeout(total=timeout, sock_connect=timeout * 0.8)
+        async with session.get(url, headers={"Accept": ACCEPT}, timeout=budget) as response:
             if response.status != 200:
                 raise SourceError(f"{shown}: HTTP {response.status} {response.reason or ''}".rstrip())
             return await _read_page(response, shown, limits)
     except aiohttp.InvalidURL as exc:
         raise InputError(f"{shown}: not a valid URL") from exc
+    except aiohttp.ConnectionTimeoutError as exc:
+        raise UnreachableError(f"{shown}: unreachable: no connection within {timeout * 0.8:g} s") from exc
     except TimeoutError as exc:
         raise SourceError(f"{shown}: unreachable: no answer within {timeout:g} s") from exc
+    except aiohttp.ClientConnectorError as exc:
+        raise UnreachableError(f"{shown}: unreachable: {_reason(exc)}") from exc
     except aiohttp.ClientError as exc:
         raise SourceError(f"{shown}: unreachable: {_reason(exc)}") from exc
     except OSError as exc:
-        raise SourceError(f"{shown}: unreachable: {exc.strerror or exc}") from exc
+        raise UnreachableError(f"{shown}: unreachable: {exc.strerror or exc}") from exc
     finally:
         if own:
             await session.close()

@@ -5,6 +5,10 @@ through to the default pool. The client receives the engine's status, headers (m
 hop-by-hop), body and stream events byte for byte, except for what the tap itself asked
 the engine for, which it removes again (see ``tapstream``). Each finished tapped request
 becomes one ``RequestRecord`` in the ``WindowedStats``.
+
+A connect that fails marks the pool down (``exporters.health``) and, with ``tap.failover``,
+the request is sent again to the best serving pool: only then, since nothing has reached the
+engine or the client yet. Any answer from a pool marks it up again.
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ from specguard import untrusted
 from specguard.errors import InputError
 from specguard.exporters import bodypush, clientguard, httpbody, readwatch, tapflow, taprelay, tapstream
 from specguard.exporters.classify import Classifier
-from specguard.exporters.config import ExporterConfig
-from specguard.exporters.routing import Router
+from specguard.exporters.config import ExporterConfig, PoolConfig
+from specguard.exporters.health import PoolHealth
+from specguard.exporters.routing import ROUTE_FAILOVER, RouteChoice, Router
 from specguard.exporters.stats import WindowedStats
 
 log = logging.getLogger("specguard.tap")
@@ -55,6 +60,8 @@ _CONTENT = re.compile(rb'"(?:text|content|reasoning_content)"\s*:\s*"(?!")|"tool
 # a choice's terminal chunk (a non-null finish_reason); confirmed by a parse before it is held
 _FINISH = re.compile(rb'"finish_reason"\s*:\s*"')
 _CLIENT_GONE = (ConnectionResetError, aiohttp.ClientConnectionResetError)
+# a connect that failed: nothing reached the pool (aiohttp's connect timeout is also a TimeoutError)
+_CONNECT_FAILED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 
 
 def openai_error(status: int, message: str, kind: str) -> web.Response:
@@ -101,6 +108,7 @@ class Tap:
         session: aiohttp.ClientSession | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.perf_counter,
+        health: PoolHealth | None = None,
     ):
         self.config = config
         self.stats = stats
@@ -114,6 +122,8 @@ class Tap:
         self.engines = {p.name: p.engine for p in config.pools}  # "auto" resolved by the scrape loop
         self.in_flight = {p.name: 0 for p in config.pools}
         self.clients: clientguard.ClientGuard | None = None  # counts body timeouts (set by the app)
+        self.health = health
+        self.failover = config.tap.failover and health is not None
         tap = config.tap
         self._timeout = aiohttp.ClientTimeout(
             total=None, connect=tap.connect_timeout_seconds, sock_read=tap.upstream_timeout_seconds
@@ -166,10 +176,38 @@ class Tap:
             return await self._tapped(request, raw)
         return await self._passthrough(request, raw)
 
+    def _connect_failed(self, pool: PoolConfig, exc: Exception) -> None:
+        """Passive health: a connect to ``pool`` failed."""
+        self.stats.count_error(pool.name, "connect")
+        if self.health is not None:
+            reason = str(exc) or type(exc).__name__
+            self.health.mark_down(pool.name, f"connect failed: {reason}", "tap")
+
+    def _answered(self, pool: PoolConfig) -> None:
+        if self.health is not None:
+            self.health.mark_up(pool.name, "tap")
+
     async def _passthrough(self, request: web.Request, raw: bytes) -> web.StreamResponse:
-        pool = self._pools[self.router.default_pool]
+        """Any other path goes to the default pool, or the best serving one while it is down."""
+        name = self.router.default_pool
+        if self.failover and not self.router.serving(name):
+            name = self.router.fallback("", "", "", name) or name
         if request.method == "POST":
-            self.stats.count_unattributed(pool.name, "other_path")
+            self.stats.count_unattributed(name, "other_path")
+        tried: list[str] = []
+        while True:
+            pool = self._pools[name]
+            response = await self._pass(request, raw, pool)
+            if response is not None:
+                return response
+            tried.append(pool.name)
+            later = self.router.fallback("", "", "", pool.name, tried) if self.failover else None
+            if later is None:
+                return openai_error(502, f"pool {pool.name} failed: no pool answers", "upstream_error")
+            name = later
+
+    async def _pass(self, request: web.Request, raw: bytes, pool: PoolConfig) -> web.StreamResponse | None:
+        """One forward of a passed-through request; None when the connect failed (with failover)."""
         headers = forward_headers(request.headers, identity=False)
         out: web.StreamResponse | None = None
         try:
@@ -181,6 +219,7 @@ class Tap:
                 timeout=self._timeout,
                 allow_redirects=False,
             ) as resp:
+                self._answered(pool)
                 reply_headers = forward_headers(resp.headers, identity=False)
                 if not resp.headers.get("Content-Type", "").startswith("text/event-stream"):
                     data, whole = await taprelay.read_window(resp, self.config.tap.max_inspect_bytes)
@@ -196,6 +235,11 @@ class Tap:
                     await out.write(data)
                 await out.write_eof()
                 return out
+        except _CONNECT_FAILED as exc:
+            self._connect_failed(pool, exc)
+            if self.failover:
+                return None
+            return openai_error(502, f"pool {pool.name} failed: {type(exc).__name__}", "upstream_error")
         except TimeoutError:
             self.stats.count_error(pool.name, "timeout")
             if out is not None:
@@ -216,33 +260,64 @@ class Tap:
         body = json_object(raw)
         cls = self.classifier.classify(request.headers, request.path, body)
         choice = self.router.choose(cls.task_type, cls.temperature_bucket, self._load_bucket_of)
+        headers = forward_headers(request.headers, identity=True)
+        started_at, t0 = self._clock(), self._mono()
+        tried: list[str] = []
+        while True:
+            flow = self._attempt(choice, cls, body, started_at, t0)
+            response = await self._finish(request, flow, raw, headers)
+            if flow.connect_failed and self.failover:
+                tried.append(flow.pool.name)
+                retry = self.router.retry(
+                    cls.task_type, cls.temperature_bucket, self._load_bucket_of, choice, tried
+                )
+                if retry is not None:  # nothing reached the pool nor the client: send it again
+                    self.in_flight[flow.pool.name] -= 1
+                    choice = retry
+                    continue
+            self.in_flight[flow.pool.name] -= 1
+            self.stats.add(tapflow.to_record(flow, self.engines[flow.pool.name], self._mono()))
+            if choice.route == ROUTE_FAILOVER and self.health is not None:
+                self.health.count_failover(choice.planned, choice.pool)
+            return response
+
+    def _attempt(
+        self, choice: RouteChoice, cls: Any, body: dict[str, Any] | None, started_at: float, t0: float
+    ) -> tapflow.Flow:
+        """A request's forward to the pool ``choice`` names, counted in flight until recorded."""
         pool = self._pools[choice.pool]
         self.in_flight[pool.name] += 1
-        flow = tapflow.Flow(
+        return tapflow.Flow(
             pool=pool,
             cls=cls,
             route=choice.route,
             load_bucket=self.classifier.load_bucket(self.in_flight[pool.name]),
-            started_at=self._clock(),
-            t0=self._mono(),
+            started_at=started_at,
+            t0=t0,
             body=body,
         )
+
+    async def _finish(
+        self, request: web.Request, flow: tapflow.Flow, raw: bytes, headers: CIMultiDict[str]
+    ) -> web.StreamResponse:
+        """Forward ``flow``'s request; a cancelled one (its client went away) is recorded here."""
+        pool = flow.pool
         payload = raw
-        if body is not None:
+        if flow.body is not None:
             new, flow.additions = tapstream.prepare(
-                self.engines[pool.name], body, force_include_usage=pool.force_include_usage
+                self.engines[pool.name], flow.body, force_include_usage=pool.force_include_usage
             )
             if new is not None:
                 payload = json.dumps(new).encode()
-        headers = forward_headers(request.headers, identity=True)
         try:
             return await self._forward(request, flow, payload, headers)
-        except asyncio.CancelledError:
-            flow.failure = flow.failure or "client_disconnected"
-            raise
-        finally:
+        except BaseException as exc:
+            # after [DONE] the client has the whole answer: leaving then is no failure
+            if isinstance(exc, asyncio.CancelledError) and not flow.done:
+                flow.failure = flow.failure or "client_disconnected"
             self.in_flight[pool.name] -= 1
             self.stats.add(tapflow.to_record(flow, self.engines[pool.name], self._mono()))
+            raise
 
     async def _forward(
         self, request: web.Request, flow: tapflow.Flow, payload: bytes, headers: CIMultiDict[str]
@@ -258,6 +333,7 @@ class Tap:
                 timeout=self._timeout,
                 allow_redirects=False,
             ) as resp:
+                self._answered(pool)
                 flow.status = resp.status
                 if resp.status >= 500:
                     self.stats.count_error(pool.name, "status_5xx")
@@ -279,6 +355,12 @@ class Tap:
                 flow.failure = "response_too_large"  # relayed, not inspected: no per-request numbers
                 out = await taprelay.relay_rest(request, resp, reply_headers, data)
                 return out
+        except _CONNECT_FAILED as exc:
+            self._connect_failed(pool, exc)
+            flow.connect_failed = True
+            flow.failure = "upstream_error"
+            flow.status = 502
+            return openai_error(502, f"pool {pool.name} failed: {type(exc).__name__}", "upstream_error")
         except TimeoutError:
             self.stats.count_error(pool.name, "timeout")
             flow.failure = "upstream_error"
@@ -287,13 +369,13 @@ class Tap:
             flow.status = 504
             return openai_error(504, f"pool {pool.name} did not answer in time", "upstream_timeout")
         except _CLIENT_GONE:
-            flow.failure = "client_disconnected"
+            if not flow.done:
+                flow.failure = "client_disconnected"
             if out is not None:
                 return out
             raise
         except aiohttp.ClientError as exc:
-            kind = "connect" if isinstance(exc, aiohttp.ClientConnectorError) else "broken"
-            self.stats.count_error(pool.name, kind)
+            self.stats.count_error(pool.name, "broken")
             flow.failure = "upstream_error"
             if out is not None:
                 return self._abort(request, out)
@@ -353,12 +435,18 @@ class Tap:
             if watch is not None:
                 watch.read()
             out: list[bytes] = []
+            done = False
             for inspect, event in events.feed(data):
                 if inspect:
-                    out += relay.feed(event, self._inspect_event(event, flow))
+                    seen = self._inspect_event(event, flow)
+                    done = done or seen.done
+                    out += relay.feed(event, seen)
                 else:  # an event past the inspection window: relayed as it comes, never parsed
+                    done = done or taprelay.is_done(event)
                     out += relay.raw(event)
-            return send(b"".join(out)) if out else False
+            full = send(b"".join(out)) if out else False
+            flow.done = flow.done or done  # (only once the client has it: send raises otherwise)
+            return full
 
         try:
             await bodypush.deliver(resp, on_data, request.writer.drain)
@@ -384,7 +472,7 @@ class Tap:
             return taprelay.Seen(event)
         payload = event[start + 5 :].strip()
         if not payload.startswith(b"{"):
-            return taprelay.Seen(event)
+            return taprelay.Seen(event, done=payload == b"[DONE]")
         now = self._mono()
         hold = flow.additions.hold_finish
         marked = _MARKERS.search(payload) is not None

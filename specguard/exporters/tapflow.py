@@ -37,6 +37,8 @@ class Flow:
     usage_tokens: int | None = None
     spec: SpecStats | None = None
     failure: str | None = None  # unattributed reason forced by an error
+    connect_failed: bool = False  # the pool could not be connected to: nothing was sent anywhere
+    done: bool = False  # the stream's ``data: [DONE]`` went to the client: it has the whole answer
 
 
 def unattributed_reason(flow: Flow) -> str | None:

@@ -22,6 +22,7 @@ class Seen:
     finish: bool = False  # ends a choice of an n = 1 stream whose usage the tap added
     usage: bool = False  # the tap's own usage event (dropped)
     fingerprint: bytes | None = None  # raw JSON value of the usage event's system_fingerprint
+    done: bool = False  # the stream's terminating ``data: [DONE]``
 
 
 class Relay:
@@ -58,6 +59,12 @@ class Relay:
         """The held event, unchanged (the stream ended or broke without a usage event)."""
         held, self._held = self._held, None
         return held or b""
+
+
+def is_done(event: bytes) -> bool:
+    """Whether ``event`` is the stream's terminating ``data: [DONE]``."""
+    start = event.find(b"data:")
+    return start >= 0 and event[start + 5 :].strip() == b"[DONE]"
 
 
 def _with_fingerprint(event: bytes, fingerprint: bytes) -> bytes:

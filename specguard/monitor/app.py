@@ -24,7 +24,17 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from specguard.exporters import clientguard, collector, offload, poolwatch, promtext, routing, stats, tap
+from specguard.exporters import (
+    clientguard,
+    collector,
+    health,
+    offload,
+    poolwatch,
+    promtext,
+    routing,
+    stats,
+    tap,
+)
 from specguard.exporters.addresses import join_listen
 from specguard.exporters.classify import Classifier
 from specguard.exporters.config import ExporterConfig, PoolConfig
@@ -86,6 +96,7 @@ class Monitor:
             clock=clock,
             keys=keys,
         )
+        self.health = health.PoolHealth(ex.pool_names, clock=clock)
         self.router = routing.Router(
             ex.pools,
             default_pool=ex.tap.default_pool or ex.pools[0].name,
@@ -93,9 +104,16 @@ class Monitor:
             holdout_share=ex.tap.holdout_share,
             probe_share=ex.tap.probe_share,
             rng=rng,
+            health=self.health if ex.tap.failover else None,
         )
         self.tap = tap.Tap(
-            ex, stats=self.stats, router=self.router, classifier=self.classifier, session=session, clock=clock
+            ex,
+            stats=self.stats,
+            router=self.router,
+            classifier=self.classifier,
+            session=session,
+            clock=clock,
+            health=self.health,
         )
         self.watches = {pool.name: poolwatch.PoolWatch(pool, clock=clock) for pool in ex.pools}
         self.loops = [
@@ -105,6 +123,8 @@ class Monitor:
                 interval=ex.scrape.interval_seconds,
                 timeout=ex.scrape.timeout_seconds,
                 on_snapshot=self._on_snapshot,
+                health=self.health,
+                down_interval=ex.scrape.down_interval_seconds,
             )
             for pool in ex.pools
         ]
@@ -113,6 +133,7 @@ class Monitor:
         self.registry.register(self.clients.collector())
         self.registry.register(collector.TapCollector(self.stats, self.tap.in_flight))
         self.registry.register(collector.EngineCollector(self.watches.values()))
+        self.registry.register(collector.HealthCollector(self.health))
         self._components: list[Component] = []
         self._routes: list[web.RouteDef] = []
         self.app: web.Application | None = None
@@ -146,7 +167,8 @@ class Monitor:
         errors = {
             name: (watch.last_error or "")[:300] for name, watch in self.watches.items() if not watch.up
         }
-        body = {"status": "ok", "pools_up": pools, "pools_error": errors}
+        serving = {name: state.healthy for name, state in self.health.view().items()}
+        body = {"status": "ok", "pools_up": pools, "pools_serving": serving, "pools_error": errors}
         return web.Response(text=json.dumps(body), content_type="application/json")
 
     async def _lifecycle(self, app: web.Application):

@@ -16,7 +16,8 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -28,13 +29,25 @@ from specguard.monitor.actuators import Actuator
 from specguard.monitor.fleet import FleetRoles, NotLeader, Takeover
 from specguard.monitor.guard_metrics import GuardCounters, GuardView
 from specguard.monitor.sources import EvidenceSource, LocalSource, PromQLSource, merge
-from specguard.rules import evaluation, guard
+from specguard.rules import bestpool, evaluation, guard
 from specguard.rules import policy as policy_mod
-from specguard.rules.evidence import AlertBook, ClassKey, Evidence, alerts_by_class
+from specguard.rules.evidence import AlertBook, AlertRecord, ClassKey, Evidence, alerts_by_class
 
 log = logging.getLogger("specguard.guard")
 
 __all__ = ["EvidenceSource", "Guard", "LocalSource", "NotLeader", "PromQLSource", "merge"]
+
+EXECUTOR = "guard"
+"""The APScheduler executor of the guard's jobs; it logs as ``apscheduler.executors.guard``."""
+
+
+def _quiet_job_log() -> None:
+    """APScheduler logs two INFO lines per job run ("Running job ...", "... executed successfully"):
+    at the default level they were 90% of ``specguard run``'s log. They are shown at DEBUG only
+    (unless that logger is configured explicitly); errors and missed runs still come through."""
+    jobs = logging.getLogger(f"apscheduler.executors.{EXECUTOR}")
+    if jobs.level == logging.NOTSET and not log.isEnabledFor(logging.DEBUG):
+        jobs.setLevel(logging.WARNING)
 
 
 class Guard(FleetRoles):
@@ -65,6 +78,9 @@ class Guard(FleetRoles):
         takeover: Takeover | None = None,
         reloader: Callable[[], policy_mod.Policy | None] | None = None,
         reload_interval: float = 10.0,
+        preferences: Callable[[dict[ClassKey, tuple[str, ...]]], None] | None = None,
+        routing_status: Callable[[], list[dict[str, Any]]] | None = None,
+        restore_alerts: Callable[[], Awaitable[list[AlertRecord]]] | None = None,
     ):
         self.policy = policy
         self.sources = list(sources)
@@ -81,6 +97,10 @@ class Guard(FleetRoles):
         self.follow = follow  # a plan source to follow (ConfigMap or HTTP; fleet replica), or None
         self.reloader = reloader  # returns a new policy when the config file changed (ConfigError if bad)
         self.reload_interval = reload_interval
+        self.preferences = preferences  # the router's failover order per class (cheapest first)
+        self.routing_status = routing_status  # pool health and failovers, for /status
+        self.restore_alerts = restore_alerts  # Alertmanager's active alerts, read at start-up
+        self.readback: asyncio.Task[None] | None = None  # that read, running in the background
         self.reload_error: str | None = None
         self.states: dict[ClassKey, guard.ClassState] = {}
         self.last_decisions: dict[ClassKey, guard.Decision] = {}
@@ -91,6 +111,7 @@ class Guard(FleetRoles):
         self.adopted_updated_at: float | None = None  # updated_at of the last plan taken from a file/source
         self.running = False
         self._applied: dict[str, int] = {}
+        self._reporting: set[tuple[ClassKey, str]] = set()  # report-only rules now breached
         self._lock = asyncio.Lock()
         self.persistence = persist.Persistence(self.store, self.audit, self.counters)
         self._scheduler: Any = None
@@ -118,8 +139,14 @@ class Guard(FleetRoles):
                 ", ".join(dropped),
             )
         self._adopt(doc)
+        for alert in doc.alerts:  # what Alertmanager sent before the restart (it re-sends hourly only)
+            self.alerts.ingest(alert)
         log.info(
-            "loaded plan version %d (%d classes) from %s", doc.version, len(self.states), self.store.path
+            "loaded plan version %d (%d classes, %d alerts) from %s",
+            doc.version,
+            len(self.states),
+            len(doc.alerts),
+            self.store.path,
         )
 
     def _adopt(self, doc: state_mod.PlanDocument) -> None:
@@ -133,10 +160,24 @@ class Guard(FleetRoles):
 
     def _persist(self) -> None:
         """Write the plan we hold (a plan adopted from a source or a takeover); failures are retried."""
-        self.persistence.save_now(self.document())
+        self.persistence.save_now(self.stored())
 
     def document(self) -> state_mod.PlanDocument:
+        """The plan as actuators, followers and /api/v1/plan see it (no alerts: they stay here)."""
         return state_mod.PlanDocument(self.version, self.clock(), dict(self.states), dict(self.policy.pools))
+
+    def stored(self) -> state_mod.PlanDocument:
+        """The plan as the plan file keeps it: with the alerts received, so a restart keeps them."""
+        return replace(self.document(), alerts=tuple(self.alerts.records()))
+
+    def save_alerts(self) -> None:
+        """Persist the alert book with the plan (same file, same version): the receiver calls it."""
+        self._persist()
+
+    def known_labels(self) -> dict[str, set[str]]:
+        """The configured values of each class label (an alert naming another is refused)."""
+        names = ("task_type", "temperature_bucket", "load_bucket")
+        return {name: {k[i] for k in self.configured_keys} for i, name in enumerate(names)}
 
     # -- one round -----------------------------------------------------------------------------
     async def evaluate(self, now: float | None = None) -> list[guard.Decision]:
@@ -148,7 +189,7 @@ class Guard(FleetRoles):
                     await self._follow(now)
                 self.last_evaluation = now  # a follower or a standby: its round is done
                 return []
-            await self.persistence.retry(self.document())
+            await self.persistence.retry(self.stored())
             alerts_policy = self.policy.alerts
             self.alerts.expire(now, alerts_policy.firing_ttl_seconds, alerts_policy.resolved_ttl_seconds)
             alerts = self.alerts.snapshot()
@@ -167,11 +208,34 @@ class Guard(FleetRoles):
                 if decision.reason != "no rule due":  # a tick between two rule intervals is no evaluation
                     self.last_decisions[key] = decision
                     self.counters.evaluations[decision.phase.value] += 1
+                    self._report(key, decision)
                 decisions.append(decision)
+            if self.preferences is not None and error is None:
+                self.preferences(await asyncio.to_thread(self._rankings, stepped, evidence, now))
             await asyncio.shield(self._record(decisions))  # a timeout must not lose a taken decision
             self.last_evaluation = now
             self.last_evaluation_seconds = time.monotonic() - started
             return decisions
+
+    def _rankings(
+        self, stepped: Sequence[tuple[ClassKey, guard.ClassState, guard.Decision]], evidence, now: float
+    ) -> dict[ClassKey, tuple[str, ...]]:
+        """Each class's pools, cheapest first: where the router sends it while its pool is down."""
+        return {
+            key: bestpool.ranking(new.pool, evidence.get(key, Evidence()), new.memory, now, self.policy)
+            for key, new, _ in stepped
+        }
+
+    def _report(self, key: ClassKey, decision: guard.Decision) -> None:
+        """Report-only rules: a breach is logged and counted once when it starts, and said to end."""
+        now = {(key, rule) for rule in decision.reports}
+        was = {(k, rule) for k, rule in self._reporting if k == key}
+        for _, rule in sorted(now - was):
+            self.counters.actions[(key[0], key[1], "report", f"report_only:{rule}")] += 1
+            log.warning("%s report: %s", "/".join(key), decision.reports[rule])
+        for _, rule in sorted(was - now):
+            log.info("%s report: %s is no longer breached", "/".join(key), rule)
+        self._reporting = (self._reporting - was) | now
 
     async def _collect(
         self, now: float, keys: Sequence[ClassKey]
@@ -192,9 +256,13 @@ class Guard(FleetRoles):
         return merged, None
 
     async def _record(self, decisions: Sequence[guard.Decision]) -> None:
+        """Count, log and audit every action; a real one (not dry-run) bumps the plan version and
+        is persisted. A dry-run decision is a record of what would have happened, nothing more."""
         acted = [d for d in decisions if d.action != "none"]
+        real = [d for d in acted if not d.dry_run]
         if acted:
-            self.version += 1
+            if real:
+                self.version += 1
             for d in acted:
                 reason = ("dry_run:" if d.dry_run else "") + (d.cause or "none")
                 self.counters.count_action((d.key[0], d.key[1], d.action, reason), d.at)
@@ -209,7 +277,7 @@ class Guard(FleetRoles):
                 )
             records = [{**d.to_json(), "plan_version": self.version} for d in acted]
             self.decisions.extend(records)
-            await self.persistence.record(records, self.document())
+            await self.persistence.record(records, self.stored(), save=bool(real))
         await self._actuate(acted)
 
     async def _actuate(self, acted: Sequence[guard.Decision]) -> None:
@@ -259,8 +327,9 @@ class Guard(FleetRoles):
             for key in keys:
                 prior = self._state(key)
                 new, decision = guard.override(prior, action, now, pool=pool, reason=reason)
-                self.states[key] = new
-                self.last_decisions[key] = decision
+                if decision.action != "none":  # a no-op (unpin of a class not pinned...) changes nothing
+                    self.states[key] = new
+                    self.last_decisions[key] = decision
                 decisions.append(decision)
             await self._record(decisions)
             return decisions
@@ -318,19 +387,26 @@ class Guard(FleetRoles):
     async def start(self) -> None:
         """Apply the loaded plan, then evaluate every interval under APScheduler."""
         from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED
+        from apscheduler.executors.asyncio import AsyncIOExecutor
         from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
         await self.start_elector()
         if self.follow is None:
             await self._lead()  # a new leader first takes the shared plan over
-        await self.persistence.retry(self.document())  # what a refused write left behind
+        await self.persistence.retry(self.stored())  # what a refused write left behind
         await self._actuate([])  # the plan we hold (a follower: until its source answers)
+        if self.restore_alerts is not None:  # in the background: the tap must not wait for Alertmanager
+            self.readback = asyncio.get_running_loop().create_task(
+                self._restore_alerts(), name="alert read-back"
+            )
         interval = self.policy.interval_seconds
-        self._scheduler = AsyncIOScheduler(timezone=UTC)
+        _quiet_job_log()
+        self._scheduler = AsyncIOScheduler(timezone=UTC, executors={EXECUTOR: AsyncIOExecutor()})
         self._scheduler.add_job(
             self._tick,
             "interval",
             seconds=interval,
+            executor=EXECUTOR,
             id="guard-evaluation",
             name="guard evaluation",
             coalesce=True,
@@ -343,6 +419,7 @@ class Guard(FleetRoles):
                 self._reload,
                 "interval",
                 seconds=self.reload_interval,
+                executor=EXECUTOR,
                 id="policy-reload",
                 name="policy reload",
                 coalesce=True,
@@ -356,8 +433,26 @@ class Guard(FleetRoles):
         self.running = True
         log.info("guard evaluation every %g s (%s)", interval, "dry-run" if self.policy.dry_run else "acting")
 
+    async def _restore_alerts(self) -> None:
+        """Take Alertmanager's active alerts as if its webhook had just delivered them."""
+        try:
+            records = await asyncio.wait_for(self.restore_alerts(), self.evaluation_timeout)  # type: ignore[misc]
+        except (SourceError, TimeoutError) as exc:
+            log.warning("reading the active alerts back from Alertmanager failed (%s): waiting for it", exc)
+            return
+        new = 0
+        for record in records:
+            outcome = self.alerts.ingest(record)
+            new += outcome in ("new", "updated")
+            self.counters.webhook_alerts[(record.status, "restored" if outcome == "new" else outcome)] += 1
+        log.info("read %d active alerts back from Alertmanager (%d not known yet)", len(records), new)
+        if new:
+            self._persist()
+
     async def stop(self) -> None:
         self.running = False
+        if self.readback is not None and not self.readback.done():
+            self.readback.cancel()
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=False)
             self._scheduler = None

@@ -21,6 +21,9 @@ Example::
       enabled: true                      # mount POST /api/v1/alerts
       max_alerts: 10000                  # alerts kept at most (oldest received dropped first)
       max_alerts_per_class: 16           # per class, pool and alert name
+      url: http://alertmanager:9093      # at start-up, read the active alerts back (API v2); optional
+      receiver: specguard                # ... only those routed to this receiver (a regex); optional
+      timeout_seconds: 10
 """
 
 from __future__ import annotations
@@ -142,6 +145,11 @@ class AlertmanagerSettings:
     """Alerts kept at most (the oldest received go first)."""
     max_alerts_per_class: int = 16
     """Alerts kept at most per class, pool and alert name (a flood of one kind dedupes to this)."""
+    url: str | None = None
+    """Alertmanager base URL: the active alerts are read back from its API at start-up."""
+    receiver: str | None = None
+    """Only alerts routed to this receiver (Alertmanager's ``receiver`` filter, a regex)."""
+    timeout_seconds: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -277,10 +285,17 @@ def _leader_election(s: configfile.Section) -> LeaderElectionSettings:
 
 def parse_alertmanager(root: configfile.Section) -> AlertmanagerSettings:
     s = root.section("alertmanager")
+    url = s.get("url", str, None, nullable=True)
+    if url is not None and not url.startswith(("http://", "https://")):
+        s.error("url", f"({url!r}) must be an http(s) URL")
+        url = None
     out = AlertmanagerSettings(
         enabled=s.get("enabled", bool, True),
         max_alerts=s.get("max_alerts", int, 10_000, minimum=1, maximum=1_000_000),
         max_alerts_per_class=s.get("max_alerts_per_class", int, 16, minimum=1, maximum=10_000),
+        url=url.rstrip("/") if url else None,
+        receiver=s.get("receiver", str, None, nullable=True),
+        timeout_seconds=s.get("timeout_seconds", float, 10.0, minimum=0.1, maximum=120),
     )
     s.reject_unknown()
     return out

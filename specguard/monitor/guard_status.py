@@ -27,6 +27,7 @@ class StatusSource(Protocol):
     version: int
     last_evaluation: float | None
     reload_error: str | None
+    routing_status: Any
     elector: Any
     is_leader: bool
     clock: Any
@@ -35,7 +36,11 @@ class StatusSource(Protocol):
 
 
 def class_row(
-    key: ClassKey, st: guard.ClassState, last: guard.Decision | None, pools: Mapping[str, int]
+    key: ClassKey,
+    st: guard.ClassState,
+    last: guard.Decision | None,
+    pools: Mapping[str, int],
+    down: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
     """One class: where it routes, why, and what holds it there."""
     return {
@@ -54,6 +59,10 @@ def class_row(
         "pending": None
         if st.pending is None
         else {"from": st.pending.from_pool, "predicted_rc": st.pending.predicted_rc},
+        # the planned pool is marked down: the tap serves the class from another pool meanwhile
+        "failover": st.pool in down,
+        # report-only rules whose limits are breached (never acted on): rule -> why
+        "reports": dict(last.reports) if last else {},
     }
 
 
@@ -63,8 +72,11 @@ STATUS_ALERTS = 100
 
 def document(g: StatusSource, decisions: int = 50) -> dict[str, Any]:
     """The status of guard ``g`` with its last ``decisions`` decisions (0: none)."""
+    health = g.routing_status() if g.routing_status is not None else []
+    down = frozenset(p["pool"] for p in health if not p["healthy"])
     classes = [
-        class_row(key, st, g.last_decisions.get(key), g.policy.pools) for key, st in sorted(g.states.items())
+        class_row(key, st, g.last_decisions.get(key), g.policy.pools, down)
+        for key, st in sorted(g.states.items())
     ]
     return {
         "mode": "follow" if g.follow is not None else "guard",
@@ -79,6 +91,7 @@ def document(g: StatusSource, decisions: int = 50) -> dict[str, Any]:
         "last_evaluation": g.last_evaluation,
         "interval_seconds": g.policy.interval_seconds,
         "frozen": any(s.frozen for s in g.states.values()),
+        "pools": health,
         "classes": classes,
         "alerts": [
             {

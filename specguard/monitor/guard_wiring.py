@@ -9,6 +9,7 @@ hook) builds the Guard over the Monitor's statistics and router, mounts ``/statu
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 from collections.abc import MutableMapping
@@ -166,7 +167,11 @@ def build(
         reloader=PolicyReloader(cfg.file, pools, default_pool, ex.tap.nospec_pool)
         if Path(cfg.file).is_file()
         else None,
+        preferences=monitor.router.set_preferences if acts.router else None,
+        routing_status=getattr(getattr(monitor, "health", None), "status", None),
     )
+    if alertmanager.enabled and alertmanager.url:
+        guard.restore_alerts = functools.partial(_active_alerts, guard, alertmanager)
     token = server.token()
     guard_config.check_listen(server, ex.tap.host)
     api = receiver.Api(
@@ -245,6 +250,18 @@ def configure(monitor: Any, cfg: Any) -> daemon.Guard:
         monitor.attach("guard (disabled)", apply_only, guard.elector.stop)
     monitor.guard = guard
     return guard
+
+
+async def _active_alerts(guard: daemon.Guard, settings: guard_config.AlertmanagerSettings) -> list:
+    from specguard.monitor import alertsync
+
+    return await alertsync.active_alerts(
+        settings.url or "",
+        now=guard.clock(),
+        known=guard.known_labels(),
+        receiver_name=settings.receiver,
+        timeout=settings.timeout_seconds,
+    )
 
 
 def _cost_settings(cfg: Any) -> Any:

@@ -43,13 +43,17 @@ class Persistence:
         ]
         return min(max(seen), state_mod.MAX_VERSION - 2) + 1
 
-    async def record(self, records: Sequence[dict[str, Any]], doc: state_mod.PlanDocument) -> None:
-        """Append ``records`` to the audit log, then write ``doc`` as the plan file."""
+    async def record(
+        self, records: Sequence[dict[str, Any]], doc: state_mod.PlanDocument, *, save: bool = True
+    ) -> None:
+        """Append ``records`` to the audit log, then write ``doc`` as the plan file (unless not ``save``:
+        dry-run records change no plan)."""
 
         def write() -> None:
             with self._lock:
                 self.audit.append(records)
-                self._save(doc)
+                if save:
+                    self._save(doc)
 
         await asyncio.to_thread(write)
 

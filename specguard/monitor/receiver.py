@@ -21,7 +21,7 @@ import hmac
 import ipaddress
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -32,15 +32,21 @@ from specguard.errors import InputError
 from specguard.exporters import httpbody
 from specguard.monitor.daemon import Guard, NotLeader
 from specguard.rules import evidence
-from specguard.rules.evidence import AlertRecord, ClassKey
+from specguard.rules.evidence import AlertRecord, ClassKey, alert_time
 
 log = logging.getLogger("specguard.receiver")
 
 STATUSES = ("firing", "resolved")
 
 
-def parse_alertmanager(payload: Any, now: float) -> list[AlertRecord]:
-    """Alert records from a decoded webhook payload; InputError names the first bad field."""
+def parse_alertmanager(
+    payload: Any, now: float, known: Mapping[str, Collection[str]] | None = None
+) -> list[AlertRecord]:
+    """Alert records from a decoded webhook payload; InputError names the first bad field.
+
+    ``known``: label name -> the configured values (task_type, temperature_bucket, load_bucket);
+    an alert naming another value is refused, since it could never be evidence about a class.
+    """
     if not isinstance(payload, dict):
         raise InputError(f"payload must be a JSON object, got {type(payload).__name__}")
     version = payload.get("version")
@@ -67,7 +73,16 @@ def parse_alertmanager(payload: Any, now: float) -> list[AlertRecord]:
             raise InputError(f"{where}.fingerprint: must be a string")
         if not fingerprint:  # Alertmanager always sends one; a hand-made payload may not
             fingerprint = hashlib.sha256(json.dumps(labels, sort_keys=True).encode()).hexdigest()[:16]
+        for name, values in (known or {}).items():
+            value = labels.get(name)
+            if value is not None and values and value not in values:
+                known_values = ", ".join(sorted(values))
+                raise InputError(
+                    f"{where}.labels.{name} ({value!r}) is not configured (known: {known_values})"
+                )
         starts_at = alert.get("startsAt", "")
+        if not isinstance(starts_at, str) or (starts_at and alert_time(starts_at) is None):
+            raise InputError(f"{where}.startsAt ({starts_at!r}) must be an RFC 3339 time")
         out.append(
             AlertRecord(
                 fingerprint=fingerprint,
@@ -162,6 +177,8 @@ class Api:
 
     def ingest(self, payload: Any) -> dict[str, Any]:
         now = self._clock()
+        # an alert about a class that is not configured is answered per alert (``unknown_class``), not
+        # by refusing the batch: Alertmanager would resend the whole batch, good alerts included
         records = parse_alertmanager(payload, now)
         outcomes: dict[str, int] = {}
         for record in records:
@@ -174,6 +191,8 @@ class Api:
                 outcome = self.guard.alerts.ingest(record)
             outcomes[outcome] = outcomes.get(outcome, 0) + 1
             self.guard.counters.webhook_alerts[(record.status, outcome)] += 1
+        if outcomes.keys() & {"new", "updated"}:
+            self.guard.save_alerts()  # kept with the plan: a restart does not forget a firing alert
         return {"accepted": len(records), "outcomes": outcomes}
 
     # -- handlers ----------------------------------------------------------------------------
@@ -198,6 +217,8 @@ class Api:
         denied = self.authorize(headers.get("Authorization"), headers.get("Host"), headers.get("Origin"))
         if denied is not None:
             status, message = denied
+            endpoint = request.path.rsplit("/", 1)[-1]
+            self.guard.counters.api_auth_failures[(endpoint, str(status))] += 1
             path = untrusted.printable(request.path, 100)
             log.warning("%s %s from %s: %s", request.method, path, request.remote, message)
             headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None

@@ -5,7 +5,8 @@ so a crash leaves either the old or the new file, never a torn one (a SIGKILL mi
 a ``.plan.json.XXXXXXXX.tmp``; the daemon's ``load`` at startup removes such leftovers).
 What survives a restart: the plan itself, operator pins and pauses, the frozen flag, pending
 shorten-K confirmations and the action times (so the cooldown and the cap per hour hold across
-restarts). Evaluation counters are not kept: after a restart the guard needs fresh evidence,
+restarts), and the Alertmanager alerts received (Alertmanager re-sends a firing alert only every
+``repeat_interval``). Evaluation counters are not kept: after a restart the guard needs fresh evidence,
 which is the safe side.
 
 The same JSON is what an external router reads (the "plan file" actuator) and what the
@@ -28,7 +29,7 @@ from typing import Any
 
 from specguard import configfile, untrusted
 from specguard.errors import InputError
-from specguard.rules.evidence import ClassKey
+from specguard.rules.evidence import AlertRecord, ClassKey
 from specguard.rules.guard import ClassState, Pending
 
 log = logging.getLogger("specguard.state")
@@ -44,6 +45,8 @@ class PlanDocument:
     updated_at: float
     states: Mapping[ClassKey, ClassState]
     pools: Mapping[str, int]
+    alerts: tuple[AlertRecord, ...] = ()
+    """Alerts received from Alertmanager (the plan file only; never sent to other stores)."""
 
     def routing(self) -> dict[ClassKey, str]:
         """The plan the tap's router takes: ``{(task_type, temperature_bucket, load_bucket): pool}``."""
@@ -79,7 +82,25 @@ def encode(doc: PlanDocument) -> dict[str, Any]:
                 "at": p.at,
             }
         entries.append(entry)
-    return {"format": FORMAT, "version": doc.version, "updated_at": doc.updated_at, "entries": entries}
+    out: dict[str, Any] = {
+        "format": FORMAT,
+        "version": doc.version,
+        "updated_at": doc.updated_at,
+        "entries": entries,
+    }
+    if doc.alerts:
+        out["alerts"] = [
+            {
+                "fingerprint": a.fingerprint,
+                "alertname": a.alertname,
+                "status": a.status,
+                "labels": dict(a.labels),
+                "starts_at": a.starts_at,
+                "received_at": a.received_at,
+            }
+            for a in doc.alerts
+        ]
+    return out
 
 
 def decode(data: Any, where: str) -> PlanDocument:
@@ -122,7 +143,13 @@ def decode(data: Any, where: str) -> PlanDocument:
         )
         k = _whole(entry.get("num_speculative_tokens", 0), f"{at}.num_speculative_tokens")
         pools[pool] = k
-    return PlanDocument(version=version, updated_at=updated_at, states=states, pools=pools)
+    return PlanDocument(
+        version=version,
+        updated_at=updated_at,
+        states=states,
+        pools=pools,
+        alerts=_alerts(data.get("alerts", []), where),
+    )
 
 
 MAX_VERSION = 2**53
@@ -184,6 +211,33 @@ def salvage_version(data: Any) -> int | None:
         except InputError:
             return None
     return None
+
+
+def _alerts(data: Any, where: str) -> tuple[AlertRecord, ...]:
+    """The received alerts persisted with the plan (restored at start-up)."""
+    if not isinstance(data, list):
+        raise InputError(f"{where}: alerts: must be a list")
+    out = []
+    for index, item in enumerate(data):
+        at = f"{where}: alerts[{index}]"
+        if not isinstance(item, dict):
+            raise InputError(f"{at}: must be an object")
+        labels = item.get("labels")
+        if not isinstance(labels, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
+        ):
+            raise InputError(f"{at}.labels: must be an object of strings")
+        out.append(
+            AlertRecord(
+                fingerprint=_text(item.get("fingerprint"), f"{at}.fingerprint"),
+                alertname=_text(item.get("alertname"), f"{at}.alertname"),
+                status=_text(item.get("status"), f"{at}.status"),
+                labels=dict(labels),
+                starts_at=_text(item.get("starts_at"), f"{at}.starts_at"),
+                received_at=_number(item.get("received_at"), f"{at}.received_at"),
+            )
+        )
+    return tuple(out)
 
 
 def atomic_write(path: Path, text: str) -> None:

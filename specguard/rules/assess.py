@@ -64,8 +64,10 @@ def assess(
     policy: policy_mod.Policy,
     *,
     restoring: bool,
+    load_bucket: str = "",
 ) -> Assessment | None:
-    """A rule's verdict on ``pool``; None when the rule has no opinion (no alert applies)."""
+    """A rule's verdict on ``pool`` for a class at ``load_bucket``; None when the rule has no
+    opinion (no alert applies)."""
     if rule.name == "alertmanager":
         relevant = [a for a in evidence.alerts if a.pool in (None, pool)]
         if not relevant:
@@ -117,6 +119,10 @@ def assess(
     else:
         reason = f"{name} ({value:.3f}) within threshold ({rule.threshold})"
         phase = Phase.OK
+    if rule.query is not None:
+        reason = f"{reason} [PromQL for {pool} at load {load_bucket}, now]"
+    else:  # every number says which measurement, when, at which load bucket, on which pool
+        reason = f"{reason} [{found.provenance(load_bucket, policy.window_seconds)}]"
     if found.note:  # e.g. a loss inherited from a lower load bucket: say where the number came from
         reason = f"{reason}; {found.note}"
     return Assessment(

@@ -49,6 +49,21 @@ class PoolEvidence:
     """Why the numbers are what they are, for decisions and the audit log (e.g. an inheritance)."""
     method: str = ""
     """For a prediction: how the accept length was obtained (``histogram``, ``extrapolated``, ``iid``)."""
+    made_from: str | None = None
+    """For a prediction: the pool whose measurement it was made from."""
+
+    def provenance(self, load_bucket: str, window_seconds: float) -> str:
+        """Where this pool's numbers come from, for the reasons decisions give (issue 18)."""
+        if self.inherited_from is not None:
+            return f"bound inherited from load {self.inherited_from}, n={self.samples}"
+        window = f"over the last {window_seconds:.0f} s"
+        if self.predicted:
+            made = f" on {self.made_from}" if self.made_from else ""
+            return f"what-if from {self.samples} requests measured{made} at load {load_bucket} {window}"
+        if self.samples == 0 and not self.baseline_source:  # numbers of a PromQL query, not a window
+            return f"PromQL for {self.pool} at load {load_bucket}, now"
+        baseline = f", baseline {self.baseline_source}" if self.baseline_source else ""
+        return f"measured on {self.pool} at load {load_bucket} {window}, n={self.samples}{baseline}"
 
 
 @dataclass(frozen=True)
@@ -112,6 +127,7 @@ def _group(costs: Iterable[ClassCost]) -> dict[ClassKey, Evidence]:
                     predicted=True,
                     baseline_source=cost.baseline_source,
                     method=prediction.acceptance_method or "",
+                    made_from=cost.pool,
                 )
     return {key: Evidence(pools=value) for key, value in pools.items()}
 
@@ -402,6 +418,11 @@ def _instant(text: str) -> datetime | None:
     except ValueError:
         return None
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def alert_time(text: str) -> datetime | None:
+    """An alert's ``startsAt`` as a time (RFC 3339 as Alertmanager writes it), None if unreadable."""
+    return _instant(text)
 
 
 def _compare_instants(a: str, b: str) -> int:

@@ -182,6 +182,8 @@ class Policy:
     """Read per-class numbers from this process's tap and cost model (standalone mode)."""
     version: str = ""
     """Short digest of the policy text, exported as specguard_config_info{version}."""
+    default_rules: bool = False
+    """True when the ``guard:`` section has no ``rules:`` key and the shipped default rules apply."""
 
     @property
     def all_rules(self) -> tuple[Rule, ...]:
@@ -306,10 +308,13 @@ def parse(section: configfile.Section) -> Policy:
     prometheus_timeout = prometheus.get("timeout_seconds", float, 10.0, minimum=0.1, maximum=300)
     prometheus.reject_unknown()
     names: set[str] = set()
+    defaults = "rules" not in section.data
+    # No `rules:` key: the shipped rules, with this section's limits (a `guard:` written to set
+    # dry_run or a limit must not silently leave the guard without its rules). `rules: []` is
+    # an explicit "no rules": then only Alertmanager alerts move classes.
+    items = _default_rule_items() if defaults else section.items("rules")
     rules = tuple(
-        r
-        for r in (_rule(item, base, names, prometheus_url is not None) for item in section.items("rules"))
-        if r is not None
+        r for r in (_rule(item, base, names, prometheus_url is not None) for item in items) if r is not None
     )
     alerts_section = section.section("alerts")
     alert_base = replace(base, consecutive_failure_limit=0, failure_limit=-1, min_samples=0)
@@ -349,6 +354,7 @@ def parse(section: configfile.Section) -> Policy:
         prometheus_url=prometheus_url.rstrip("/") if prometheus_url else None,
         prometheus_timeout_seconds=prometheus_timeout,
         local=section.get("local", bool, True),
+        default_rules=defaults,
     )
     section.check(policy.max_actions_per_hour != 0, "max_actions_per_hour", "0 would forbid every action")
     section.check(
@@ -358,6 +364,12 @@ def parse(section: configfile.Section) -> Policy:
     )
     section.reject_unknown()
     return policy
+
+
+def _default_rule_items() -> list[configfile.Section]:
+    """The shipped default policy's rule entries (located in its own file for any message)."""
+    doc = configfile.parse_text(DEFAULT_POLICY_PATH.read_text(encoding="utf-8"), str(DEFAULT_POLICY_PATH))
+    return list(doc.root().section("guard").items("rules"))
 
 
 def parse_document(doc: configfile.Document, key: str = "guard") -> Policy:

@@ -8,7 +8,8 @@ import pytest
 
 from specguard.errors import InputError
 from specguard.exporters.config import PoolConfig
-from specguard.exporters.routing import Router
+from specguard.exporters.health import PoolHealth
+from specguard.exporters.routing import RouteChoice, Router
 
 POOLS = (
     PoolConfig("spec-k4", "http://a", "vllm", 4),
@@ -95,3 +96,69 @@ def test_deterministic_with_injected_rng():
 def test_unknown_default_pool_is_an_error():
     with pytest.raises(InputError):
         Router(POOLS, default_pool="ghost", nospec_pool=None)
+
+
+# --- failover: a pool marked down gets no traffic; the plan itself stays
+
+
+def down_router(*down, holdout=0.0, probe=0.0):
+    health = PoolHealth([p.name for p in POOLS])
+    r = Router(
+        POOLS,
+        default_pool="spec-k4",
+        nospec_pool="nospec",
+        holdout_share=holdout,
+        probe_share=probe,
+        rng=random.Random(1),
+        health=health,
+    )
+    for pool in down:
+        health.mark_down(pool, "connect failed: refused", "tap")
+    return r, health
+
+
+def test_traffic_planned_for_a_down_pool_goes_to_the_nearest_k_that_serves():
+    r, health = down_router("spec-k4")
+    choice = r.choose("chat", "medium", low)
+    assert (choice.pool, choice.route, choice.planned) == ("spec-k2", "failover", "spec-k4")
+    r.set_plan({("creative", "high", "low"): "nospec"})
+    health.mark_down("nospec", "refused", "scrape")
+    assert r.choose("creative", "high", low).pool == "spec-k2"  # serving beats the cost question
+    assert r.plan() == {("creative", "high", "low"): "nospec"}  # an override, not a plan change
+    health.mark_up("nospec", "scrape")  # it answers again: the override ends by itself
+    assert r.choose("creative", "high", low) == RouteChoice("nospec", "plan")
+
+
+def test_failover_follows_the_class_cost_order_when_the_guard_gave_one():
+    r, _ = down_router("spec-k4")
+    r.set_preferences({("chat", "medium", "low"): ("spec-k4", "nospec", "ghost", "spec-k2")})
+    assert r.choose("chat", "medium", low).pool == "nospec"
+    assert r.choose("code", "greedy", low).pool == "spec-k2"  # no order for this class: nearest K
+
+
+def test_no_pool_serves_then_the_plan_is_tried_anyway():
+    r, _ = down_router("spec-k4", "spec-k2", "nospec")
+    assert r.choose("chat", "medium", low) == RouteChoice("spec-k4", "plan")
+
+
+def test_holdout_and_probe_draws_skip_a_down_pool():
+    r, _ = down_router("nospec", holdout=1.0)
+    assert {r.choose("code", "greedy", low).route for _ in range(200)} == {"plan"}
+    r, _ = down_router("spec-k4", probe=1.0)
+    r.set_plan({("creative", "high", "low"): "nospec"})
+    assert {r.choose("creative", "high", low).pool for _ in range(200)} == {"nospec"}
+
+
+def test_retry_after_a_failed_connect():
+    r, health = down_router(holdout=1.0)
+    holdout = r.choose("code", "greedy", low)
+    assert holdout.route == "holdout"
+    health.mark_down("nospec", "refused", "tap")
+    # a holdout request whose connect failed goes back to its planned pool
+    assert r.retry("code", "greedy", low, holdout, ["nospec"]) == RouteChoice("spec-k4", "plan")
+    planned = RouteChoice("spec-k4", "plan")
+    health.mark_down("spec-k4", "refused", "tap")
+    assert r.retry("code", "greedy", low, planned, ["spec-k4"]) == RouteChoice(
+        "spec-k2", "failover", "spec-k4"
+    )
+    assert r.retry("code", "greedy", low, planned, ["spec-k4", "spec-k2"]) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -10,6 +11,7 @@ import pytest
 
 from specguard.errors import InputError
 from specguard.monitor import state as state_mod
+from specguard.rules.evidence import AlertRecord
 from specguard.rules.guard import ClassState, Pending
 
 POOLS = {"spec-k4": 4, "spec-k2": 2, "nospec": 0}
@@ -128,3 +130,16 @@ def test_startup_removes_stale_temp_files_of_a_killed_writer(tmp_path, caplog):
     os.utime(stale, (old, old))
     assert state_mod.PlanStore(path).load_readonly().version == 1  # the CLI's read never deletes
     assert stale.exists()
+
+
+def test_received_alerts_are_kept_with_the_plan(tmp_path):
+    alert = AlertRecord(
+        "fp-1", "SpecGuardRelativeCostAboveOne", "firing", {"task_type": "code"}, "2026-11-29T10:00:00Z", 90.0
+    )
+    path = tmp_path / "plan.json"
+    state_mod.PlanStore(path).save(dataclasses.replace(doc(), alerts=(alert,)))
+    loaded = state_mod.PlanStore(path).load()
+    assert loaded.alerts == (alert,) and loaded.states == doc().states
+    assert "alerts" not in state_mod.encode(doc())  # no alerts: the plan file looks as before
+    with pytest.raises(InputError, match=r"alerts\[0\]: malformed alert"):
+        state_mod.decode({"entries": [], "alerts": [{"fingerprint": "x"}]}, "plan.json")

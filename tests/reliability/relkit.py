@@ -44,9 +44,14 @@ def monitor_config(
 ):
     """A parsed specguard config over ``urls`` (pool name -> URL); scrape only on demand.
 
-    ``scrape``: ``scrape:`` keys to set (``{"max_page_bytes": 2097152}``).
+    ``scrape``: ``scrape:`` keys to set (``{"max_page_bytes": 2097152}``). specguard needs a pool
+    without speculation: when ``urls`` has none, a ``nospec`` pool on a port nobody listens on is
+    added (it gets traffic only if the tests' pools are down).
     """
     ks = k or K
+    if all(ks.get(name, 0) > 0 for name in urls):
+        urls = {**urls, "nospec": f"http://127.0.0.1:{closed_port()}"}
+        ks = {**ks, "nospec": 0}
     pools = "\n".join(
         f'  - {{name: {name}, url: "{url}", engine: {engine}, num_speculative_tokens: {ks.get(name, 0)}}}'
         for name, url in urls.items()

@@ -40,8 +40,6 @@ pytestmark = pytest.mark.stack
 # once it does this test fails until the entry is removed (then the panel must have data).
 PENDING = {
     "Baseline available per load bucket": "specguard_baseline_available",  # issue 15
-    "Pool health": "specguard_pool_healthy",  # issue 18
-    "Failover requests": "specguard_failover_requests_total",  # issue 18
 }
 # Panels that only show failures this healthy run does not have.
 QUIET = {

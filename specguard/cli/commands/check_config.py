@@ -39,6 +39,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"  temperature buckets: {', '.join(b.name for b in classes.temperature_buckets)}")
     print(f"  load buckets: {', '.join(b.name for b in classes.load_buckets)}")
     print(f"  tap: {ex.tap.listen} (default pool {ex.tap.default_pool}, no-spec pool {ex.tap.nospec_pool})")
+    policy = cfg.sections.get("guard")
+    if policy is not None:
+        rules = ", ".join(r.name + (" (report only)" if r.dry_run else "") for r in policy.rules) or "none"
+        where = " (the shipped defaults: the guard section sets no rules)" if policy.default_rules else ""
+        print(f"  guard rules: {rules}{where}{'; dry-run' if policy.dry_run else ''}")
     extra = sorted(cfg.sections)
     if extra:
         print(f"  sections: {', '.join(extra)}")
