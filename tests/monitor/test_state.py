@@ -141,5 +141,5 @@ def test_received_alerts_are_kept_with_the_plan(tmp_path):
     loaded = state_mod.PlanStore(path).load()
     assert loaded.alerts == (alert,) and loaded.states == doc().states
     assert "alerts" not in state_mod.encode(doc())  # no alerts: the plan file looks as before
-    with pytest.raises(InputError, match=r"alerts\[0\]: malformed alert"):
+    with pytest.raises(InputError, match=r"alerts\[0\]\.labels: must be an object of strings"):
         state_mod.decode({"entries": [], "alerts": [{"fingerprint": "x"}]}, "plan.json")
