@@ -57,6 +57,16 @@ class Assessment:
         return out
 
 
+ALERT_NAMES_SHOWN = 5
+"""A reason names at most this many alerts (a flood of alerts must not make every reason huge)."""
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(names[:ALERT_NAMES_SHOWN])
+    more = len(names) - ALERT_NAMES_SHOWN
+    return f"{shown} and {more} more" if more > 0 else shown
+
+
 def assess(
     rule: policy_mod.Rule,
     pool: str,
@@ -72,11 +82,12 @@ def assess(
         relevant = [a for a in evidence.alerts if a.pool in (None, pool)]
         if not relevant:
             return None
-        firing = sorted(a.alertname for a in relevant if a.firing)
+        firing = sorted({a.alertname for a in relevant if a.firing})
         if firing:
-            return Assessment(rule, pool, Phase.ACT, f"alert {', '.join(firing)} firing")
-        names = ", ".join(sorted({a.alertname for a in relevant}))
-        return Assessment(rule, pool, Phase.OK, f"alert {names} resolved")
+            return Assessment(rule, pool, Phase.ACT, f"alert {_names(firing)} firing")
+        return Assessment(
+            rule, pool, Phase.OK, f"alert {_names(sorted({a.alertname for a in relevant}))} resolved"
+        )
     if evidence.error is not None:
         return Assessment(rule, pool, Phase.ERROR, f"data source error: {evidence.error}")
     found: PoolEvidence | None = evidence.pools.get(pool)

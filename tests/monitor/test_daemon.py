@@ -358,7 +358,8 @@ async def test_scheduler_runs_do_not_fill_the_log(tmp_path, caplog):
     policy = replace(POLICY, rules=(replace(POLICY.rules[0], limits=replace(LIMITS, interval_seconds=1)),))
     guard, _ = make_guard(tmp_path, source, clock, policy)
     logging.getLogger("apscheduler.executors.guard").setLevel(logging.NOTSET)
-    with caplog.at_level(logging.INFO):
+    # levels set explicitly: an earlier test in the run may have left a logger at WARNING
+    with caplog.at_level(logging.INFO), caplog.at_level(logging.INFO, logger="specguard.guard"):
         await guard.start()
         try:
             for _ in range(100):

@@ -98,7 +98,8 @@ async def test_a_bomb_written_into_the_live_config_changes_nothing_and_slows_not
     async with relkit.serving(engine.app()) as engine_url:
         path = tmp_path / "specguard.yaml"
         good = (
-            f'pools: [{{name: spec-k4, url: "{engine_url}", engine: vllm, num_speculative_tokens: 4}}]\n'
+            f'pools: [{{name: spec-k4, url: "{engine_url}", engine: vllm, num_speculative_tokens: 4}},\n'
+            f'        {{name: nospec, url: "{engine_url}", engine: vllm, num_speculative_tokens: 0}}]\n'
             "scrape: {interval_seconds: 3600}\nguard: {interval_seconds: 3600}\n"
             "server: {insecure_loopback: true}\n"
         )
