@@ -4,8 +4,12 @@ The plan comes from a higher layer as a plain mapping ``{(task_type, temperature
 load_bucket): pool}``; a missing key means the default pool. Two small shares keep the
 evidence flowing both ways:
 
-- *holdout*: a few percent of every class goes to the no-spec pool, so each class has a live
-  non-speculative baseline on this stack;
+- *holdout*: some of every class goes to the no-spec pool, so each load bucket has a live
+  non-speculative baseline on this stack. Either a share (``holdout_share``, or per load bucket
+  from ``set_holdout_shares``), or *capacity matched*: a request planned on a speculative pool goes
+  to the no-spec pool while that pool's in-flight requests per replica are not above the planned
+  pool's, so the no-spec replicas run at the same per-replica load as the speculative ones and
+  take their share of the replica capacity;
 - *probe*: a class the plan routes away from speculation keeps a small share on a
   speculative pool, so re-enabling is decided on evidence, not on a timer.
 """
@@ -20,6 +24,9 @@ from specguard.errors import InputError
 from specguard.exporters.config import PoolConfig
 
 PlanKey = tuple[str, str, str]
+HOLDOUT_SHARE = "share"
+HOLDOUT_CAPACITY_MATCHED = "capacity_matched"
+HOLDOUT_MODES = (HOLDOUT_SHARE, HOLDOUT_CAPACITY_MATCHED)
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,7 @@ class Router:
         holdout_share: float = 0.0,
         probe_share: float = 0.0,
         rng: random.Random | None = None,
+        holdout_mode: str = HOLDOUT_SHARE,
     ):
         self._pools = {p.name: p for p in pools}
         if default_pool not in self._pools:
@@ -51,6 +59,9 @@ class Router:
         self._rng = rng or random.Random()
         self._plan: dict[PlanKey, str] = {}
         self._holdout_by_load: dict[str, float] = {}
+        self._replicas = {p.name: max(1, int(p.replicas)) for p in pools}
+        self.holdout_mode = HOLDOUT_SHARE
+        self.set_holdout_mode(holdout_mode)
         spec = [p.name for p in pools if p.speculative]
         # probe target: the default pool when it speculates, else the first speculative pool
         self.probe_pool = (
@@ -77,6 +88,29 @@ class Router:
     def holdout_shares(self) -> dict[str, float]:
         return dict(self._holdout_by_load)
 
+    def set_holdout_mode(self, mode: str) -> None:
+        """``share`` (the holdout share, per load bucket where set) or ``capacity_matched``."""
+        if mode not in HOLDOUT_MODES:
+            raise InputError(f"holdout mode ({mode!r}) must be one of {', '.join(HOLDOUT_MODES)}")
+        self.holdout_mode = mode
+
+    def set_replicas(self, replicas: Mapping[str, int]) -> None:
+        """Replica counts of some pools (fleet mode: from the plan or a PromQL count); others keep theirs."""
+        unknown = sorted(name for name in replicas if name not in self._pools)
+        if unknown:
+            raise InputError(f"replicas for pools that are not configured: {', '.join(unknown)}")
+        bad = sorted(name for name, n in replicas.items() if not (isinstance(n, int) and n >= 1))
+        if bad:
+            raise InputError(f"replicas must be whole numbers >= 1: {', '.join(bad)}")
+        self._replicas.update(replicas)
+
+    def replicas(self) -> dict[str, int]:
+        return dict(self._replicas)
+
+    def load(self, pool: str, in_flight: int) -> float:
+        """In-flight requests per replica of ``pool`` once one more request joins ``in_flight``."""
+        return (in_flight + 1) / self._replicas[pool]
+
     def planned(self, task_type: str, temperature_bucket: str, load_bucket_of: Callable[[str], str]) -> str:
         """Plan lookup; the load bucket is that of the pool the request would go to.
 
@@ -94,16 +128,35 @@ class Router:
         return target
 
     def choose(
-        self, task_type: str, temperature_bucket: str, load_bucket_of: Callable[[str], str]
+        self,
+        task_type: str,
+        temperature_bucket: str,
+        load_bucket_of: Callable[[str], str],
+        load_of: Callable[[str], float] | None = None,
     ) -> RouteChoice:
-        """Pool for one request. ``load_bucket_of(pool)`` gives the pool's live load bucket."""
+        """Pool for one request. ``load_bucket_of(pool)`` gives the pool's live load bucket and
+        ``load_of(pool)`` its in-flight requests per replica if the request joined it (needed by
+        capacity-matched holdout; without it that mode holds nothing out)."""
         target = self.planned(task_type, temperature_bucket, load_bucket_of)
+        if self.holdout_mode == HOLDOUT_CAPACITY_MATCHED:
+            if (
+                load_of is not None
+                and self.nospec_pool is not None
+                and self._pools[target].speculative
+                and load_of(self.nospec_pool) <= load_of(target)
+            ):
+                return RouteChoice(self.nospec_pool, "holdout")
+            return self._probe(target, self._rng.random())
         draw = self._rng.random()
         holdout = self.holdout_share
         if self._holdout_by_load and target != self.nospec_pool:
             holdout = self._holdout_by_load.get(load_bucket_of(target), holdout)
         if self.nospec_pool is not None and target != self.nospec_pool and draw < holdout:
             return RouteChoice(self.nospec_pool, "holdout")
+        return self._probe(target, draw)
+
+    def _probe(self, target: str, draw: float) -> RouteChoice:
+        """``target``, or the probe pool for a class planned off speculation (``draw < probe_share``)."""
         if (
             self.probe_pool is not None
             and not self._pools[target].speculative

@@ -22,7 +22,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from specguard.exporters import bodypush, httpbody, readwatch, tapflow, tapstream
+from specguard.exporters import bodypush, httpbody, loadmeter, readwatch, tapflow, tapstream
 from specguard.exporters.classify import Classifier
 from specguard.exporters.config import ExporterConfig
 from specguard.exporters.routing import Router
@@ -188,7 +188,8 @@ class Tap:
         self._mono = monotonic
         self._pools = {p.name: p for p in config.pools}
         self.engines = {p.name: p.engine for p in config.pools}  # "auto" resolved by the scrape loop
-        self.in_flight = {p.name: 0 for p in config.pools}
+        self.load = loadmeter.LoadMeter(p.name for p in config.pools)
+        self.in_flight = self.load.in_flight
         tap = config.tap
         self._timeout = aiohttp.ClientTimeout(
             total=None, connect=tap.connect_timeout_seconds, sock_read=tap.upstream_timeout_seconds
@@ -219,8 +220,12 @@ class Tap:
         if self._pools[pool].engine == "auto":
             self.engines[pool] = engine
 
+    def _load_of(self, pool: str) -> float:
+        """In-flight requests per replica of ``pool`` if one more request joined it."""
+        return self.router.load(pool, self.in_flight[pool])
+
     def _load_bucket_of(self, pool: str) -> str:
-        return self.classifier.load_bucket(self.in_flight[pool] + 1)
+        return self.classifier.load_bucket(self._load_of(pool))
 
     # -- request handling --------------------------------------------------------------------
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -278,14 +283,19 @@ class Tap:
     async def _tapped(self, request: web.Request, raw: bytes) -> web.StreamResponse:
         body = json_object(raw)
         cls = self.classifier.classify(request.headers, request.path, body)
-        choice = self.router.choose(cls.task_type, cls.temperature_bucket, self._load_bucket_of)
+        choice = self.router.choose(
+            cls.task_type, cls.temperature_bucket, self._load_bucket_of, self._load_of
+        )
         pool = self._pools[choice.pool]
-        self.in_flight[pool.name] += 1
+        load = self._load_of(pool.name)
+        self.load.change(pool.name, 1, self._mono())
         flow = tapflow.Flow(
             pool=pool,
             cls=cls,
             route=choice.route,
-            load_bucket=self.classifier.load_bucket(self.in_flight[pool.name]),
+            load_bucket=self.classifier.load_bucket(load),
+            load=load,
+            replicas=self.router.replicas().get(pool.name, 1),
             started_at=self._clock(),
             t0=self._mono(),
             body=body,
@@ -304,7 +314,7 @@ class Tap:
             flow.failure = flow.failure or "client_disconnected"
             raise
         finally:
-            self.in_flight[pool.name] -= 1
+            self.load.change(pool.name, -1, self._mono())
             self.stats.add(tapflow.to_record(flow, self.engines[pool.name], self._mono()))
 
     async def _forward(
@@ -437,14 +447,14 @@ class Tap:
         if not marked:
             # fast path: an ordinary token chunk (no usage, metrics or extensions): no JSON parse
             if _CONTENT.search(payload) is not None:
-                self._saw_content(flow, now)
+                self._saw_content(flow, now, self.load.area(flow.pool.name, now))
             if not (hold and _FINISH.search(payload)):
                 return _Seen(event)
         obj = json_object(payload)
         if obj is None:
             return _Seen(event)
         if marked and tapstream.has_content(obj):  # (unmarked chunks were counted above)
-            self._saw_content(flow, now)
+            self._saw_content(flow, now, self.load.area(flow.pool.name, now))
         self._absorb(obj, flow)
         if flow.additions.usage and tapstream.is_usage_only(obj):
             fingerprint = tapstream.raw_value(payload, "system_fingerprint") if hold else None
@@ -456,11 +466,11 @@ class Tap:
         return _Seen(event, finish=hold and tapstream.has_finish(obj))
 
     @staticmethod
-    def _saw_content(flow: tapflow.Flow, now: float) -> None:
+    def _saw_content(flow: tapflow.Flow, now: float, area: float) -> None:
         flow.chunks += 1
         if flow.first_at is None:
-            flow.first_at = now
-        flow.last_at = now
+            flow.first_at, flow.first_area = now, area
+        flow.last_at, flow.last_area = now, area
 
     def routes(self) -> list[web.RouteDef]:
         """Catch-all route; mount after the app's own endpoints (/metrics, /healthz)."""

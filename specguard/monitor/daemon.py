@@ -75,6 +75,7 @@ class Guard:
         self.reloader = reloader  # returns a new policy when the config file changed (ConfigError if bad)
         self.reload_interval = reload_interval
         self.reload_error: str | None = None
+        self.baseline_report: Callable[[], dict[str, Any]] | None = None  # per load bucket, for /status
         self.states: dict[ClassKey, guard.ClassState] = {}
         self.last_decisions: dict[ClassKey, guard.Decision] = {}
         self.decisions: deque[dict[str, Any]] = deque(maxlen=keep_decisions)

@@ -1,5 +1,6 @@
 """The guard's status document, as ``GET /status`` and ``specguard status`` show it: each class's
-pool, phase and last reason, pins, freezes and pending shorten-K moves; alerts; recent decisions."""
+pool, phase and last reason, pins, freezes and pending shorten-K moves; alerts; recent decisions;
+each load bucket's baseline source and the (pool, load bucket) cells that have none."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ class StatusSource(Protocol):
     version: int
     last_evaluation: float | None
     reload_error: str | None
+    baseline_report: Any
 
 
 def class_row(
@@ -81,4 +83,5 @@ def document(g: StatusSource, decisions: int = 50) -> dict[str, Any]:
         "audit_torn_lines": g.audit.torn_lines,
         "plan_file_recovered": g.store.recovered if g.store else None,
         "policy_reload_error": g.reload_error,
+        "baselines": g.baseline_report() if g.baseline_report is not None else None,
     }

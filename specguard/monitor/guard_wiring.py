@@ -22,6 +22,8 @@ from specguard.monitor import state as state_mod
 from specguard.monitor.cost_metrics import CostCollector
 from specguard.monitor.guard_metrics import GuardCollector
 from specguard.monitor.promql import PromQL
+from specguard.rules import baseline as baseline_mod
+from specguard.rules import holdout
 from specguard.rules import policy as policy_mod
 
 log = logging.getLogger("specguard.guard")
@@ -51,9 +53,17 @@ class PolicyReloader:
     raises ConfigError (with every issue) when the new section is invalid, so the old policy stays.
     """
 
-    def __init__(self, path: str | Path, pools: dict[str, int], default_pool: str, nospec_pool: str | None):
+    def __init__(
+        self,
+        path: str | Path,
+        pools: dict[str, int],
+        default_pool: str,
+        nospec_pool: str | None,
+        on_policy: Any = None,
+    ):
         self.path = Path(path)
         self._pools, self._default, self._nospec = pools, default_pool, nospec_pool
+        self._on_policy = on_policy  # called with each new policy (e.g. the router's holdout mode)
         self._seen = self._stamp()
 
     def _stamp(self) -> tuple[int, int] | None:
@@ -71,7 +81,10 @@ class PolicyReloader:
         policy = parse_guard(doc.root())
         doc.raise_if_issues()
         self._seen = stamp
-        return policy.with_pools(self._pools, self._default, self._nospec)
+        policy = policy.with_pools(self._pools, self._default, self._nospec)
+        if self._on_policy is not None:
+            self._on_policy(policy)
+        return policy
 
 
 def register_sections(sections: MutableMapping[str, Any]) -> None:
@@ -94,6 +107,13 @@ def build(
     )
     server = sections.get("server") or guard_config.ServerSettings()
     acts = sections.get("actuators") or guard_config.ActuatorSettings()
+
+    def holdout_mode(new: policy_mod.Policy) -> None:
+        """The router's holdout follows ``guard.holdout`` (followers route too, and never collect)."""
+        if acts.router:
+            monitor.router.set_holdout_mode(holdout.router_mode(new))
+
+    holdout_mode(policy)
     alertmanager = sections.get("alertmanager") or guard_config.AlertmanagerSettings()
 
     sources: list[Any] = []
@@ -109,6 +129,9 @@ def build(
                 policy=policy,
                 on_holdout=monitor.router.set_holdout_shares if acts.router else None,
                 max_holdout_share=ex.tap.holdout_share,
+                model_window_seconds=ex.tap.window_seconds,
+                watches=getattr(monitor, "watches", None),
+                stack=lambda: monitor.stack_of(ex.tap.nospec_pool) if hasattr(monitor, "stack_of") else {},
             )
         )
     if policy.prometheus_url and any(r.query for r in policy.rules):
@@ -153,7 +176,7 @@ def build(
         temperature_buckets=temps,
         load_buckets=loads,
         follow=follow,
-        reloader=PolicyReloader(cfg.file, pools, default_pool, ex.tap.nospec_pool)
+        reloader=PolicyReloader(cfg.file, pools, default_pool, ex.tap.nospec_pool, holdout_mode)
         if Path(cfg.file).is_file()
         else None,
     )
@@ -176,8 +199,10 @@ def build(
 
 def configure(monitor: Any, cfg: Any) -> daemon.Guard:
     """``run.CONFIGURERS`` hook: mount the guard on a Monitor before it starts."""
-    cost_collector = CostCollector()
+    cost_collector = CostCollector(p.name for p in cfg.exporter.pools if p.speculative)
+    start_baselines(cost_collector, cfg)
     guard, api = build(monitor, cfg, cost_collector)
+    guard.baseline_report = cost_collector.baseline_report
     monitor.add_routes(api.routes(healthz=False))
     monitor.registry.register(GuardCollector(guard.counters, guard.view))
     monitor.registry.register(cost_collector)
@@ -195,6 +220,31 @@ def configure(monitor: Any, cfg: Any) -> daemon.Guard:
         monitor.attach("guard (disabled)", apply_only, nothing)
     monitor.guard = guard
     return guard
+
+
+def start_baselines(collector: CostCollector, cfg: Any) -> None:
+    """Before any traffic: which load buckets have a baseline (a calibration profile at most), into
+    ``/metrics`` and ``/status``, and a log line naming the (pool, load bucket) cells that have none."""
+    from specguard.rules import cost
+
+    settings = _cost_settings(cfg)
+    try:
+        profile = _profile(cfg)
+    except Exception:  # the run itself reports a bad profile; this is only the start-up notice
+        profile = None
+    pools = {p.name: p.num_speculative_tokens for p in cfg.exporter.pools}
+    _, baselines = cost.evaluate_all([], pools, profile, 0.0, settings)
+    collector.update((), baselines)
+    missing = [b for b, base in baselines.items() if base.source == "none"]
+    if missing:
+        spec = ", ".join(p.name for p in cfg.exporter.pools if p.speculative)
+        log.warning(
+            "no baseline yet for load buckets %s of pools %s (RC unknown there until one exists); "
+            "to get one: %s",
+            ", ".join(missing),
+            spec,
+            baseline_mod.HOW_TO_GET_ONE,
+        )
 
 
 def _cost_settings(cfg: Any) -> Any:
