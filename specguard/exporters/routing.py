@@ -7,9 +7,10 @@ evidence flowing both ways:
 - *holdout*: some of every class goes to the no-spec pool, so each load bucket has a live
   non-speculative baseline on this stack. Either a share (``holdout_share``, or per load bucket
   from ``set_holdout_shares``), or *capacity matched*: a request planned on a speculative pool goes
-  to the no-spec pool while that pool's in-flight requests per replica are not above the planned
-  pool's, so the no-spec replicas run at the same per-replica load as the speculative ones and
-  take their share of the replica capacity;
+  to the no-spec pool while that pool's in-flight requests per replica are below the planned
+  pool's (at a tie, with probability r0 / (r0 + rp), the no-spec pool's share of the two pools'
+  replicas), so the no-spec replicas run at the same per-replica load as the speculative ones and
+  take their share of the replica capacity. ``holdout_share: 0`` turns holdout off in either mode;
 - *probe*: a class the plan routes away from speculation keeps a small share on a
   speculative pool, so re-enabling is decided on evidence, not on a timer.
 """
@@ -139,14 +140,20 @@ class Router:
         capacity-matched holdout; without it that mode holds nothing out)."""
         target = self.planned(task_type, temperature_bucket, load_bucket_of)
         if self.holdout_mode == HOLDOUT_CAPACITY_MATCHED:
+            draw = self._rng.random()
             if (
                 load_of is not None
+                and self.holdout_share > 0  # holdout_share 0 turns every holdout off
                 and self.nospec_pool is not None
                 and self._pools[target].speculative
-                and load_of(self.nospec_pool) <= load_of(target)
             ):
-                return RouteChoice(self.nospec_pool, "holdout")
-            return self._probe(target, self._rng.random())
+                nospec, planned = load_of(self.nospec_pool), load_of(target)
+                r0, rp = self._replicas[self.nospec_pool], self._replicas[target]
+                # less loaded per replica: hold out; equally loaded: by the capacity share (so
+                # one request at a time still splits r0 : rp)
+                if nospec < planned or (nospec == planned and draw < r0 / (r0 + rp)):
+                    return RouteChoice(self.nospec_pool, "holdout")
+            return self._probe(target, draw)
         draw = self._rng.random()
         holdout = self.holdout_share
         if self._holdout_by_load and target != self.nospec_pool:

@@ -200,9 +200,18 @@ def build(
 def configure(monitor: Any, cfg: Any) -> daemon.Guard:
     """``run.CONFIGURERS`` hook: mount the guard on a Monitor before it starts."""
     cost_collector = CostCollector(p.name for p in cfg.exporter.pools if p.speculative)
-    start_baselines(cost_collector, cfg)
+    notice = start_baselines(cost_collector, cfg)
     guard, api = build(monitor, cfg, cost_collector)
     guard.baseline_report = cost_collector.baseline_report
+
+    async def say_where_no_baseline() -> None:
+        if notice:
+            log.warning("%s", notice)
+
+    async def nothing_to_stop() -> None:
+        return None
+
+    monitor.attach("baseline notice", say_where_no_baseline, nothing_to_stop)
     monitor.add_routes(api.routes(healthz=False))
     monitor.registry.register(GuardCollector(guard.counters, guard.view))
     monitor.registry.register(cost_collector)
@@ -214,17 +223,14 @@ def configure(monitor: Any, cfg: Any) -> daemon.Guard:
         async def apply_only() -> None:
             await guard._actuate([])
 
-        async def nothing() -> None:
-            return None
-
-        monitor.attach("guard (disabled)", apply_only, nothing)
+        monitor.attach("guard (disabled)", apply_only, nothing_to_stop)
     monitor.guard = guard
     return guard
 
 
-def start_baselines(collector: CostCollector, cfg: Any) -> None:
+def start_baselines(collector: CostCollector, cfg: Any) -> str | None:
     """Before any traffic: which load buckets have a baseline (a calibration profile at most), into
-    ``/metrics`` and ``/status``, and a log line naming the (pool, load bucket) cells that have none."""
+    ``/metrics`` and ``/status``; returns the notice naming the (pool, load bucket) cells without one."""
     from specguard.rules import cost
 
     settings = _cost_settings(cfg)
@@ -235,16 +241,15 @@ def start_baselines(collector: CostCollector, cfg: Any) -> None:
     pools = {p.name: p.num_speculative_tokens for p in cfg.exporter.pools}
     _, baselines = cost.evaluate_all([], pools, profile, 0.0, settings)
     collector.update((), baselines)
-    missing = [b for b, base in baselines.items() if base.source == "none"]
-    if missing:
-        spec = ", ".join(p.name for p in cfg.exporter.pools if p.speculative)
-        log.warning(
-            "no baseline yet for load buckets %s of pools %s (RC unknown there until one exists); "
-            "to get one: %s",
-            ", ".join(missing),
-            spec,
-            baseline_mod.HOW_TO_GET_ONE,
-        )
+    missing = [b for b, base in baselines.items() if base.source == baseline_mod.SOURCE_NONE]
+    spec = [p.name for p in cfg.exporter.pools if p.speculative]
+    if not missing or not spec:
+        return None
+    cells = ", ".join(f"{pool}/{bucket}" for pool in spec for bucket in missing)
+    return (
+        f"no baseline yet for (pool/load bucket) {cells}: RC is unknown there until one exists; "
+        f"to get one: {baseline_mod.HOW_TO_GET_ONE}"
+    )
 
 
 def _cost_settings(cfg: Any) -> Any:
