@@ -109,8 +109,9 @@ class Router:
         return dict(self._replicas)
 
     def load(self, pool: str, in_flight: int) -> float:
-        """In-flight requests per replica of ``pool`` once one more request joins ``in_flight``."""
-        return (in_flight + 1) / self._replicas[pool]
+        """The load a request joining ``pool`` (``in_flight`` there now) runs at: the in-flight
+        requests of the replica it joins, itself included, the pool's requests spread evenly."""
+        return float(in_flight // self._replicas[pool] + 1)
 
     def planned(self, task_type: str, temperature_bucket: str, load_bucket_of: Callable[[str], str]) -> str:
         """Plan lookup; the load bucket is that of the pool the request would go to.

@@ -93,7 +93,7 @@ def calibrate(
         progress=progress,
     )
     frame = sweep.to_frame(samples, pools, setup.buckets.temperature_bucket)
-    return sweep.to_profile(frame, stack={"engine": "specguard-simulator", "source": "specguard demo"})
+    return sweep.to_profile(frame, stack=sweep.simulator_stack(setup.sim, "specguard demo"))
 
 
 def smaller_gpu(sim: SimConfig, factor: float) -> SimConfig:

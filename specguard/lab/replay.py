@@ -157,8 +157,9 @@ class Replay:
         # the fleet-wide per-engine concurrency (ceil(in flight / fleet)), so a pool's capacity
         # follows its traffic, as pools autoscaled on in-flight requests would.
         # ``replicas``: pools with a replica count of their own (default: each no-spec pool, 1).
-        # Their load per replica (what the router's capacity-matched holdout compares) is
-        # in-flight / replicas, as the tap computes it; with ``fixed`` they also have exactly that
+        # Their load per replica (what the router's capacity-matched holdout compares) is the load
+        # of the replica a request joins with the pool's in-flight requests spread evenly, as the
+        # tap computes it; with ``fixed`` they also have exactly that
         # many engines, and a request joins the least loaded one (a Service in front of a fixed
         # fleet) instead of the packing above.
         self.fleet = fleet
@@ -270,8 +271,8 @@ class Replay:
             return self.buckets.load_bucket(self._replica_load[pool][self._pick(pool)] + 1)
 
         def load_of(pool: str) -> float:
-            if pool in self.replicas:
-                return (self.in_flight[pool] + 1) / self.replicas[pool]
+            if pool in self.replicas:  # as the tap's router: the replica it joins, evenly spread
+                return float(self.in_flight[pool] // self.replicas[pool] + 1)
             return float(self._replica_load[pool][self._pick(pool)] + 1)
 
         pool, route = self.policy.choose(client.task, tbucket, load_bucket_of, load_of)

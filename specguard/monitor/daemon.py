@@ -58,6 +58,7 @@ class Guard:
         follow: Any = None,
         reloader: Callable[[], policy_mod.Policy | None] | None = None,
         reload_interval: float = 10.0,
+        replica_counts: Any = None,
     ):
         self.policy = policy
         self.sources = list(sources)
@@ -75,7 +76,10 @@ class Guard:
         self.reloader = reloader  # returns a new policy when the config file changed (ConfigError if bad)
         self.reload_interval = reload_interval
         self.reload_error: str | None = None
+        self.replica_counts = replica_counts  # fleet: replicas.PromQLReplicas (counts go into the plan)
+        self.replicas: dict[str, int] = {}
         self.baseline_report: Callable[[], dict[str, Any]] | None = None  # per load bucket, for /status
+        self.cost_view: Callable[[], Sequence[Any]] | None = None  # the latest RCs, for /status
         self.states: dict[ClassKey, guard.ClassState] = {}
         self.last_decisions: dict[ClassKey, guard.Decision] = {}
         self.decisions: deque[dict[str, Any]] = deque(maxlen=keep_decisions)
@@ -111,12 +115,15 @@ class Guard:
         """Take a stored or followed plan; classes on pools no longer configured start over."""
         self.states = {k: s for k, s in doc.states.items() if s.pool in self.policy.pools}
         self.version = doc.version
+        self.replicas = {p: n for p, n in doc.replicas.items() if p in self.policy.pools}
 
     def _state(self, key: ClassKey) -> guard.ClassState:
         return self.states.get(key) or guard.initial_state(key, self.policy)
 
     def document(self) -> state_mod.PlanDocument:
-        return state_mod.PlanDocument(self.version, self.clock(), dict(self.states), dict(self.policy.pools))
+        return state_mod.PlanDocument(
+            self.version, self.clock(), dict(self.states), dict(self.policy.pools), dict(self.replicas)
+        )
 
     def _persist(self) -> None:
         if self.store is None:
@@ -156,9 +163,21 @@ class Guard:
                     self.last_decisions[key] = decision
                     self.counters.evaluations[decision.phase.value] += 1
                 decisions.append(decision)
+            await self._count_replicas()
             await self._record(decisions)
             self.last_evaluation = now
             return decisions
+
+    async def _count_replicas(self) -> None:
+        """Fleet mode: the pools' replica counts; a change is a new plan version for the followers."""
+        if self.replica_counts is None:
+            return
+        counts = {**self.replicas, **await self.replica_counts.counts()}
+        if counts != self.replicas:
+            log.info("replicas %s", ", ".join(f"{p}={n}" for p, n in sorted(counts.items())))
+            self.replicas = counts
+            self.version += 1
+            self._persist()
 
     async def _collect(
         self, now: float, keys: Sequence[ClassKey]

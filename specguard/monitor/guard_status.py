@@ -4,7 +4,7 @@ each load bucket's baseline source and the (pool, load bucket) cells that have n
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from specguard.rules import guard
@@ -29,12 +29,20 @@ class StatusSource(Protocol):
     last_evaluation: float | None
     reload_error: str | None
     baseline_report: Any
+    cost_view: Any
 
 
 def class_row(
-    key: ClassKey, st: guard.ClassState, last: guard.Decision | None, pools: Mapping[str, int]
+    key: ClassKey,
+    st: guard.ClassState,
+    last: guard.Decision | None,
+    pools: Mapping[str, int],
+    costs: Sequence[Any] = (),
 ) -> dict[str, Any]:
-    """One class: where it routes, why, and what holds it there."""
+    """One class: where it routes, why, what holds it there, and its latest RC with the baseline
+    source it used (on its pool, or on the speculative pool with the most samples when it is off)."""
+    mine = [c for c in costs if (c.task_type, c.temperature_bucket, c.load_bucket) == key]
+    rc = next((c for c in mine if c.pool == st.pool), None) or max(mine, key=lambda c: c.n_spec, default=None)
     return {
         "task_type": key[0],
         "temperature_bucket": key[1],
@@ -51,13 +59,25 @@ def class_row(
         "pending": None
         if st.pending is None
         else {"from": st.pending.from_pool, "predicted_rc": st.pending.predicted_rc},
+        "rc": None
+        if rc is None
+        else {
+            "pool": rc.pool,
+            "rc": rc.rc,
+            "lower": rc.lower,
+            "upper": rc.upper,
+            "baseline_source": rc.baseline_source,
+            "samples": rc.n_spec,
+        },
     }
 
 
 def document(g: StatusSource, decisions: int = 50) -> dict[str, Any]:
     """The status of guard ``g`` with its last ``decisions`` decisions (0: none)."""
+    costs = g.cost_view() if g.cost_view is not None else ()
     classes = [
-        class_row(key, st, g.last_decisions.get(key), g.policy.pools) for key, st in sorted(g.states.items())
+        class_row(key, st, g.last_decisions.get(key), g.policy.pools, costs)
+        for key, st in sorted(g.states.items())
     ]
     return {
         "mode": "follow" if g.follow is not None else "guard",

@@ -18,6 +18,7 @@ from specguard import configfile
 from specguard.monitor import actuators as actuators_mod
 from specguard.monitor import audit as audit_mod
 from specguard.monitor import daemon, guard_config, receiver
+from specguard.monitor import replicas as replicas_mod
 from specguard.monitor import state as state_mod
 from specguard.monitor.cost_metrics import CostCollector
 from specguard.monitor.guard_metrics import GuardCollector
@@ -134,9 +135,14 @@ def build(
                 stack=lambda: monitor.stack_of(ex.tap.nospec_pool) if hasattr(monitor, "stack_of") else {},
             )
         )
-    if policy.prometheus_url and any(r.query for r in policy.rules):
+    promql = None
+    if policy.prometheus_url:
         promql = PromQL(policy.prometheus_url, timeout=policy.prometheus_timeout_seconds)
+    if promql is not None and any(r.query for r in policy.rules):
         sources.append(daemon.PromQLSource(promql, policy))
+    counts = None
+    if promql is not None and policy.replicas_query:
+        counts = replicas_mod.PromQLReplicas(promql, pools, policy.replicas_query)
 
     actuators: list[Any] = []
     if acts.router:
@@ -179,6 +185,7 @@ def build(
         reloader=PolicyReloader(cfg.file, pools, default_pool, ex.tap.nospec_pool, holdout_mode)
         if Path(cfg.file).is_file()
         else None,
+        replica_counts=counts,
     )
     token = server.token()
     guard_config.check_listen(server, ex.tap.host)
@@ -203,6 +210,7 @@ def configure(monitor: Any, cfg: Any) -> daemon.Guard:
     notice = start_baselines(cost_collector, cfg)
     guard, api = build(monitor, cfg, cost_collector)
     guard.baseline_report = cost_collector.baseline_report
+    guard.cost_view = lambda: cost_collector.costs
 
     async def say_where_no_baseline() -> None:
         if notice:
@@ -211,11 +219,11 @@ def configure(monitor: Any, cfg: Any) -> daemon.Guard:
     async def nothing_to_stop() -> None:
         return None
 
-    monitor.attach("baseline notice", say_where_no_baseline, nothing_to_stop)
     monitor.add_routes(api.routes(healthz=False))
     monitor.registry.register(GuardCollector(guard.counters, guard.view))
     monitor.registry.register(cost_collector)
     if guard.policy.enabled:
+        monitor.attach("baseline notice", say_where_no_baseline, nothing_to_stop)
         monitor.attach("guard", guard.start, guard.stop)
     else:
         log.warning("guard.enabled is false: no evaluations; the persisted plan is still applied")

@@ -21,7 +21,7 @@ import re
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ class PlanDocument:
     updated_at: float
     states: Mapping[ClassKey, ClassState]
     pools: Mapping[str, int]
+    replicas: Mapping[str, int] = field(default_factory=dict)  # pool -> replicas (fleet: a PromQL count)
 
     def routing(self) -> dict[ClassKey, str]:
         """The plan the tap's router takes: ``{(task_type, temperature_bucket, load_bucket): pool}``."""
@@ -77,7 +78,10 @@ def encode(doc: PlanDocument) -> dict[str, Any]:
                 "at": p.at,
             }
         entries.append(entry)
-    return {"format": FORMAT, "version": doc.version, "updated_at": doc.updated_at, "entries": entries}
+    out = {"format": FORMAT, "version": doc.version, "updated_at": doc.updated_at, "entries": entries}
+    if doc.replicas:
+        out["replicas"] = dict(sorted(doc.replicas.items()))
+    return out
 
 
 def decode(data: Any, where: str) -> PlanDocument:
@@ -112,11 +116,18 @@ def decode(data: Any, where: str) -> PlanDocument:
             pools[str(entry["pool"])] = int(entry.get("num_speculative_tokens", 0))
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(f"{where}: entries[{index}]: malformed entry ({exc!r})") from exc
+    replicas = data.get("replicas", {})
+    if not isinstance(replicas, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 1
+        for k, v in replicas.items()
+    ):
+        raise InputError(f"{where}: replicas must map pool names to whole numbers >= 1")
     return PlanDocument(
         version=int(data.get("version", 0)),
         updated_at=float(data.get("updated_at", 0.0)),
         states=states,
         pools=pools,
+        replicas=dict(replicas),
     )
 
 

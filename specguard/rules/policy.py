@@ -182,6 +182,9 @@ class Policy:
     """Prometheus base URL for PromQL rules (fleet mode); required when a rule has a query."""
     prometheus_timeout_seconds: float = 10.0
     """Timeout of one PromQL query (the client has none by default)."""
+    replicas_query: str | None = None
+    """Fleet mode: PromQL counting one pool's replicas that are up (``{{ pool }}`` filled in), e.g.
+    ``count(specguard_engine_up{pool="{{ pool }}"} == 1)``; the counts travel with the plan."""
     local: bool = True
     """Read per-class numbers from this process's tap and cost model (standalone mode)."""
     version: str = ""
@@ -308,6 +311,13 @@ def parse(section: configfile.Section) -> Policy:
         prometheus.error("url", f"({prometheus_url!r}) must be an http(s) URL")
         prometheus_url = None
     prometheus_timeout = prometheus.get("timeout_seconds", float, 10.0, minimum=0.1, maximum=300)
+    replicas_query = prometheus.get("replicas_query", str, None, nullable=True)
+    if replicas_query is not None:
+        prometheus.check(prometheus_url is not None, "replicas_query", "needs guard.prometheus.url")
+        unknown = sorted(set(_TEMPLATE.findall(replicas_query)) - {"pool"})
+        prometheus.check(
+            not unknown, "replicas_query", f"knows only {{{{ pool }}}}, not {', '.join(unknown)}"
+        )
     prometheus.reject_unknown()
     names: set[str] = set()
     rules = tuple(
@@ -352,6 +362,7 @@ def parse(section: configfile.Section) -> Policy:
         nospec_pool=section.get("nospec_pool", str, None, nullable=True),
         prometheus_url=prometheus_url.rstrip("/") if prometheus_url else None,
         prometheus_timeout_seconds=prometheus_timeout,
+        replicas_query=replicas_query,
         local=section.get("local", bool, True),
     )
     section.check(policy.max_actions_per_hour != 0, "max_actions_per_hour", "0 would forbid every action")

@@ -17,6 +17,7 @@ from dataclasses import replace
 
 import aiohttp
 
+from specguard.cli.commands import status as status_cmd
 from specguard.lab import loadgen
 from specguard.lab import replay_policies as rp
 from specguard.monitor import config, guard_wiring
@@ -123,3 +124,9 @@ async def test_default_setup_gives_rc_at_every_load_bucket_with_traffic_within_5
     assert rows["medium"]["source"] != "none"
     live = {(s["load_bucket"], s["source"]) for s in available if s["value"] == "1.0"}
     assert ("medium", rows["medium"]["source"]) in live
+    # each class in /status shows its RC with the baseline source, and `specguard status` prints them
+    sources = {c["rc"]["baseline_source"] for c in status["classes"] if c["rc"] and c["rc"]["rc"] is not None}
+    assert sources and "none" not in sources
+    text = status_cmd.render(status)
+    assert "baselines (no-spec TPOT per load bucket):" in text
+    assert f"  medium   {rows['medium']['source']}" in text

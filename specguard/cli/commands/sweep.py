@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 import time
@@ -124,10 +125,9 @@ def run(args: argparse.Namespace) -> int:
         raise flag_error(f"--requests ({args.requests}) must be >= 2")
     if args.http:
         driver = sweep.http_driver(seed=args.seed, max_tokens=args.max_tokens)
-        stack = {
-            "engine": ",".join(sorted({p.engine for p in cfg.exporter.pools})),
-            "source": "specguard sweep --http",
-        }
+        engines = sorted({p.engine for p in cfg.exporter.pools})
+        stack = {"engine": ",".join(engines), "source": "specguard sweep --http"}
+        stack.update(asyncio.run(sweep.http_stack(pools, engines[0] if len(engines) == 1 else "auto")))
     else:
         from specguard.sim import config as sim_config
 
@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
                 f"pools {missing} are not simulator pools ({sorted(names)}); use --http for real engines"
             )
         driver = sweep.virtual_driver(sim, seed=args.seed)
-        stack = {"engine": "specguard-simulator", "source": "specguard sweep (virtual time)"}
+        stack = sweep.simulator_stack(sim, "specguard sweep (virtual time)")
     per_cell = (lambda c: args.requests) if args.requests else (lambda c: max(64, 8 * c))
     progress = Progress(sys.stderr if args.json else sys.stdout, quiet=False)
     samples = sweep.run_grid(pools, levels, mix, driver, requests_per_level=per_cell, progress=progress)
