@@ -38,7 +38,7 @@ EXPORTED = frozenset(
     specguard_speculation_enabled specguard_num_speculative_tokens specguard_plan_info
     specguard_actions_total specguard_evaluations_total specguard_last_evaluation_timestamp_seconds
     specguard_guard_frozen specguard_consecutive_errors specguard_webhook_alerts_total
-    specguard_audit_write_errors_total specguard_config_info
+    specguard_audit_write_errors_total specguard_config_info specguard_baseline_available
     """.split()
 )
 # Series Prometheus itself provides.
