@@ -106,18 +106,10 @@ def pool_ks(pools: Any) -> dict[str, int]:
     return out
 
 
-def evaluate(
-    records: Iterable[RequestRecord],
-    pools: Any,
-    profile: profile_mod.Profile | None,
-    now: float,
-    settings: CostSettings,
-    stepfit: StepFit | None = None,
-    **inputs: Any,
-) -> list[ClassCost]:
-    """One ClassCost per (class, load bucket, speculative pool) seen in ``records``
-    (``evaluate_all`` without the per-bucket baselines)."""
-    return evaluate_all(records, pools, profile, now, settings, stepfit, **inputs)[0]
+def evaluate(*args: Any, **kwargs: Any) -> list[ClassCost]:
+    """``evaluate_all`` (same arguments) without the per-bucket baselines: one ClassCost per
+    (class, load bucket, speculative pool) seen in the records."""
+    return evaluate_all(*args, **kwargs)[0]
 
 
 def evaluate_all(
