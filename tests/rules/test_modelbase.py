@@ -202,3 +202,20 @@ def test_bucket_load_is_the_decode_weighted_mean_load():
     assert modelbase.bucket_load(rows, "medium", SETTINGS) == pytest.approx((20 * 10 + 40 * 30) / 40)
     assert modelbase.bucket_load([], "medium", SETTINGS) == pytest.approx(32.5)  # representative
     assert baseline.SOURCES == ("live", "profile", "model", "none")
+
+
+def test_sglang_pages_give_step_time_from_per_token_latency_over_verify_calls():
+    def sg(seconds, tokens, drafts, running=6.0):
+        return EngineSnapshot(
+            engine="sglang",
+            token_latency=HistogramTotals(seconds, tokens),
+            drafts=drafts,
+            running_requests=running,
+        )
+
+    # speculative: 12 s over 600 request-steps (verify calls) = 20 ms a step, whatever the tokens
+    obs, steps = modelbase.observation_from_engine(sg(0.0, 0, 0.0), sg(12.0, 1800, 600.0), k=3)
+    assert (obs.step_seconds, obs.batch, steps) == (pytest.approx(0.02), 6.0, 600)
+    # no speculation: one token per step
+    obs, steps = modelbase.observation_from_engine(sg(0.0, 0, None), sg(8.0, 400, None), k=0)
+    assert (obs.step_seconds, steps) == (pytest.approx(0.02), 400)
