@@ -11,7 +11,14 @@ the JSON ``GET /sim/truth`` serves): the no-spec step time at the bucket's load 
 TPOT_base) and each class's true RC there. Reported per world, bucket and class: relative errors
 and whether the truth lies in the model's 95% interval (coverage).
 
-Goals (issue 15): |error| <= 10% at medium load and <= 15% at high load.
+Goals (issue 15): |error| <= 10% at medium load and <= 15% at high load, in the default world and
+the worlds ``expensive-draft`` and ``early-knee``; ``saturating`` is a stress world beyond them (the
+no-spec pool itself turns compute-bound at loads it never ran at).
+
+The truth for TPOT_base is the no-spec pool's own TPOT at that load, measured by running it there
+(closed-loop, same mix, one engine: ``live_truth``), i.e. what a live baseline would have said; the
+errors against the pure step-cost table of ``/sim/truth`` (which leaves out the prefills every step
+also carries) are reported next to it.
 
     python3 bench/bench_model_baseline.py [--worlds default,expensive-draft,early-knee] [--seeds 0,1]
         [--phase-seconds 300] [--json]
@@ -275,28 +282,43 @@ def main() -> None:
 
 
 def summarize(rows: list[dict]) -> dict:
+    """Per world and load bucket: errors against the truth, interval coverage, the goal."""
     out: dict = {}
     good = [r for r in rows if "error" not in r]
-    for bucket, goal in GOALS.items():
-        here = [r for r in good if r["bucket"] == bucket]
-        if not here:
-            continue
-        tpot = [abs(r["tpot_error"]) for r in here]
-        rc = [abs(c["rc_error"]) for r in here for c in r["classes"]]
-        out[bucket] = {
-            "cells": len(here),
-            "max_abs_tpot_base_error": max(tpot),
-            "mean_abs_tpot_base_error": statistics.mean(tpot),
-            "max_abs_rc_error": max(rc) if rc else None,
-            "mean_abs_rc_error": statistics.mean(rc) if rc else None,
-            "tpot_base_coverage": sum(r["tpot_covered"] for r in here) / len(here),
-            "rc_coverage": statistics.mean(c["rc_covered"] for r in here for c in r["classes"])
-            if rc
-            else None,
-            "goal": goal,
-            "goal_met": max(tpot) <= goal and (not rc or max(rc) <= goal),
-        }
-    out["no_model"] = sum(1 for r in rows if "error" in r)
+    for world in dict.fromkeys(r["world"] for r in rows):
+        per: dict = {}
+        for bucket, goal in GOALS.items():
+            here = [r for r in good if r["world"] == world and r["bucket"] == bucket]
+            if not here:
+                continue
+            tpot = [abs(r["tpot_error"]) for r in here]
+            rc = [abs(c["rc_error"]) for r in here for c in r["classes"]]
+            per[bucket] = {
+                "cells": len(here),
+                "loads": [round(min(r["load"] for r in here), 1), round(max(r["load"] for r in here), 1)],
+                "max_abs_tpot_base_error": max(tpot),
+                "mean_abs_tpot_base_error": statistics.mean(tpot),
+                "max_abs_rc_error": max(rc) if rc else None,
+                "mean_abs_rc_error": statistics.mean(rc) if rc else None,
+                "max_abs_tpot_base_error_vs_sim_truth_table": max(
+                    abs(r["tpot_error_vs_sim_truth_table"]) for r in here
+                ),
+                "max_abs_rc_error_vs_sim_truth_table": max(
+                    (abs(c["rc_error_vs_sim_truth_table"]) for r in here for c in r["classes"]), default=None
+                ),
+                "tpot_base_coverage": sum(r["tpot_covered"] for r in here) / len(here),
+                "rc_coverage": statistics.mean(c["rc_covered"] for r in here for c in r["classes"])
+                if rc
+                else None,
+                "interval_halfwidth": [
+                    round(min(r["interval_halfwidth"] for r in here), 3),
+                    round(max(r["interval_halfwidth"] for r in here), 3),
+                ],
+                "goal": goal,
+                "goal_met": max(tpot) <= goal and (not rc or max(rc) <= goal),
+            }
+        per["no_model"] = sum(1 for r in rows if r["world"] == world and "error" in r)
+        out[world] = per
     return out
 
 
