@@ -3,8 +3,8 @@
 ``guard.holdout`` picks the mode (the router reads it; ``router_mode``):
 
 - ``capacity_matched`` (default): no share at all; the router sends a request planned on a
-  speculative pool to the no-spec pool while that pool's in-flight requests per replica are not
-  above the planned pool's (``exporters.routing``), so the no-spec replicas run at the fleet's
+  speculative pool to the no-spec pool while that pool's load per replica is below the planned
+  pool's (a tie: by replica share; ``exporters.routing``), so the no-spec replicas run at the fleet's
   per-replica load and the live baseline covers every load bucket the fleet runs at;
 - ``on_demand``: per load bucket, just as much of ``tap.holdout_share`` as keeps the live baseline
   filled (``shares``, below);

@@ -163,10 +163,10 @@ class Policy:
     Read by the best-pool choice only: no effect with ``best_pool: false``."""
     holdout: str = "capacity_matched"
     """``capacity_matched``: a request planned on a speculative pool goes to the no-spec pool while
-    that pool's in-flight requests per replica are not above the planned pool's, so the no-spec
-    replicas run at the speculative replicas' load (a live baseline at every load bucket the fleet
-    runs at) and take their share of the replica capacity; ``fixed``: every class always sends
-    ``tap.holdout_share`` to the no-spec pool; ``on_demand``: per load bucket only as much of
+    that pool's load per replica is below the planned pool's (a tie: by their replica share), so
+    the no-spec replicas run at the speculative replicas' load (a live baseline at every load
+    bucket the fleet runs at) and take their share of the replica capacity; ``fixed``: every class
+    always sends ``tap.holdout_share`` to the no-spec pool; ``on_demand``: per load bucket only as much of
     ``tap.holdout_share`` as keeps the live baseline filled (``holdout_min_share`` where planned
     no-spec traffic covers it; needs ``cost.baseline_scope: load``)."""
     holdout_min_share: float = 0.0
