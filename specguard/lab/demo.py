@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from specguard.exporters.config import ExporterConfig
-from specguard.lab import replay, sweep
+from specguard.lab import replay, sweep, sweep_drivers
 from specguard.lab import replay_policies as rp
 from specguard.lab import scenario as scenario_mod
 from specguard.rules import policy as policy_mod
@@ -88,7 +88,7 @@ def calibrate(
         pools,
         levels,
         mix,
-        sweep.virtual_driver(setup.sim, seed=setup.seed + 1000),
+        sweep_drivers.virtual_driver(setup.sim, seed=setup.seed + 1000),
         requests_per_level=lambda c: max(48, 4 * c),
         progress=progress,
     )
