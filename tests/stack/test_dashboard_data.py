@@ -39,7 +39,6 @@ pytestmark = pytest.mark.stack
 # Panels whose metric another issue adds. Until specguard exports the metric the panel is empty;
 # once it does this test fails until the entry is removed (then the panel must have data).
 PENDING = {
-    "Baseline available per load bucket": "specguard_baseline_available",  # issue 15
     "Pool health": "specguard_pool_healthy",  # issue 18
     "Failover requests": "specguard_failover_requests_total",  # issue 18
 }
