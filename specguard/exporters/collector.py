@@ -206,10 +206,16 @@ class EngineCollector(Collector):
                 )
                 for name, _, doc in ENGINE_COUNTERS
             ),
+            CounterMetricFamily(
+                "specguard_scrape_rejected",
+                "Engine pages refused, by reason: page_too_large, line_too_long, too_many_samples, "
+                "not_utf8, malformed (specguard_engine_up is 0 meanwhile).",
+                labels=["pool", "reason"],
+            ),
         ]
 
     def _collect(self) -> list[Metric]:
-        up, duration, error_at, resets, *counters = self._families()
+        up, duration, error_at, resets, *counters, rejected = self._families()
         for watch in self._watches:
             view = watch.view()
             name = [watch.pool.name]
@@ -224,4 +230,6 @@ class EngineCollector(Collector):
             for family, (_, attr, _) in zip(counters, ENGINE_COUNTERS, strict=True):
                 if has[attr]:
                     family.add_metric(name, accumulated[attr])
-        return [up, duration, error_at, resets, *counters]
+            for reason, count in sorted(view["rejected"].items()):  # type: ignore[attr-defined]
+                rejected.add_metric([watch.pool.name, reason], float(count))
+        return [up, duration, error_at, resets, *counters, rejected]

@@ -15,7 +15,9 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 
-from specguard.errors import SpecguardError
+from specguard import untrusted
+from specguard.errors import InputError, SpecguardError
+from specguard.exporters import promtext
 from specguard.exporters.config import PoolConfig
 from specguard.exporters.snapshot import EngineSnapshot
 
@@ -41,6 +43,7 @@ class PoolWatch:
         self.last_success: float | None = None
         self.last_error: str | None = None
         self.last_error_at: float | None = None
+        self.rejected: dict[str, int] = {}  # pages refused (too large, malformed...) by reason
         self.snapshot: EngineSnapshot | None = None
         self.counter_resets = 0
         self.accumulated: dict[str, float] = {name: 0.0 for name in ACCUMULATED}
@@ -81,8 +84,11 @@ class PoolWatch:
             self.duration_seconds = duration
             self.last_success = self._clock()
 
-    def fail(self, error: str, duration: float) -> None:
+    def fail(self, error: str, duration: float, *, rejected: str | None = None) -> None:
+        """A failed scrape; ``rejected`` names why the page itself was refused (see promtext)."""
         with self._lock:
+            if rejected is not None:
+                self.rejected[rejected] = self.rejected.get(rejected, 0) + 1
             self.up = False
             self.scrapes += 1
             self.duration_seconds = duration
@@ -106,6 +112,7 @@ class PoolWatch:
                 "has": {n: n in self._previous for n in ACCUMULATED},
                 "last_error_at": self.last_error_at,
                 "last_success": self.last_success,
+                "rejected": dict(self.rejected),
             }
 
 
@@ -151,12 +158,15 @@ class ScrapeLoop:
         first = self.watch.scrapes == 0
         was_up = self.watch.up
         start = self._mono()
+        rejected = None
         try:
             snapshot = await asyncio.wait_for(self._fetch(pool, self.timeout), self.timeout)
         except asyncio.CancelledError:
             raise
         except TimeoutError:
-            error = f"{pool.url}{pool.metrics_path}: timed out after {self.timeout}s"
+            error = f"{pool.display_url}{pool.metrics_path}: timed out after {self.timeout}s"
+        except InputError as exc:  # the engine answered, but with a page that is refused
+            error, rejected = str(exc), promtext.reject_reason(exc)
         except SpecguardError as exc:
             error = str(exc)
         except Exception as exc:  # a bad page or a socket error must not stop the loop
@@ -168,8 +178,12 @@ class ScrapeLoop:
             if self._on_snapshot is not None:
                 self._on_snapshot(pool, snapshot)
             return True
-        self.watch.fail(error, self._mono() - start)
-        log.log(logging.WARNING if (was_up or first) else logging.DEBUG, "%s: %s", self.name, error)
+        self.watch.fail(error, self._mono() - start, rejected=rejected)
+        level = logging.WARNING if (was_up or first) else logging.DEBUG
+        if rejected is not None:
+            log.log(level, "%s: page rejected (%s): %s", self.name, rejected, untrusted.printable(error, 300))
+        else:
+            log.log(level, "%s: %s", self.name, untrusted.printable(error, 300))
         return False
 
     async def _run(self) -> None:

@@ -61,3 +61,5 @@ class EngineSnapshot:
     series: dict[str, dict[SeriesKey, float]] = field(default_factory=dict, repr=False)
     # counter families that went backwards inside the window (set on window snapshots only)
     counter_resets: tuple[str, ...] | None = None
+    # what is wrong with the page itself (a repeated series...), for ``inspect`` to show
+    warnings: tuple[str, ...] = ()

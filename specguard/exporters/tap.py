@@ -15,14 +15,24 @@ import logging
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from specguard.exporters import bodypush, httpbody, loadmeter, readwatch, tapflow, tapstream
+from specguard import untrusted
+from specguard.errors import InputError
+from specguard.exporters import (
+    bodypush,
+    clientguard,
+    httpbody,
+    loadmeter,
+    readwatch,
+    tapflow,
+    taprelay,
+    tapstream,
+)
 from specguard.exporters.classify import Classifier
 from specguard.exporters.config import ExporterConfig
 from specguard.exporters.routing import Router
@@ -56,84 +66,6 @@ _FINISH = re.compile(rb'"finish_reason"\s*:\s*"')
 _CLIENT_GONE = (ConnectionResetError, aiohttp.ClientConnectionResetError)
 
 
-@dataclass(frozen=True)
-class _Seen:
-    """One inspected stream event: the bytes to forward (None = drop) and what it was."""
-
-    event: bytes | None
-    finish: bool = False  # ends a choice of an n = 1 stream whose usage the tap added
-    usage: bool = False  # the tap's own usage event (dropped)
-    fingerprint: bytes | None = None  # raw JSON value of the usage event's system_fingerprint
-
-
-class _Relay:
-    """Holds the terminal event of a tapped n = 1 stream until the usage event follows it."""
-
-    def __init__(self) -> None:
-        self._held: bytes | None = None
-
-    def feed(self, raw: bytes, seen: _Seen) -> list[bytes]:
-        """The events to forward now, in order, after ``raw`` was inspected as ``seen``."""
-        out: list[bytes] = []
-        if seen.usage:
-            if self._held is not None:
-                held, self._held = self._held, None
-                out.append(_with_fingerprint(held, seen.fingerprint) if seen.fingerprint else held)
-            return out
-        if self._held is not None:  # not the expected usage event: give up, keep the order
-            out.append(self._held)
-            self._held = None
-        if seen.event is None:
-            return out
-        if seen.finish:
-            self._held = seen.event
-        else:
-            out.append(seen.event)
-        return out
-
-    def release(self) -> bytes:
-        """The held event, unchanged (the stream ended or broke without a usage event)."""
-        held, self._held = self._held, None
-        return held or b""
-
-
-def _with_fingerprint(event: bytes, fingerprint: bytes) -> bytes:
-    """``event`` with ``"system_fingerprint":<fingerprint>`` appended to its JSON data."""
-    start = event.find(b"data:")
-    payload = event[start + 5 :].strip()
-    at = event.find(payload, start)
-    patched = tapstream.append_key(payload, "system_fingerprint", fingerprint)
-    return event[:at] + patched + event[at + len(payload) :]
-
-
-class _EventSplitter:
-    """Cuts a byte stream into complete SSE events (blank-line terminated, LF or CRLF)."""
-
-    def __init__(self) -> None:
-        self._buffer = b""
-
-    def feed(self, data: bytes) -> list[bytes]:
-        buffer = self._buffer + data if self._buffer else data
-        events: list[bytes] = []
-        while True:
-            end = buffer.find(b"\n\n")
-            sep = 2
-            crlf = buffer.find(b"\r\n\r\n")
-            if crlf >= 0 and (end < 0 or crlf < end):
-                end, sep = crlf, 4
-            if end < 0:
-                break
-            events.append(buffer[: end + sep])
-            buffer = buffer[end + sep :]
-        self._buffer = buffer
-        return events
-
-    def rest(self) -> bytes:
-        """What came after the last complete event (a stream that ended mid-event)."""
-        rest, self._buffer = self._buffer, b""
-        return rest
-
-
 def openai_error(status: int, message: str, kind: str) -> web.Response:
     """An error in the OpenAI shape, so client SDKs surface it normally."""
     payload = {"error": {"message": message, "type": kind, "param": None, "code": status}}
@@ -141,10 +73,11 @@ def openai_error(status: int, message: str, kind: str) -> web.Response:
 
 
 def json_object(data: bytes) -> dict[str, Any] | None:
-    """``data`` parsed as a JSON object; None when it is not JSON or not an object."""
+    """``data`` parsed as a JSON object; None when it is not JSON (or not acceptable: nested too
+    deep, an integer too long to convert) or not an object."""
     try:
-        obj = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
+        obj = untrusted.loads(data)
+    except InputError:
         return None
     return obj if isinstance(obj, dict) else None
 
@@ -190,6 +123,7 @@ class Tap:
         self.engines = {p.name: p.engine for p in config.pools}  # "auto" resolved by the scrape loop
         self.load = loadmeter.LoadMeter(p.name for p in config.pools)
         self.in_flight = self.load.in_flight
+        self.clients: clientguard.ClientGuard | None = None  # counts body timeouts (set by the app)
         tap = config.tap
         self._timeout = aiohttp.ClientTimeout(
             total=None, connect=tap.connect_timeout_seconds, sock_read=tap.upstream_timeout_seconds
@@ -229,13 +163,19 @@ class Tap:
 
     # -- request handling --------------------------------------------------------------------
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        tap = self.config.tap
         try:
             raw = await httpbody.read_limited(
-                request.content, self.config.tap.max_body_bytes, request.content_length
+                request.content,
+                tap.max_body_bytes,
+                request.content_length,
+                timeout=tap.client_body_timeout_seconds,
             )
         except httpbody.BodyTooLarge:
-            limit = self.config.tap.max_body_bytes
+            limit = tap.max_body_bytes
             return openai_error(413, f"request body exceeds {limit} bytes", "invalid_request_error")
+        except httpbody.BodyTimeout as exc:
+            return self.body_timeout(request, exc)
         if request.method == "POST" and request.path in TAPPED_PATHS:
             return await self._tapped(request, raw)
         return await self._passthrough(request, raw)
@@ -257,10 +197,13 @@ class Tap:
             ) as resp:
                 reply_headers = forward_headers(resp.headers, identity=False)
                 if not resp.headers.get("Content-Type", "").startswith("text/event-stream"):
-                    data = await resp.read()
-                    return web.Response(
-                        body=data, status=resp.status, reason=resp.reason, headers=reply_headers
-                    )
+                    data, whole = await taprelay.read_window(resp, self.config.tap.max_inspect_bytes)
+                    if whole:
+                        return web.Response(
+                            body=data, status=resp.status, reason=resp.reason, headers=reply_headers
+                        )
+                    out = await taprelay.relay_rest(request, resp, reply_headers, data)
+                    return out
                 out = web.StreamResponse(status=resp.status, reason=resp.reason, headers=reply_headers)
                 await out.prepare(request)
                 async for data in resp.content.iter_any():
@@ -281,6 +224,9 @@ class Tap:
             return openai_error(502, f"pool {pool.name} failed: {type(exc).__name__}", "upstream_error")
 
     async def _tapped(self, request: web.Request, raw: bytes) -> web.StreamResponse:
+        if untrusted.json_depth_exceeds(raw):  # no engine needs this; a parser's stack might not survive it
+            message = f"request body nested deeper than {untrusted.MAX_JSON_DEPTH} levels"
+            return openai_error(400, message, "invalid_request_error")
         body = json_object(raw)
         cls = self.classifier.classify(request.headers, request.path, body)
         choice = self.router.choose(
@@ -343,9 +289,15 @@ class Tap:
                     await self._relay_stream(request, resp, flow)
                     await out.write_eof()
                     return out
-                data = await resp.read()
-                data = self._inspect_body(data, flow)
-                return web.Response(body=data, status=resp.status, reason=resp.reason, headers=reply_headers)
+                data, whole = await taprelay.read_window(resp, self.config.tap.max_inspect_bytes)
+                if whole:
+                    data = self._inspect_body(data, flow)
+                    return web.Response(
+                        body=data, status=resp.status, reason=resp.reason, headers=reply_headers
+                    )
+                flow.failure = "response_too_large"  # relayed, not inspected: no per-request numbers
+                out = await taprelay.relay_rest(request, resp, reply_headers, data)
+                return out
         except TimeoutError:
             self.stats.count_error(pool.name, "timeout")
             flow.failure = "upstream_error"
@@ -366,6 +318,14 @@ class Tap:
                 return self._abort(request, out)
             flow.status = 502
             return openai_error(502, f"pool {pool.name} failed: {type(exc).__name__}", "upstream_error")
+
+    def body_timeout(self, request: web.Request, exc: httpbody.BodyTimeout) -> web.StreamResponse:
+        """408 for a body that did not arrive in time; the connection is closed after it."""
+        if self.clients is not None:
+            self.clients.count("body")
+        response = openai_error(408, f"request {exc}", "invalid_request_error")
+        response.force_close()
+        return response
 
     @staticmethod
     def _abort(request: web.Request, out: web.StreamResponse) -> web.StreamResponse:
@@ -403,8 +363,8 @@ class Tap:
         choice is held until the usage event (which follows at once) so the ``system_fingerprint``
         vLLM moved there goes back onto it; at most that one event is ever held.
         """
-        events = _EventSplitter()
-        relay = _Relay()
+        events = taprelay.EventSplitter(self.config.tap.max_inspect_bytes)
+        relay = taprelay.Relay()
         send = bodypush.client_writer(request)
         watch = readwatch.ReadWatch.take_over(resp, self._timeout.sock_read)
 
@@ -412,8 +372,11 @@ class Tap:
             if watch is not None:
                 watch.read()
             out: list[bytes] = []
-            for event in events.feed(data):
-                out += relay.feed(event, self._inspect_event(event, flow))
+            for inspect, event in events.feed(data):
+                if inspect:
+                    out += relay.feed(event, self._inspect_event(event, flow))
+                else:  # an event past the inspection window: relayed as it comes, never parsed
+                    out += relay.raw(event)
             return send(b"".join(out)) if out else False
 
         try:
@@ -434,13 +397,13 @@ class Tap:
         tail.append(relay.release())
         send(b"".join(tail))
 
-    def _inspect_event(self, event: bytes, flow: tapflow.Flow) -> _Seen:
+    def _inspect_event(self, event: bytes, flow: tapflow.Flow) -> taprelay.Seen:
         start = event.find(b"data:")
         if start < 0:
-            return _Seen(event)
+            return taprelay.Seen(event)
         payload = event[start + 5 :].strip()
         if not payload.startswith(b"{"):
-            return _Seen(event)
+            return taprelay.Seen(event)
         now = self._mono()
         hold = flow.additions.hold_finish
         marked = _MARKERS.search(payload) is not None
@@ -449,21 +412,21 @@ class Tap:
             if _CONTENT.search(payload) is not None:
                 self._saw_content(flow, now, self.load.area(flow.pool.name, now))
             if not (hold and _FINISH.search(payload)):
-                return _Seen(event)
+                return taprelay.Seen(event)
         obj = json_object(payload)
         if obj is None:
-            return _Seen(event)
+            return taprelay.Seen(event)
         if marked and tapstream.has_content(obj):  # (unmarked chunks were counted above)
             self._saw_content(flow, now, self.load.area(flow.pool.name, now))
         self._absorb(obj, flow)
         if flow.additions.usage and tapstream.is_usage_only(obj):
             fingerprint = tapstream.raw_value(payload, "system_fingerprint") if hold else None
-            return _Seen(None, usage=True, fingerprint=fingerprint)
+            return taprelay.Seen(None, usage=True, fingerprint=fingerprint)
         if flow.additions.spec_details and "sglext" in obj:
             trimmed = tapstream.remove_key(payload, "sglext")
             at = event.find(payload, start)
             event = event[:at] + trimmed + event[at + len(payload) :]
-        return _Seen(event, finish=hold and tapstream.has_finish(obj))
+        return taprelay.Seen(event, finish=hold and tapstream.has_finish(obj))
 
     @staticmethod
     def _saw_content(flow: tapflow.Flow, now: float, area: float) -> None:

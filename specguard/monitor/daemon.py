@@ -17,21 +17,20 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from specguard.errors import InputError, SourceError
 from specguard.monitor import audit as audit_mod
-from specguard.monitor import guard_status
+from specguard.monitor import guard_status, persist
 from specguard.monitor import state as state_mod
 from specguard.monitor.actuators import Actuator
 from specguard.monitor.fleet import FleetRoles, NotLeader, Takeover
 from specguard.monitor.guard_metrics import GuardCounters, GuardView
 from specguard.monitor.sources import EvidenceSource, LocalSource, PromQLSource, merge
-from specguard.rules import guard
+from specguard.rules import evaluation, guard
 from specguard.rules import policy as policy_mod
-from specguard.rules.evidence import AlertBook, ClassKey, Evidence
+from specguard.rules.evidence import AlertBook, ClassKey, Evidence, alerts_by_class
 
 log = logging.getLogger("specguard.guard")
 
@@ -74,7 +73,7 @@ class Guard(FleetRoles):
         self.store = store
         self.audit = audit or audit_mod.AuditLog(None)
         self.counters = counters or GuardCounters()
-        self.alerts = alerts or AlertBook()
+        self.alerts = alerts if alerts is not None else AlertBook()  # (an empty book is falsy)
         self.clock = clock
         self.configured_keys = list(keys)
         self.temperature_buckets = list(temperature_buckets)
@@ -98,6 +97,7 @@ class Guard(FleetRoles):
         self.running = False
         self._applied: dict[str, int] = {}
         self._lock = asyncio.Lock()
+        self.persistence = persist.Persistence(self.store, self.audit, self.counters)
         self._scheduler: Any = None
         self.decisions.extend(self.audit.recent)
         self._load()
@@ -109,6 +109,11 @@ class Guard(FleetRoles):
             return
         doc = self.store.load()
         if doc is None:
+            if self.store.recovered is not None:
+                # the plan was unusable: go on from above every version it or the audit log had,
+                # and write the default plan at once (versions never go back)
+                self.version = self.persistence.version_after_recovery()
+                self.persistence.plan_behind = True
             return
         dropped = sorted({s.pool for s in doc.states.values() if s.pool not in self.policy.pools})
         if dropped:
@@ -132,21 +137,14 @@ class Guard(FleetRoles):
     def _state(self, key: ClassKey) -> guard.ClassState:
         return self.states.get(key) or guard.initial_state(key, self.policy)
 
+    def _persist(self) -> None:
+        """Write the plan we hold (a plan adopted from a source or a takeover); failures are retried."""
+        self.persistence.save_now(self.document())
+
     def document(self) -> state_mod.PlanDocument:
         return state_mod.PlanDocument(
             self.version, self.clock(), dict(self.states), dict(self.policy.pools), dict(self.replicas)
         )
-
-    def _persist(self) -> None:
-        if self.store is None:
-            return
-        try:
-            self.store.save(self.document())
-        except OSError as exc:
-            self.counters.plan_write_errors += 1
-            log.error(
-                "plan file %s: write failed (%s); routing goes on from memory", self.store.path, exc.strerror
-            )
 
     # -- one round -----------------------------------------------------------------------------
     async def evaluate(self, now: float | None = None) -> list[guard.Decision]:
@@ -158,27 +156,28 @@ class Guard(FleetRoles):
                     await self._follow(now)
                 self.last_evaluation = now  # a follower or a standby: its round is done
                 return []
+            await self.persistence.retry(self.document())
             alerts_policy = self.policy.alerts
             self.alerts.expire(now, alerts_policy.firing_ttl_seconds, alerts_policy.resolved_ttl_seconds)
+            alerts = self.alerts.snapshot()
+            # the work that grows with alerts and classes runs in a worker thread, so traffic on
+            # the event loop never waits for it
+            alerted = await asyncio.to_thread(alerts_by_class, alerts, self.configured_keys)
             keys = set(self.states) | set(self.configured_keys if not self.policy.local else ())
-            keys |= {
-                k for k in self.configured_keys if self.alerts.for_class(k)
-            }  # alerts name unseen classes too
-            keys = sorted(keys)
-            evidence, error = await self._collect(now, keys)
+            keys |= set(alerted)  # alerts name unseen classes too
+            evidence, error = await self._collect(now, sorted(keys))
+            stepped = await asyncio.to_thread(
+                evaluation.step_all, self.policy, dict(self.states), keys, evidence, alerts, error, now
+            )
             decisions: list[guard.Decision] = []
-            for key in sorted(set(keys) | set(evidence)):
-                prior = self._state(key)
-                found = evidence.get(key, Evidence())
-                found = replace(found, alerts=self.alerts.for_class(key), error=error)
-                new, decision = guard.step(prior, found, now, self.policy)
+            for key, new, decision in stepped:
                 self.states[key] = new
                 if decision.reason != "no rule due":  # a tick between two rule intervals is no evaluation
                     self.last_decisions[key] = decision
                     self.counters.evaluations[decision.phase.value] += 1
                 decisions.append(decision)
             await self._count_replicas()
-            await self._record(decisions)
+            await asyncio.shield(self._record(decisions))  # a timeout must not lose a taken decision
             self.last_evaluation = now
             self.last_evaluation_seconds = time.monotonic() - started
             return decisions
@@ -230,8 +229,7 @@ class Guard(FleetRoles):
                 )
             records = [{**d.to_json(), "plan_version": self.version} for d in acted]
             self.decisions.extend(records)
-            self.audit.append(records)
-            self._persist()
+            await self.persistence.record(records, self.document())
         await self._actuate(acted)
 
     async def _actuate(self, acted: Sequence[guard.Decision]) -> None:
@@ -342,9 +340,10 @@ class Guard(FleetRoles):
         from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED
         from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-        await self.elector.start()
+        await self.start_elector()
         if self.follow is None:
             await self._lead()  # a new leader first takes the shared plan over
+        await self.persistence.retry(self.document())  # what a refused write left behind
         await self._actuate([])  # the plan we hold (a follower: until its source answers)
         interval = self.policy.interval_seconds
         self._scheduler = AsyncIOScheduler(timezone=UTC)
@@ -385,14 +384,26 @@ class Guard(FleetRoles):
         async with self._lock:  # let an evaluation in flight finish its writes
             pass
         await self.elector.stop()
+        self._elector_started = False
         if self.follow is not None and hasattr(self.follow, "close"):
             await self.follow.close()
 
     async def _tick(self) -> None:
         try:
             await asyncio.wait_for(self.evaluate(), self.evaluation_timeout * 2)
+        except asyncio.CancelledError:
+            if self.running:
+                raise
+            log.info("guard evaluation: cancelled (shutting down)")  # not an error to report
         except TimeoutError:
-            log.error("guard evaluation: timed out after %g s", self.evaluation_timeout * 2)
+            # no class was evaluated this round: each counts as an error evaluation
+            classes = len(set(self.states) | set(self.configured_keys)) or 1
+            self.counters.evaluations["error"] += classes
+            log.error(
+                "guard evaluation: timed out after %g s (%d class evaluations counted as errors)",
+                self.evaluation_timeout * 2,
+                classes,
+            )
         except Exception:
             log.exception("guard evaluation has failed")
 

@@ -19,6 +19,8 @@ Example::
       leader_election: {mode: auto}      # deciders: auto = a Lease with configmap, else a lock on plan_file
     alertmanager:
       enabled: true                      # mount POST /api/v1/alerts
+      max_alerts: 10000                  # alerts kept at most (oldest received dropped first)
+      max_alerts_per_class: 16           # per class, pool and alert name
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from __future__ import annotations
 import ipaddress
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from specguard import configfile
-from specguard.errors import ConfigError
+from specguard import configfile, untrusted
+from specguard.errors import ConfigError, InputError
+
+TOKEN_FILE_LIMIT = 4096
+"""Largest token file read, bytes (a token is tens of bytes; /dev/zero must not be read for ever)."""
 
 
 @dataclass(frozen=True)
@@ -49,11 +53,15 @@ class ServerSettings:
         """The configured token, or None. Raises ConfigError when the file cannot be read."""
         if self.token_file:
             try:
-                value = Path(self.token_file).read_text(encoding="utf-8").strip()
+                raw = untrusted.read_bytes(self.token_file, TOKEN_FILE_LIMIT, "token file")
+                value = raw.decode("utf-8").strip()
             except OSError as exc:
                 raise ConfigError(
                     f"server.token_file: cannot read {self.token_file}: {exc.strerror}"
                 ) from exc
+            except (InputError, UnicodeDecodeError) as exc:
+                reason = exc if isinstance(exc, InputError) else "not UTF-8 text"
+                raise ConfigError(f"server.token_file: {reason}") from exc
             if not value:
                 raise ConfigError(f"server.token_file: {self.token_file} is empty")
             return value
@@ -130,6 +138,10 @@ class ActuatorSettings:
 @dataclass(frozen=True)
 class AlertmanagerSettings:
     enabled: bool = True
+    max_alerts: int = 10_000
+    """Alerts kept at most (the oldest received go first)."""
+    max_alerts_per_class: int = 16
+    """Alerts kept at most per class, pool and alert name (a flood of one kind dedupes to this)."""
 
 
 @dataclass(frozen=True)
@@ -265,7 +277,11 @@ def _leader_election(s: configfile.Section) -> LeaderElectionSettings:
 
 def parse_alertmanager(root: configfile.Section) -> AlertmanagerSettings:
     s = root.section("alertmanager")
-    out = AlertmanagerSettings(enabled=s.get("enabled", bool, True))
+    out = AlertmanagerSettings(
+        enabled=s.get("enabled", bool, True),
+        max_alerts=s.get("max_alerts", int, 10_000, minimum=1, maximum=1_000_000),
+        max_alerts_per_class=s.get("max_alerts_per_class", int, 16, minimum=1, maximum=10_000),
+    )
     s.reject_unknown()
     return out
 

@@ -77,6 +77,10 @@ def class_row(
     }
 
 
+STATUS_ALERTS = 100
+"""Alerts /status lists at most (``alerts_total`` says how many are stored)."""
+
+
 def document(g: StatusSource, decisions: int = 50) -> dict[str, Any]:
     """The status of guard ``g`` with its last ``decisions`` decisions (0: none)."""
     costs = g.cost_view() if g.cost_view is not None else ()
@@ -105,8 +109,9 @@ def document(g: StatusSource, decisions: int = 50) -> dict[str, Any]:
                 "status": a.status,
                 "labels": dict(a.labels),
             }
-            for a in g.alerts.records()
+            for a in g.alerts.snapshot()[-STATUS_ALERTS:]  # the most recently received
         ],
+        "alerts_total": len(g.alerts),
         "decisions": list(g.decisions)[-decisions:] if decisions else [],
         "audit_write_errors": g.audit.write_errors,
         "audit_torn_lines": g.audit.torn_lines,

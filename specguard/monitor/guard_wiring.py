@@ -27,6 +27,7 @@ from specguard.monitor.promql import PromQL
 from specguard.rules import baseline as baseline_mod
 from specguard.rules import holdout
 from specguard.rules import policy as policy_mod
+from specguard.rules.evidence import AlertBook
 
 log = logging.getLogger("specguard.guard")
 
@@ -184,6 +185,7 @@ def build(
         actuators=actuators,
         store=store,
         audit=audit_mod.AuditLog(acts.audit_log),
+        alerts=AlertBook(max_alerts=alertmanager.max_alerts, max_per_class=alertmanager.max_alerts_per_class),
         keys=list(itertools.product(classes.task_labels, temps, loads)),
         temperature_buckets=temps,
         load_buckets=loads,
@@ -204,6 +206,8 @@ def build(
         max_body_bytes=server.max_body_bytes,
         status_decisions=server.status_decisions,
         alerts_enabled=alertmanager.enabled,
+        body_timeout=ex.tap.client_body_timeout_seconds,
+        clients=getattr(monitor, "clients", None),
     )
     if token is None and not server.insecure_loopback:
         log.warning("no server token configured: /api/v1/alerts and /api/v1/overrides answer 403")
@@ -275,7 +279,7 @@ def configure(monitor: Any, cfg: Any) -> daemon.Guard:
         log.warning("guard.enabled is false: no evaluations; the persisted plan is still applied")
 
         async def apply_only() -> None:
-            await guard.elector.start()
+            await guard.start_elector()
             if guard.follow is None:
                 await guard._lead()
             await guard._actuate([])

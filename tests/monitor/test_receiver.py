@@ -90,7 +90,14 @@ async def test_no_token_configured_refuses_mutations(tmp_path):
         403,
         "disabled: no token configured (set server.token_file or server.token_env)",
     )
-    assert receiver.Api(guard, token=None, insecure=True).authorize(None) is None
+    insecure = receiver.Api(guard, token=None, insecure=True)
+    assert insecure.authorize(None, "127.0.0.1:8090") is None
+    assert insecure.authorize(None, "[::1]:8090", "http://localhost:3000") is None
+    # issue 21: a browser page (cross-origin simple request) or a rebound DNS name is refused
+    denied = (403, "insecure_loopback: only requests to and from a loopback address")
+    assert insecure.authorize(None, "127.0.0.1:8090", "https://evil.example") == denied
+    assert insecure.authorize(None, "rebound.example:8090") == denied
+    assert insecure.authorize(None, "127.0.0.1:8090", "null") == denied
     assert "s3cret" not in repr(receiver.Api(guard, token=TOKEN))
 
 
@@ -126,7 +133,7 @@ async def test_bad_payload_is_400_with_the_reason(api, body, reason):
 async def test_not_json_is_400(api):
     client, *_ = api
     response = await client.post("/api/v1/alerts", data=b"{nope", headers=AUTH)
-    assert response.status == 400 and "body is not JSON" in (await response.json())["error"]
+    assert response.status == 400 and "body: not JSON" in (await response.json())["error"]
 
 
 async def test_body_over_the_limit_is_413(api):

@@ -23,6 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         cfg = config.load(args.file)
+        _check_profile(cfg)
     except ConfigError as exc:
         for issue in exc.issues:
             print(issue, file=sys.stderr)
@@ -42,3 +43,13 @@ def run(args: argparse.Namespace) -> int:
     if extra:
         print(f"  sections: {', '.join(extra)}")
     return 0
+
+
+def _check_profile(cfg: config.SpecguardConfig) -> None:
+    """The calibration profile the config names is read as ``run`` reads it (ConfigError if bad)."""
+    from specguard.rules import cost_config, profile
+
+    settings = cfg.sections.get("cost")
+    path = cost_config.resolve_profile_path(settings, cfg.file) if settings is not None else None
+    if path is not None:
+        profile.load_profile(path)

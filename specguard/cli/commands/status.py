@@ -15,6 +15,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from specguard import untrusted
 from specguard.errors import InputError, SourceError
 from specguard.monitor import audit as audit_mod
 from specguard.monitor import state as state_mod
@@ -89,10 +90,7 @@ def fetch(url: str, timeout: float) -> dict[str, Any]:
     except (urllib.error.URLError, TimeoutError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise SourceError(f"cannot reach {target}: {reason}") from exc
-    try:
-        data = json.loads(body)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{target}: not JSON ({exc})") from exc
+    data = untrusted.loads(body, target)
     if not isinstance(data, dict) or "classes" not in data:
         raise InputError(f"{target}: not a specguard /status answer")
     return data
