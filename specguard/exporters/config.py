@@ -32,6 +32,9 @@ class PoolConfig:
     # the server runs vLLM's --enable-force-include-usage (usage sent even when not asked for):
     # the tap then neither adds stream_options.include_usage nor strips the usage chunk
     force_include_usage: bool = False
+    # engine replicas behind ``url`` (a Service, a data-parallel engine): the load bucket is the
+    # pool's in-flight requests per replica, and capacity-matched holdout weighs pools by it
+    replicas: int = 1
 
     @property
     def speculative(self) -> bool:
@@ -82,6 +85,7 @@ class ClassesConfig:
         Bucket("high", math.inf),
     )
     default_temperature: float = 1.0  # the engine's default when a request sets none
+    # in-flight requests per replica of the pool a request goes to (itself included)
     load_buckets: tuple[Bucket, ...] = (Bucket("low", 16), Bucket("medium", 48), Bucket("high", math.inf))
 
     @property
@@ -173,6 +177,7 @@ def parse_pools(root: Section) -> tuple[PoolConfig, ...]:
         k = item.get("num_speculative_tokens", int, 0, minimum=0, maximum=64)
         metrics_path = item.get("metrics_path", str, "/metrics")
         force_usage = item.get("force_include_usage", bool, False)
+        replicas = item.get("replicas", int, 1, minimum=1, maximum=100_000)
         item.reject_unknown()
         if name is not None:
             if not item.check(bool(NAME_RE.match(name)), "name", f"({name!r}) must match {NAME_RE.pattern}"):
@@ -194,7 +199,15 @@ def parse_pools(root: Section) -> tuple[PoolConfig, ...]:
             continue
         seen.add(name)
         pools.append(
-            PoolConfig(name, url.rstrip("/"), engine, k, metrics_path or "/metrics", force_usage is True)
+            PoolConfig(
+                name,
+                url.rstrip("/"),
+                engine,
+                k,
+                metrics_path or "/metrics",
+                force_usage is True,
+                replicas or 1,
+            )
         )
     if "pools" in root.data and isinstance(root.data["pools"], list) and not root.data["pools"]:
         root.error("pools", "must list at least one pool")

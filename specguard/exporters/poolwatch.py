@@ -14,6 +14,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 
 import aiohttp
@@ -29,6 +30,7 @@ log = logging.getLogger("specguard.scrape")
 
 # EngineSnapshot counter fields accumulated for the cross-check
 ACCUMULATED = ("drafts", "draft_tokens", "accepted_tokens", "generation_tokens")
+HISTORY = 128  # recent snapshots kept per pool (the model baseline's engine-page intervals)
 
 Fetch = Callable[[PoolConfig, float], Awaitable[EngineSnapshot]]
 
@@ -52,6 +54,7 @@ class PoolWatch:
         self.accumulated: dict[str, float] = {name: 0.0 for name in ACCUMULATED}
         self._previous: dict[str, dict[object, float]] = {}
         self._baseline = False  # a successful scrape happened: later series count from zero
+        self._history: deque[tuple[float, EngineSnapshot]] = deque(maxlen=HISTORY)
 
     def observe(self, snapshot: EngineSnapshot, duration: float) -> None:
         """A successful scrape: add each counter's increase since the previous one."""
@@ -76,6 +79,9 @@ class PoolWatch:
                             self.accumulated[name] += value
                 self._previous[name] = current
             self.counter_resets += int(reset)
+            if reset:
+                self._history.clear()  # an interval across an engine restart means nothing
+            self._history.append((self._clock(), snapshot))
             self._baseline = True
             self.snapshot = snapshot
             self.up = True
@@ -93,6 +99,11 @@ class PoolWatch:
             self.duration_seconds = duration
             self.last_error = error
             self.last_error_at = self._clock()
+
+    def history(self, since: float) -> list[tuple[float, EngineSnapshot]]:
+        """The successful scrapes since ``since`` (wall clock), oldest first, none across a reset."""
+        with self._lock:
+            return [(at, snap) for at, snap in self._history if at >= since]
 
     def view(self) -> dict[str, object]:
         """A consistent copy for the collector."""

@@ -63,6 +63,8 @@ class RequestRecord:
     spec: SpecStats | None = None  # None: the engine gave no per-request stats (unattributed)
     unattributed_reason: str | None = None  # why spec is None: "no_usage", "n_gt_1", "stop_string", ...
     classified: bool = True  # False when the body was not JSON
+    load: float | None = None  # in-flight requests per replica of the pool when sent (itself included)
+    decode_load: float | None = None  # mean in-flight requests per replica while it decoded
 
     @property
     def tpot_seconds(self) -> float | None:

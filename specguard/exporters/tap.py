@@ -27,7 +27,16 @@ from multidict import CIMultiDict
 
 from specguard import untrusted
 from specguard.errors import InputError
-from specguard.exporters import bodypush, clientguard, httpbody, readwatch, tapflow, taprelay, tapstream
+from specguard.exporters import (
+    bodypush,
+    clientguard,
+    httpbody,
+    loadmeter,
+    readwatch,
+    tapflow,
+    taprelay,
+    tapstream,
+)
 from specguard.exporters.classify import Classifier
 from specguard.exporters.config import ExporterConfig, PoolConfig
 from specguard.exporters.health import PoolHealth
@@ -120,7 +129,8 @@ class Tap:
         self._mono = monotonic
         self._pools = {p.name: p for p in config.pools}
         self.engines = {p.name: p.engine for p in config.pools}  # "auto" resolved by the scrape loop
-        self.in_flight = {p.name: 0 for p in config.pools}
+        self.load = loadmeter.LoadMeter(p.name for p in config.pools)
+        self.in_flight = self.load.in_flight
         self.clients: clientguard.ClientGuard | None = None  # counts body timeouts (set by the app)
         self.health = health
         self.failover = config.tap.failover and health is not None
@@ -154,8 +164,12 @@ class Tap:
         if self._pools[pool].engine == "auto":
             self.engines[pool] = engine
 
+    def _load_of(self, pool: str) -> float:
+        """In-flight requests per replica of ``pool`` if one more request joined it."""
+        return self.router.load(pool, self.in_flight[pool])
+
     def _load_bucket_of(self, pool: str) -> str:
-        return self.classifier.load_bucket(self.in_flight[pool] + 1)
+        return self.classifier.load_bucket(self._load_of(pool))
 
     # -- request handling --------------------------------------------------------------------
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -259,7 +273,9 @@ class Tap:
             return openai_error(400, message, "invalid_request_error")
         body = json_object(raw)
         cls = self.classifier.classify(request.headers, request.path, body)
-        choice = self.router.choose(cls.task_type, cls.temperature_bucket, self._load_bucket_of)
+        choice = self.router.choose(
+            cls.task_type, cls.temperature_bucket, self._load_bucket_of, self._load_of
+        )
         headers = forward_headers(request.headers, identity=True)
         started_at, t0 = self._clock(), self._mono()
         tried: list[str] = []
@@ -272,10 +288,10 @@ class Tap:
                     cls.task_type, cls.temperature_bucket, self._load_bucket_of, choice, tried
                 )
                 if retry is not None:  # nothing reached the pool nor the client: send it again
-                    self.in_flight[flow.pool.name] -= 1
+                    self.load.change(flow.pool.name, -1, self._mono())
                     choice = retry
                     continue
-            self.in_flight[flow.pool.name] -= 1
+            self.load.change(flow.pool.name, -1, self._mono())
             self.stats.add(tapflow.to_record(flow, self.engines[flow.pool.name], self._mono()))
             if choice.route == ROUTE_FAILOVER and self.health is not None:
                 self.health.count_failover(choice.planned, choice.pool)
@@ -286,12 +302,15 @@ class Tap:
     ) -> tapflow.Flow:
         """A request's forward to the pool ``choice`` names, counted in flight until recorded."""
         pool = self._pools[choice.pool]
-        self.in_flight[pool.name] += 1
+        load = self._load_of(pool.name)
+        self.load.change(pool.name, 1, self._mono())
         return tapflow.Flow(
             pool=pool,
             cls=cls,
             route=choice.route,
-            load_bucket=self.classifier.load_bucket(self.in_flight[pool.name]),
+            load_bucket=self.classifier.load_bucket(load),
+            load=load,
+            replicas=self.router.replicas().get(pool.name, 1),
             started_at=started_at,
             t0=t0,
             body=body,
@@ -315,7 +334,7 @@ class Tap:
             # after [DONE] the client has the whole answer: leaving then is no failure
             if isinstance(exc, asyncio.CancelledError) and not flow.done:
                 flow.failure = flow.failure or "client_disconnected"
-            self.in_flight[pool.name] -= 1
+            self.load.change(pool.name, -1, self._mono())
             self.stats.add(tapflow.to_record(flow, self.engines[pool.name], self._mono()))
             raise
 
@@ -479,14 +498,14 @@ class Tap:
         if not marked:
             # fast path: an ordinary token chunk (no usage, metrics or extensions): no JSON parse
             if _CONTENT.search(payload) is not None:
-                self._saw_content(flow, now)
+                self._saw_content(flow, now, self.load.area(flow.pool.name, now))
             if not (hold and _FINISH.search(payload)):
                 return taprelay.Seen(event)
         obj = json_object(payload)
         if obj is None:
             return taprelay.Seen(event)
         if marked and tapstream.has_content(obj):  # (unmarked chunks were counted above)
-            self._saw_content(flow, now)
+            self._saw_content(flow, now, self.load.area(flow.pool.name, now))
         self._absorb(obj, flow)
         if flow.additions.usage and tapstream.is_usage_only(obj):
             fingerprint = tapstream.raw_value(payload, "system_fingerprint") if hold else None
@@ -498,11 +517,11 @@ class Tap:
         return taprelay.Seen(event, finish=hold and tapstream.has_finish(obj))
 
     @staticmethod
-    def _saw_content(flow: tapflow.Flow, now: float) -> None:
+    def _saw_content(flow: tapflow.Flow, now: float, area: float) -> None:
         flow.chunks += 1
         if flow.first_at is None:
-            flow.first_at = now
-        flow.last_at = now
+            flow.first_at, flow.first_area = now, area
+        flow.last_at, flow.last_area = now, area
 
     def routes(self) -> list[web.RouteDef]:
         """Catch-all route; mount after the app's own endpoints (/metrics, /healthz)."""

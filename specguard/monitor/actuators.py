@@ -48,6 +48,9 @@ class RouterActuator:
     async def apply(self, plan: state_mod.PlanDocument, decisions: Sequence[Decision]) -> None:
         try:
             self._router.set_plan(plan.routing())
+            if plan.replicas:  # fleet: replica counts travel with the plan
+                known = self._router.replicas()
+                self._router.set_replicas({p: n for p, n in plan.replicas.items() if p in known})
         except Exception as exc:  # the router rejects a plan naming unknown pools
             raise SourceError(f"router refused the plan: {exc}") from exc
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -32,6 +33,7 @@ from specguard.exporters import (
     poolwatch,
     promtext,
     routing,
+    stackinfo,
     stats,
     tap,
 )
@@ -42,6 +44,7 @@ from specguard.exporters.snapshot import EngineSnapshot
 from specguard.monitor.config import SpecguardConfig
 
 log = logging.getLogger("specguard.app")
+STACK_PROBE_SECONDS = 600.0  # how often a pool's engine version and model are read again
 
 
 @dataclass
@@ -134,6 +137,10 @@ class Monitor:
         self.registry.register(collector.TapCollector(self.stats, self.tap.in_flight))
         self.registry.register(collector.EngineCollector(self.watches.values()))
         self.registry.register(collector.HealthCollector(self.health))
+        self.stacks: dict[str, dict[str, str]] = {}  # pool -> engine, engine_version, model it serves
+        self._stack_probed: dict[str, float] = {}
+        self._probes: set[asyncio.Task[None]] = set()
+        self._clock = clock
         self._components: list[Component] = []
         self._routes: list[web.RouteDef] = []
         self.app: web.Application | None = None
@@ -142,6 +149,29 @@ class Monitor:
 
     def _on_snapshot(self, pool: PoolConfig, snapshot: EngineSnapshot) -> None:
         self.tap.set_engine(pool.name, snapshot.engine)
+        now = self._clock()
+        if now - self._stack_probed.get(pool.name, -math.inf) >= STACK_PROBE_SECONDS:
+            self._stack_probed[pool.name] = now
+            task = asyncio.get_running_loop().create_task(self._probe_stack(pool, snapshot.engine))
+            self._probes.add(task)
+            task.add_done_callback(self._probes.discard)
+
+    async def _probe_stack(self, pool: PoolConfig, engine: str) -> None:
+        """Read what the pool serves (engine version, model) for the profile's freshness check."""
+        try:
+            async with aiohttp.ClientSession() as session:
+                found = await stackinfo.fetch(
+                    session, pool.url, engine, self.exporter_config.scrape.timeout_seconds
+                )
+        except Exception:  # a probe must never take anything down; the stack stays unknown
+            log.debug("stack probe of %s failed", pool.name, exc_info=True)
+            return
+        if found:
+            self.stacks[pool.name] = found
+
+    def stack_of(self, pool: str | None) -> dict[str, str]:
+        """What ``pool`` serves, as far as known ({} before the first probe answered)."""
+        return dict(self.stacks.get(pool or "", {}))
 
     # -- extension points --------------------------------------------------------------------
     def attach(
@@ -192,6 +222,8 @@ class Monitor:
                     log.exception("stopping %s failed", component.name)
             for loop in self.loops:
                 await loop.stop()
+            for task in list(self._probes):
+                task.cancel()
             offload.release()
             await self.tap.close()
 

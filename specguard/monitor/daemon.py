@@ -81,6 +81,7 @@ class Guard(FleetRoles):
         preferences: Callable[[dict[ClassKey, tuple[str, ...]]], None] | None = None,
         routing_status: Callable[[], list[dict[str, Any]]] | None = None,
         restore_alerts: Callable[[], Awaitable[list[AlertRecord]]] | None = None,
+        replica_counts: Any = None,
     ):
         self.policy = policy
         self.sources = list(sources)
@@ -102,6 +103,10 @@ class Guard(FleetRoles):
         self.restore_alerts = restore_alerts  # Alertmanager's active alerts, read at start-up
         self.readback: asyncio.Task[None] | None = None  # that read, running in the background
         self.reload_error: str | None = None
+        self.replica_counts = replica_counts  # fleet: replicas.PromQLReplicas (counts go into the plan)
+        self.replicas: dict[str, int] = {}
+        self.baseline_report: Callable[[], dict[str, Any]] | None = None  # per load bucket, for /status
+        self.cost_view: Callable[[], Sequence[Any]] | None = None  # the latest RCs, for /status
         self.states: dict[ClassKey, guard.ClassState] = {}
         self.last_decisions: dict[ClassKey, guard.Decision] = {}
         self.decisions: deque[dict[str, Any]] = deque(maxlen=keep_decisions)
@@ -154,6 +159,7 @@ class Guard(FleetRoles):
         self.states = {k: s for k, s in doc.states.items() if s.pool in self.policy.pools}
         self.version = doc.version
         self.adopted_updated_at = doc.updated_at
+        self.replicas = {p: n for p, n in doc.replicas.items() if p in self.policy.pools}
 
     def _state(self, key: ClassKey) -> guard.ClassState:
         return self.states.get(key) or guard.initial_state(key, self.policy)
@@ -164,7 +170,13 @@ class Guard(FleetRoles):
 
     def document(self) -> state_mod.PlanDocument:
         """The plan as actuators, followers and /api/v1/plan see it (no alerts: they stay here)."""
-        return state_mod.PlanDocument(self.version, self.clock(), dict(self.states), dict(self.policy.pools))
+        return state_mod.PlanDocument(
+            self.version,
+            self.clock(),
+            dict(self.states),
+            dict(self.policy.pools),
+            replicas=dict(self.replicas),
+        )
 
     def stored(self) -> state_mod.PlanDocument:
         """The plan as the plan file keeps it: with the alerts received, so a restart keeps them."""
@@ -212,6 +224,7 @@ class Guard(FleetRoles):
                 decisions.append(decision)
             if self.preferences is not None and error is None:
                 self.preferences(await asyncio.to_thread(self._rankings, stepped, evidence, now))
+            await self._count_replicas()
             await asyncio.shield(self._record(decisions))  # a timeout must not lose a taken decision
             self.last_evaluation = now
             self.last_evaluation_seconds = time.monotonic() - started
@@ -236,6 +249,17 @@ class Guard(FleetRoles):
         for _, rule in sorted(was - now):
             log.info("%s report: %s is no longer breached", "/".join(key), rule)
         self._reporting = (self._reporting - was) | now
+
+    async def _count_replicas(self) -> None:
+        """Fleet mode: the pools' replica counts; a change is a new plan version for the followers."""
+        if self.replica_counts is None:
+            return
+        counts = {**self.replicas, **await self.replica_counts.counts()}
+        if counts != self.replicas:
+            log.info("replicas %s", ", ".join(f"{p}={n}" for p, n in sorted(counts.items())))
+            self.replicas = counts
+            self.version += 1
+            self._persist()
 
     async def _collect(
         self, now: float, keys: Sequence[ClassKey]

@@ -1,9 +1,10 @@
 """The guard's status document, as ``GET /status`` and ``specguard status`` show it: each class's
-pool, phase and last reason, pins, freezes and pending shorten-K moves; alerts; recent decisions."""
+pool, phase and last reason, pins, freezes and pending shorten-K moves; alerts; recent decisions;
+each load bucket's baseline source and the (pool, load bucket) cells that have none."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from specguard.rules import guard
@@ -28,6 +29,8 @@ class StatusSource(Protocol):
     last_evaluation: float | None
     reload_error: str | None
     routing_status: Any
+    baseline_report: Any
+    cost_view: Any
     elector: Any
     is_leader: bool
     clock: Any
@@ -41,8 +44,12 @@ def class_row(
     last: guard.Decision | None,
     pools: Mapping[str, int],
     down: frozenset[str] = frozenset(),
+    costs: Sequence[Any] = (),
 ) -> dict[str, Any]:
-    """One class: where it routes, why, and what holds it there."""
+    """One class: where it routes, why, what holds it there, and its latest RC with the baseline
+    source it used (on its pool, or on the speculative pool with the most samples when it is off)."""
+    mine = [c for c in costs if (c.task_type, c.temperature_bucket, c.load_bucket) == key]
+    rc = next((c for c in mine if c.pool == st.pool), None) or max(mine, key=lambda c: c.n_spec, default=None)
     return {
         "task_type": key[0],
         "temperature_bucket": key[1],
@@ -63,6 +70,16 @@ def class_row(
         "failover": st.pool in down,
         # report-only rules whose limits are breached (never acted on): rule -> why
         "reports": dict(last.reports) if last else {},
+        "rc": None
+        if rc is None
+        else {
+            "pool": rc.pool,
+            "rc": rc.rc,
+            "lower": rc.lower,
+            "upper": rc.upper,
+            "baseline_source": rc.baseline_source,
+            "samples": rc.n_spec,
+        },
     }
 
 
@@ -74,8 +91,9 @@ def document(g: StatusSource, decisions: int = 50) -> dict[str, Any]:
     """The status of guard ``g`` with its last ``decisions`` decisions (0: none)."""
     health = g.routing_status() if g.routing_status is not None else []
     down = frozenset(p["pool"] for p in health if not p["healthy"])
+    costs = g.cost_view() if g.cost_view is not None else ()
     classes = [
-        class_row(key, st, g.last_decisions.get(key), g.policy.pools, down)
+        class_row(key, st, g.last_decisions.get(key), g.policy.pools, down=down, costs=costs)
         for key, st in sorted(g.states.items())
     ]
     return {
@@ -108,4 +126,5 @@ def document(g: StatusSource, decisions: int = 50) -> dict[str, Any]:
         "audit_torn_lines": g.audit.torn_lines,
         "plan_file_recovered": g.store.recovered if g.store else None,
         "policy_reload_error": g.reload_error,
+        "baselines": g.baseline_report() if g.baseline_report is not None else None,
     }

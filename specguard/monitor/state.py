@@ -23,7 +23,7 @@ import re
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ class PlanDocument:
     updated_at: float
     states: Mapping[ClassKey, ClassState]
     pools: Mapping[str, int]
+    replicas: Mapping[str, int] = field(default_factory=dict)  # pool -> replicas (fleet: a PromQL count)
     alerts: tuple[AlertRecord, ...] = ()
     """Alerts received from Alertmanager (the plan file only; never sent to other stores)."""
 
@@ -100,6 +101,8 @@ def encode(doc: PlanDocument) -> dict[str, Any]:
             }
             for a in doc.alerts
         ]
+    if doc.replicas:
+        out["replicas"] = dict(sorted(doc.replicas.items()))
     return out
 
 
@@ -143,11 +146,18 @@ def decode(data: Any, where: str) -> PlanDocument:
         )
         k = _whole(entry.get("num_speculative_tokens", 0), f"{at}.num_speculative_tokens")
         pools[pool] = k
+    replicas = data.get("replicas", {})
+    if not isinstance(replicas, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 1
+        for k, v in replicas.items()
+    ):
+        raise InputError(f"{where}: replicas must map pool names to whole numbers >= 1")
     return PlanDocument(
         version=version,
         updated_at=updated_at,
         states=states,
         pools=pools,
+        replicas=dict(replicas),
         alerts=_alerts(data.get("alerts", []), where),
     )
 

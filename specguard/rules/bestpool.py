@@ -16,7 +16,10 @@ token (CONCEPTS.md section 2). For each pool the best evidence at hand is its es
    ``guard.restore_on_prediction``; by default a longer K needs a measurement, memory or profile).
 
 The no-spec pool costs exactly 1.0 by definition. A pool is *cheaper* when its rc is below the
-current pool's times ``1 - best_pool_margin``; moving needs that for more than
+current pool's times ``1 - best_pool_margin``; against the no-spec pool, a current rc measured on
+the ``model`` baseline counts only with its interval's lower bound (a prediction never moves a
+class off speculation on its point estimate; between speculative pools the baseline cancels out).
+Moving needs that for more than
 ``best_pool_consecutive_limit`` evaluations in a row (the guard counts), except for a class with no
 live evidence of its own yet, which starts on the profile's choice at once (the warm start). The
 pool the class is on must have been measured in this window: its memory alone never moves it.
@@ -42,6 +45,7 @@ MEASURED, MEMORY, WHATIF, PROFILE, EXTRAPOLATED, DEFINITION = (
     "definition",
 )
 LIVE = (MEASURED, MEMORY)
+MODEL_BASELINE = "model"
 
 
 @dataclass(frozen=True)
@@ -54,9 +58,15 @@ class Estimate:
     samples: int = 0
     detail: str = ""
     """Where the number comes from: which measurement, when, at which load bucket (issue 18)."""
+    lower: float | None = None  # the interval's lower bound, set when the baseline is the model
+    model_baseline: bool = False
 
     def text(self) -> str:
-        return f"{self.pool} {self.rc:.3f} ({self.basis}{': ' + self.detail if self.detail else ''})"
+        where = f": {self.detail}" if self.detail else ""
+        if self.model_baseline:
+            bound = "no lower bound" if self.lower is None else f"lower bound {self.lower:.3f}"
+            return f"{self.pool} {self.rc:.3f} ({self.basis}{where}; model baseline: {bound})"
+        return f"{self.pool} {self.rc:.3f} ({self.basis}{where})"
 
 
 @dataclass(frozen=True)
@@ -78,7 +88,7 @@ def _finite(value: float | None) -> bool:
 
 
 def measured(evidence: Evidence, policy: policy_mod.Policy) -> dict[str, tuple[float, int]]:
-    """Pools measured this window with enough samples: ``{pool: (rc, samples)}``."""
+    """Pools measured this window with enough samples: ``{pool: (rc, samples)}`` (any baseline)."""
     needed = min((r.limits.min_samples for r in policy.rules if r.query is None), default=0)
     out = {}
     for name, found in evidence.pools.items():
@@ -101,11 +111,14 @@ def estimates(
     at_load = f" at load {load_bucket}" if load_bucket else ""
     out: dict[str, Estimate] = {}
     for name, (rc, samples) in measured(evidence, policy).items():
-        base = evidence.pools[name].baseline_source
+        found = evidence.pools[name]
+        base = found.baseline_source
         detail = f"last {policy.window_seconds:.0f} s{at_load}, n={samples}" + (
             f", baseline {base}" if base else ""
         )
-        out[name] = Estimate(name, rc, MEASURED, samples, detail)
+        model = base == MODEL_BASELINE
+        lower = found.values.get("rc_lower") if model else None
+        out[name] = Estimate(name, rc, MEASURED, samples, detail, lower, model)
     for name, (rc, at) in memory.items():
         if name not in out and now - at < policy.memory_seconds and _finite(rc):
             out[name] = Estimate(name, rc, MEMORY, detail=f"measured {now - at:.0f} s ago{at_load}")
@@ -178,7 +191,10 @@ def choose(
     if not candidates:
         return None
     best = min(candidates, key=lambda e: (e.rc, -policy.pools.get(e.pool, 0), e.pool))
-    if not best.rc < current.rc * (1.0 - policy.best_pool_margin):
+    here = current.rc
+    if best.basis == DEFINITION and current.model_baseline:
+        here = current.lower if current.lower is not None else 0.0
+    if not best.rc < here * (1.0 - policy.best_pool_margin):
         return None
     return Choice(current, best, warm)
 

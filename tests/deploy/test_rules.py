@@ -103,6 +103,7 @@ EXPECTED_ALERTS = {
     "SpecGuardDown",
     "SpecGuardUpstreamErrors",
     "SpecGuardPlanStale",
+    "SpecGuardBaselineMissing",
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -162,3 +163,60 @@ def test_retry_after_a_failed_connect():
         "spec-k2", "failover", "spec-k4"
     )
     assert r.retry("code", "greedy", low, planned, ["spec-k4", "spec-k2"]) is None
+
+
+def matched(replicas=None, holdout=0.05, seed=3):
+    pools = tuple(replace(p, replicas=(replicas or {}).get(p.name, 1)) for p in POOLS)
+    return Router(
+        pools,
+        default_pool="spec-k4",
+        nospec_pool="nospec",
+        holdout_share=holdout,
+        rng=random.Random(seed),
+        holdout_mode="capacity_matched",
+    )
+
+
+def test_capacity_matched_holds_out_while_the_nospec_pool_is_less_loaded_per_replica():
+    r = matched({"spec-k4": 3})
+    in_flight = {"spec-k4": 30, "spec-k2": 0, "nospec": 8}
+
+    def load_of(pool):
+        return r.load(pool, in_flight[pool])
+
+    # a 9th request on the no-spec replica vs an 11th on a speculative one: to the no-spec pool,
+    # until it catches up
+    assert r.choose("chat", "medium", low, load_of) == RouteChoice("nospec", "holdout")
+    in_flight["nospec"] = 11
+    assert r.choose("chat", "medium", low, load_of).pool == "spec-k4"
+    r.set_plan({("creative", "high", "low"): "nospec"})  # planned there anyway: no holdout needed
+    assert r.choose("creative", "high", low, load_of) == RouteChoice("nospec", "plan")
+
+
+def test_capacity_matched_splits_sequential_traffic_by_replica_share():
+    for replicas, share in (({}, 0.5), ({"spec-k4": 3}, 0.25)):
+        r = matched(replicas)
+        routes = [
+            r.choose("chat", "medium", low, lambda pool, r=r: r.load(pool, 0)).route for _ in range(2000)
+        ]
+        assert routes.count("holdout") / 2000 == pytest.approx(share, abs=0.04)
+
+
+def test_capacity_matched_is_off_with_no_holdout_share_or_no_load():
+    r = matched(holdout=0.0)
+    assert r.choose("chat", "medium", low, lambda pool: 1.0).pool == "spec-k4"
+    assert matched().choose("chat", "medium", low).pool == "spec-k4"  # no load_of: no holdout
+
+
+def test_replicas_and_holdout_mode_are_validated():
+    r = router()
+    r.set_replicas({"spec-k4": 4})
+    assert r.replicas() == {"spec-k4": 4, "spec-k2": 1, "nospec": 1}
+    assert r.load("spec-k4", 7) == 2.0  # 7 over 4 replicas: the 8th joins one with 1
+    assert r.load("spec-k4", 8) == 3.0
+    with pytest.raises(InputError, match="ghost"):
+        r.set_replicas({"ghost": 2})
+    with pytest.raises(InputError, match=">= 1"):
+        r.set_replicas({"nospec": 0})
+    with pytest.raises(InputError, match="capacity_matched"):
+        r.set_holdout_mode("sometimes")

@@ -287,3 +287,23 @@ def test_a_rule_breach_says_where_its_number_comes_from():
     assert predicted.provenance("high", 300) == (
         "what-if from 50 requests measured on spec-k4 at load high over the last 300 s"
     )
+
+
+def on_model(name, rc, lower, upper=None):
+    """A measurement whose baseline is the step-cost model (no live or profile one)."""
+    values = {"rc": rc, "rc_lower": lower, "rc_upper": upper if upper is not None else rc * 1.2}
+    return PoolEvidence(pool=name, values=values, samples=50, baseline_source="model")
+
+
+def test_a_model_baseline_moves_a_class_off_speculation_only_on_its_lower_bound():
+    # point estimate 1.10 (no-spec at 1.0 is cheaper by 9%), but the lower bound 0.96 is not past 1.0
+    unsure = bestpool.choose("spec-k4", ev(on_model("spec-k4", 1.10, 0.96)), {}, 0.0, POLICY)
+    assert unsure is None
+    sure = bestpool.choose("spec-k4", ev(on_model("spec-k4", 1.30, 1.12)), {}, 0.0, POLICY)
+    assert sure is not None and sure.best.pool == "nospec"
+    assert "model baseline: lower bound 1.120" in sure.reason
+    # between speculative pools the baseline cancels out: the point estimates decide
+    k2 = bestpool.choose(
+        "spec-k4", ev(on_model("spec-k4", 1.10, 0.96), whatif("spec-k2", 0.80)), {}, 0.0, POLICY
+    )
+    assert k2 is not None and k2.best.pool == "spec-k2"
