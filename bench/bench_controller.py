@@ -16,7 +16,10 @@ Goals (issue 8): >= 97% of the oracle's throughput, never below never-speculate 
 no actions in stationary phases.
 
     python3 bench/bench_controller.py [--seeds 0,1,2] [--scenarios default,load-wave,shift,stationary]
-        [--gpu-scale 2] [--timer-scale 0.3333] [--set KEY=VALUE ...] [--json]
+        [--gpu-scale 2] [--timer-scale 0.3333] [--no-profile] [--set KEY=VALUE ...] [--json]
+
+``--no-profile`` runs with no calibration profile at all (no warm start, no profile baseline): the
+live baseline and the model baseline are all the guard has.
 
 ``--set`` changes one top-level key of the shipped guard policy for an ablation, e.g.
 ``--set prior=none --set holdout=fixed --set best_pool=false`` (the pre-issue-8 rule).
@@ -62,9 +65,20 @@ def policy_with(changes: list[str]) -> policy_mod.Policy:
     return replace(policy, **fields)
 
 
-def one(name: str, seed: int, gpu_scale: float, timer_scale: float, changes: list[str] = ()) -> dict:
+def one(
+    name: str,
+    seed: int,
+    gpu_scale: float,
+    timer_scale: float,
+    changes: list[str] = (),
+    no_profile: bool = False,
+    scenario_seconds: float | None = None,
+) -> dict:
+    """One scenario and seed; ``scenario_seconds`` scales the scenario to that length (quick runs)."""
     cfg = monitor_config.load_default()
     scen = scenario.BUILTIN[name]()
+    if scenario_seconds:
+        scen = scen.scaled(scenario_seconds)
     if gpu_scale != 1:
         scen = scen.with_clients_scaled(1 / gpu_scale)
     setup = demo.DemoSetup(
@@ -78,7 +92,7 @@ def one(name: str, seed: int, gpu_scale: float, timer_scale: float, changes: lis
     )
     setup.settings = demo.cost_settings(setup.exporter)
     t0 = time.perf_counter()
-    profile = demo.calibrate(setup)
+    profile = None if no_profile else demo.calibrate(setup)
     result, guard = demo.run_specguard(setup, profile)
     policies = demo.run_baselines(setup)
     policies.pop("static_configs")
@@ -111,6 +125,8 @@ def one(name: str, seed: int, gpu_scale: float, timer_scale: float, changes: lis
         "tpot_mean_vs_best_static": sg["tpot_mean_ms"] / best["tpot_mean_ms"],
         "actions": len(result.decisions),
         "actions_in_stationary_phases": demo.stationary_actions(result.decisions, scen),
+        "profile": not no_profile,
+        "baseline_sources": baseline_sources(guard),
         "wall_seconds": time.perf_counter() - t0,
     }
     if name == "shift":
@@ -124,6 +140,15 @@ def one(name: str, seed: int, gpu_scale: float, timer_scale: float, changes: lis
     return out
 
 
+def baseline_sources(guard) -> dict[str, int]:
+    """Baseline sources of the RCs of the last evaluation, counted (e.g. live 12, model 3)."""
+    out: dict[str, int] = {}
+    for cost in guard.last_costs:
+        if cost.rc is not None:
+            out[cost.baseline_source] = out.get(cost.baseline_source, 0) + 1
+    return dict(sorted(out.items()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="0,1,2")
@@ -131,12 +156,13 @@ def main() -> None:
     parser.add_argument("--gpu-scale", type=float, default=2.0)
     parser.add_argument("--timer-scale", type=float, default=1 / 3)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="guard policy change")
+    parser.add_argument("--no-profile", action="store_true", help="no calibration profile at all")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     rows = []
     for name in args.scenarios.split(","):
         for seed in (int(s) for s in args.seeds.split(",")):
-            row = one(name, seed, args.gpu_scale, args.timer_scale, args.set)
+            row = one(name, seed, args.gpu_scale, args.timer_scale, args.set, args.no_profile)
             rows.append(row)
             if not args.json:
                 extra = ""
@@ -154,7 +180,8 @@ def main() -> None:
                     f"vs always {row['throughput_vs_always']:.3f} vs never {row['throughput_vs_never']:.3f} "
                     f"worst phase/never {row['worst_phase_vs_never']:.3f} "
                     f"TPOT/oracle {row['tpot_mean_vs_oracle']:.3f} actions {row['actions']} "
-                    f"(stationary {row['actions_in_stationary_phases']}){extra} [{row['wall_seconds']:.0f}s]",
+                    f"(stationary {row['actions_in_stationary_phases']}){extra} "
+                    f"baselines {row['baseline_sources']} [{row['wall_seconds']:.0f}s]",
                     flush=True,
                 )
     summary = {

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from specguard.exporters.config import ExporterConfig
-from specguard.lab import replay, sweep
+from specguard.lab import replay, sweep, sweep_drivers
 from specguard.lab import replay_policies as rp
 from specguard.lab import scenario as scenario_mod
 from specguard.rules import policy as policy_mod
@@ -88,12 +88,12 @@ def calibrate(
         pools,
         levels,
         mix,
-        sweep.virtual_driver(setup.sim, seed=setup.seed + 1000),
+        sweep_drivers.virtual_driver(setup.sim, seed=setup.seed + 1000),
         requests_per_level=lambda c: max(48, 4 * c),
         progress=progress,
     )
     frame = sweep.to_frame(samples, pools, setup.buckets.temperature_bucket)
-    return sweep.to_profile(frame, stack={"engine": "specguard-simulator", "source": "specguard demo"})
+    return sweep.to_profile(frame, stack=sweep.simulator_stack(setup.sim, "specguard demo"))
 
 
 def smaller_gpu(sim: SimConfig, factor: float) -> SimConfig:
@@ -189,9 +189,22 @@ def run_specguard(
     guard = rp.SpecguardPolicy(setup.exporter, policy, setup.settings, profile=profile, seed=setup.seed)
     guard.on_tick = on_tick
     result = replay.Replay(
-        setup.sim, setup.scenario, guard, setup.buckets, seed=setup.seed, fleet=setup.fleet
+        setup.sim,
+        setup.scenario,
+        guard,
+        setup.buckets,
+        seed=setup.seed,
+        fleet=setup.fleet,
+        replicas=nospec_replicas(setup.exporter),
     ).run()
     return result, guard
+
+
+def nospec_replicas(exporter: ExporterConfig) -> dict[str, int]:
+    """The no-spec pool's replica count (capacity-matched holdout fills that many engines to the
+    fleet's per-engine load; its planned traffic still gets the engines it needs)."""
+    name = exporter.tap.nospec_pool or next((p.name for p in exporter.pools if not p.speculative), None)
+    return {} if name is None else {name: exporter.pool(name).replicas}
 
 
 def run_baselines(setup: DemoSetup, progress: Callable[[str], None] | None = None) -> dict[str, dict]:

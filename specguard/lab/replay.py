@@ -16,25 +16,33 @@ import itertools
 import math
 import random
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from specguard.exporters.loadmeter import LoadMeter
 from specguard.exporters.records import RequestRecord
 from specguard.lab.scenario import ClassLoad, Scenario
 from specguard.sim.config import SimConfig
 from specguard.sim.engine import EngineCore, SimRequest, StepOutcome
 
 LoadBucketOf = Callable[[str], str]
+LoadOf = Callable[[str], float]
 
 
 class Policy(Protocol):
     name: str
 
     def choose(
-        self, task_type: str, temperature_bucket: str, load_bucket_of: LoadBucketOf
+        self,
+        task_type: str,
+        temperature_bucket: str,
+        load_bucket_of: LoadBucketOf,
+        load_of: LoadOf | None = None,
     ) -> tuple[str, str]:
-        """(pool, route) for one request; route is "plan", "holdout" or "probe"."""
+        """(pool, route) for one request; route is "plan", "holdout" or "probe".
+
+        ``load_of(pool)``: in-flight requests per replica of the pool if the request joined it."""
 
     def observe(self, record: RequestRecord) -> None: ...
 
@@ -135,6 +143,8 @@ class Replay:
         seed: int = 0,
         pools: Sequence[str] | None = None,
         fleet: int = 3,
+        replicas: Mapping[str, int] | None = None,
+        fixed: bool = False,
     ):
         self.sim = sim
         self.scenario = scenario
@@ -146,12 +156,28 @@ class Replay:
         # Each pool may use up to ``fleet`` engines; requests are packed onto a pool's engines at
         # the fleet-wide per-engine concurrency (ceil(in flight / fleet)), so a pool's capacity
         # follows its traffic, as pools autoscaled on in-flight requests would.
+        # ``replicas``: pools with a replica count of their own (default: each no-spec pool, 1).
+        # Their load per replica (what the router's capacity-matched holdout compares) is the load
+        # of the replica a request joins with the pool's in-flight requests spread evenly, as the
+        # tap computes it; with ``fixed`` they also have exactly that
+        # many engines, and a request joins the least loaded one (a Service in front of a fixed
+        # fleet) instead of the packing above.
         self.fleet = fleet
+        if replicas is None:  # a no-spec pool counts as one replica (capacity-matched holdout fills one)
+            replicas = {name: 1 for name in names if sim.pool(name).num_speculative_tokens == 0}
+        self.replicas = dict(replicas)
+        self.fixed = fixed
         self.engines = {
-            name: [EngineCore(sim, sim.pool(name), seed=seed) for _ in range(fleet)] for name in names
+            name: [
+                EngineCore(sim, sim.pool(name), seed=seed)
+                for _ in range(self.replicas[name] if fixed and name in self.replicas else fleet)
+            ]
+            for name in names
         }
         self.in_flight = dict.fromkeys(names, 0)
         self._replica_load = {name: [0] * len(self.engines[name]) for name in names}
+        # each engine's load integral over virtual time (a request's mean load while it decodes)
+        self._meters = {name: LoadMeter(range(len(self.engines[name]))) for name in names}
         self._busy = {(name, i): False for name in names for i in range(len(self.engines[name]))}
         self._events: list[tuple[float, int, str, object]] = []
         self._seq = itertools.count()
@@ -160,6 +186,14 @@ class Replay:
         self.now = 0.0
         self.phase = 0
         self.result = ReplayResult(policy.name, scenario)
+
+    def mean_loads(self) -> dict[str, list[float]]:
+        """Each engine's in-flight requests averaged over the run so far (virtual time)."""
+        now = max(self.now, 1e-9)
+        return {
+            pool: [meter.area(i, self.now) / now for i in range(len(self.engines[pool]))]
+            for pool, meter in self._meters.items()
+        }
 
     # ---- events ---------------------------------------------------------------------------------
     def _push(self, at: float, kind: str, payload: object = None) -> None:
@@ -236,7 +270,12 @@ class Replay:
             # the tap's load bucket: live concurrency of the engine the request would join
             return self.buckets.load_bucket(self._replica_load[pool][self._pick(pool)] + 1)
 
-        pool, route = self.policy.choose(client.task, tbucket, load_bucket_of)
+        def load_of(pool: str) -> float:
+            if pool in self.replicas:  # as the tap's router: the replica it joins, evenly spread
+                return float(self.in_flight[pool] // self.replicas[pool] + 1)
+            return float(self._replica_load[pool][self._pick(pool)] + 1)
+
+        pool, route = self.policy.choose(client.task, tbucket, load_bucket_of, load_of)
         loads = self._replica_load[pool]
         replica = self._pick(pool)
         engine = self.engines[pool][replica]
@@ -250,7 +289,9 @@ class Replay:
         )
         self.in_flight[pool] += 1
         loads[replica] += 1
+        self._meters[pool].change(replica, 1, self.now)
         request.times["arrival"] = self.now
+        request.meta["load"] = float(loads[replica])
         request.meta["load_bucket"] = self.buckets.load_bucket(loads[replica])
         self._meta[id(request)] = (client, pool, route, temperature, replica)
         client.busy = True
@@ -259,8 +300,11 @@ class Replay:
             self._start_step((pool, replica))
 
     def _pick(self, pool: str) -> int:
-        """The fullest engine of the pool still below the fleet-wide per-engine concurrency."""
+        """The fullest engine of the pool still below the fleet-wide per-engine concurrency
+        (a fixed pool: its least loaded engine)."""
         loads = self._replica_load[pool]
+        if self.fixed and pool in self.replicas:
+            return loads.index(min(loads))
         cap = math.ceil((sum(self.in_flight.values()) + 1) / self.fleet)
         below = [i for i, n in enumerate(loads) if n < cap]
         if below:
@@ -284,6 +328,7 @@ class Replay:
             self.result.tokens[(self.phase, request.task)] += emission.new_tokens
             if emission.prefill:
                 request.times["first_token"] = self.now
+                request.meta["first_area"] = self._meters[pool].area(where[1], self.now)
             if emission.finished:
                 client = self._finish(pool, request)
                 if client is not None:
@@ -295,8 +340,13 @@ class Replay:
     def _finish(self, pool: str, request: SimRequest) -> _Client | None:
         client, _, route, temperature, replica = self._meta.pop(id(request))
         self.in_flight[pool] -= 1
+        area = self._meters[pool].area(replica, self.now)
+        self._meters[pool].change(replica, -1, self.now)
         self._replica_load[pool][replica] -= 1
         started = request.times["arrival"]
+        if self.now > request.times.get("first_token", self.now):
+            decode = self.now - request.times["first_token"]
+            request.meta["decode_load"] = (area - request.meta["first_area"]) / decode
         first = request.times.get("first_token", self.now)
         done = Finished(
             task_type=request.task,
@@ -310,12 +360,26 @@ class Replay:
             output_tokens=request.generated,
         )
         self.result.finished.append(done)
-        self.policy.observe(to_record(request, done, request.meta["load_bucket"]))
+        self.policy.observe(
+            to_record(
+                request,
+                done,
+                request.meta["load_bucket"],
+                request.meta["load"],
+                request.meta.get("decode_load"),
+            )
+        )
         client.busy = False
         return None if client.retiring else client
 
 
-def to_record(request: SimRequest, done: Finished, load_bucket: str) -> RequestRecord:
+def to_record(
+    request: SimRequest,
+    done: Finished,
+    load_bucket: str,
+    load: float | None = None,
+    decode_load: float | None = None,
+) -> RequestRecord:
     """What the tap would have recorded for this request (vLLM per-request summary fields)."""
     spec = request.spec_stats()
     return RequestRecord(
@@ -333,4 +397,6 @@ def to_record(request: SimRequest, done: Finished, load_bucket: str) -> RequestR
         decode_seconds=done.ended - done.first_token,
         e2e_seconds=done.ended - done.started,
         spec=spec,
+        load=load,
+        decode_load=decode_load,
     )

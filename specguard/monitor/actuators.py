@@ -48,6 +48,9 @@ class RouterActuator:
     async def apply(self, plan: state_mod.PlanDocument, decisions: Sequence[Decision]) -> None:
         try:
             self._router.set_plan(plan.routing())
+            if plan.replicas:  # fleet: replica counts travel with the plan
+                known = self._router.replicas()
+                self._router.set_replicas({p: n for p, n in plan.replicas.items() if p in known})
         except Exception as exc:  # the router rejects a plan naming unknown pools
             raise SourceError(f"router refused the plan: {exc}") from exc
 
@@ -140,23 +143,22 @@ class ConfigMapActuator:
     async def apply(self, plan: state_mod.PlanDocument, decisions: Sequence[Decision]) -> None:
         # classes decided here and not yet written survive a failed write until one succeeds
         self._pending |= {d.key for d in decisions if d.action != "none" and not d.dry_run}
-        await asyncio.wait_for(
-            asyncio.to_thread(self._write, plan, set(self._pending)),
-            self.timeout * (self.conflict_retries + 2),
-        )
+        async with asyncio.timeout(self.timeout * (self.conflict_retries + 2)):
+            await asyncio.to_thread(self._write, plan, set(self._pending))
         self._pending.clear()
 
     def _merge(self, stored_text: str | None, plan: state_mod.PlanDocument, changed: set) -> str:
         """Our plan laid over the stored one: only the classes we decided about replace stored entries.
 
         With no (readable) stored plan, ours is written whole. Another writer's entries for classes
-        we did not act on are kept, so replicas never clobber each other's decisions.
+        we did not act on are kept, so replicas never clobber each other's decisions. The stored
+        version follows ours (followers compare it with the decider's ``specguard_plan_version``).
         """
         stored = None
         if stored_text is not None:
             try:
-                stored = state_mod.decode(json.loads(stored_text), f"configmap key {self.key}")
-            except (ValueError, InputError) as exc:
+                stored = state_mod.parse(stored_text, f"configmap key {self.key}")
+            except InputError as exc:
                 log.warning(
                     "configmap %s/%s: stored plan unreadable (%s); writing ours whole",
                     self.namespace,
@@ -170,7 +172,7 @@ class ConfigMapActuator:
             states.update({k: plan.states[k] for k in changed if k in plan.states})
             version = max(stored.version + (1 if changed else 0), plan.version)
             merged = state_mod.PlanDocument(version, plan.updated_at, states, {**stored.pools, **plan.pools})
-            if not changed:
+            if not changed and version == stored.version:
                 return stored_text  # nothing decided here: leave the stored plan as it is
         return json.dumps(state_mod.encode(merged), indent=1, sort_keys=True)
 
@@ -213,7 +215,8 @@ class ConfigMapActuator:
 
     async def read_plan(self) -> state_mod.PlanDocument | None:
         """The plan stored in the ConfigMap (fleet replicas follow it); None when the key is absent."""
-        return await asyncio.wait_for(asyncio.to_thread(self._read), self.timeout + 1.0)
+        async with asyncio.timeout(self.timeout + 1.0):
+            return await asyncio.to_thread(self._read)
 
     def _read(self) -> state_mod.PlanDocument | None:
         where = f"configmap {self.namespace}/{self.configmap}"
@@ -226,14 +229,18 @@ class ConfigMapActuator:
         text = (current.data or {}).get(self.key)
         if text is None:
             return None
-        try:
-            return state_mod.decode(json.loads(text), f"{where} key {self.key}")
-        except json.JSONDecodeError as exc:
-            raise SourceError(f"{where} key {self.key}: not JSON ({exc})") from exc
+        return state_mod.parse(text, f"{where} key {self.key}")  # (InputError when malformed)
 
 
 def core_api(*, kubeconfig: str | None = None, api_server: str | None = None) -> Any:
-    """A CoreV1Api: in-cluster service account, else a kubeconfig, else ``api_server`` (kubectl proxy)."""
+    """A CoreV1Api over ``api_client``'s connection."""
+    from kubernetes import client
+
+    return client.CoreV1Api(api_client(kubeconfig=kubeconfig, api_server=api_server))
+
+
+def api_client(*, kubeconfig: str | None = None, api_server: str | None = None) -> Any:
+    """An ApiClient: ``api_server`` (e.g. kubectl proxy), else a kubeconfig, else in-cluster, else ~/.kube."""
     try:
         from kubernetes import client, config
     except ImportError as exc:
@@ -243,11 +250,11 @@ def core_api(*, kubeconfig: str | None = None, api_server: str | None = None) ->
     if api_server:
         configuration = client.Configuration()
         configuration.host = api_server
-        return client.CoreV1Api(client.ApiClient(configuration))
+        return client.ApiClient(configuration)
     if kubeconfig:
-        return client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))
+        return config.new_client_from_config(config_file=kubeconfig)
     try:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
-    return client.CoreV1Api()
+    return client.ApiClient()
