@@ -17,6 +17,7 @@ def test_help_lists_every_command():
         "demo",
         "run",
         "simulate",
+        "load",
         "inspect",
         "cost",
         "sweep",
