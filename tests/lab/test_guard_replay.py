@@ -173,20 +173,26 @@ def test_recovering_class_is_restored_after_the_stabilisation_window():
 def test_class_losing_on_k4_at_high_load_is_moved_to_the_k2_pool():
     scenario = sc.Scenario(
         "busy",
-        (sc.Phase("busy", 180.0, (sc.ClassLoad("creative", 40, ((0.0, 1.0),)),)),),
+        (sc.Phase("busy", 180.0, (sc.ClassLoad("creative", 120, ((0.0, 1.0),)),)),),
         "creative, greedy, busy",
     )
-    policy, _ = run(scenario, profile=True, fleet=1)
+    policy, _ = run(scenario, profile=True, fleet=3)  # about 40 per engine
     acted = [d for d in policy.all_decisions if d.action != "none"]
-    assert [(d.key, d.action, d.to_pool) for d in acted] == [
-        (("creative", "greedy", "medium"), "shorten", "spec-k2")
-    ]
+    # the holdout takes one of the three engines (equal capacity), so K=4 runs at more than one load
+    # bucket; in each the class leaves K=4: to K=2 where its what-if is good, else off
+    assert {(d.key[2], d.action, d.to_pool) for d in acted} <= {
+        (bucket, action, pool)
+        for bucket in ("low", "medium", "high")
+        for action, pool in (("shorten", "spec-k2"), ("off", "nospec"))
+    }
+    medium = [d for d in acted if d.key == ("creative", "greedy", "medium")]
+    assert [(d.action, d.to_pool) for d in medium] == [("shorten", "spec-k2")]
     assert (
-        acted[0].numbers["target_rc"]
+        medium[0].numbers["target_rc"]
         < POLICY.shorten_max_rc
-        < acted[0].numbers["rules"]["relative-cost@spec-k4"]["value"]
+        < medium[0].numbers["rules"]["relative-cost@spec-k4"]["value"]
     )
-    assert policy.states[acted[0].key].pending.to_pool == "spec-k2"  # to be confirmed by measurement
+    assert policy.states[medium[0].key].pending.to_pool == "spec-k2"  # to be confirmed by measurement
 
 
 MIXED = sc.Scenario(
@@ -223,18 +229,23 @@ def warm_and_cold():
         gpu_scale=2,
     )
     setup.settings = demo.cost_settings(setup.exporter)
-    profile = demo.calibrate(setup)  # a virtual `specguard sweep` with this mix, another seed
+    profile = demo.calibrate(setup)  # a virtual `specguard sweep` with its own mix and seed
     warm, _ = demo.run_specguard(setup, profile)
     cold_setup = demo.DemoSetup(**{**vars(setup), "policy": replace(POLICY, prior="none")})
     cold, _ = demo.run_specguard(cold_setup, profile)
     return warm, cold
 
 
+BUCKET = {"code": "greedy", "chat": "medium", "creative": "high"}  # MIXED's temperature buckets
+
+
 def _moves(result, task_type, load_bucket="low"):
+    """The plan changes of the class MIXED sends (the profile also plans classes it never sends)."""
     return [
         (d["time"], d["action"], d["cause"], d["to"])
         for d in result.decisions
-        if d["task_type"] == task_type and d["load_bucket"] == load_bucket
+        if (d["task_type"], d["temperature_bucket"], d["load_bucket"])
+        == (task_type, BUCKET[task_type], load_bucket)
     ]
 
 

@@ -30,10 +30,12 @@ def register(subparsers) -> None:
         "demo",
         help="see specguard work on the built-in simulator (no GPU, ~2 minutes)",
         description=(
-            "Calibrate the simulated pools, run a scripted scenario (mixed classes, load rising into "
-            "saturation and back, a temperature shift) through specguard's router, statistics, cost model "
-            "and guard, then replay the same scenario and seed under always-speculate, never-speculate, "
-            "the best static config and the per-phase oracle, and compare throughput and TPOT."
+            "Calibrate the simulated pools with a sweep of their own mix, run a scripted scenario (mixed "
+            "classes, load rising into saturation and back, a temperature shift) through specguard's "
+            "router, statistics, cost model and guard, then replay the same scenario and seed under "
+            "always- and never-speculate, the best single pool, the best pool per phase, the best static "
+            "plan per class and the hindsight oracle, every one on the same fleet of engines, and "
+            "compare throughput and TPOT."
         ),
     )
     parser.add_argument(
@@ -55,7 +57,10 @@ def register(subparsers) -> None:
         "--timer-scale", type=float, default=1 / 3, help="multiply the guard policy's timers (default 1/3)"
     )
     parser.add_argument(
-        "--fleet", type=int, default=3, help="engines' worth of capacity every policy gets (default 3)"
+        "--fleet",
+        type=int,
+        default=4,
+        help="engines every policy gets, whichever pools it uses (default 4; at least the number of pools)",
     )
     parser.add_argument(
         "--gpu-scale",
@@ -73,13 +78,19 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--profile-out", default=None, help="also write the calibration profile here")
     parser.add_argument(
+        "--stale-world",
+        default="k4-dominates",
+        help="simulator world (shipped name or simulator config file) the stale calibration profile is "
+        "swept on (default k4-dominates)",
+    )
+    parser.add_argument(
         "--json", action="store_true", help="print the result as JSON (stable keys) instead of tables"
     )
     parser.set_defaults(func=run)
 
 
 def _setup(args: argparse.Namespace):
-    from specguard.lab import demo, scenario
+    from specguard.lab import demo, scenario, worlds
     from specguard.monitor import config as monitor_config
     from specguard.rules import policy as policy_mod
     from specguard.sim import config as sim_config
@@ -98,6 +109,15 @@ def _setup(args: argparse.Namespace):
     missing = [p.name for p in cfg.exporter.pools if p.name not in sim_pools]
     if missing:
         raise ConfigError(f"config pools {missing} are not simulator pools ({sorted(sim_pools)})")
+    if args.fleet < len(cfg.exporter.pools):
+        raise flag_error(
+            f"--fleet ({args.fleet}) must be >= the number of pools ({len(cfg.exporter.pools)}): "
+            "every pool needs an engine of its own"
+        )
+    stale = worlds.load(args.stale_world)
+    stale_missing = [p.name for p in cfg.exporter.pools if p.name not in {q.name for q in stale.pools}]
+    if stale_missing:
+        raise ConfigError(f"--stale-world {args.stale_world}: no pools {stale_missing}")
     guard_section = cfg.sections.get("guard") if hasattr(cfg, "sections") else None
     policy = guard_section if isinstance(guard_section, policy_mod.Policy) else policy_mod.load_default()
     scen = scenario.load_scenario(args.scenario)
@@ -113,6 +133,8 @@ def _setup(args: argparse.Namespace):
         timer_scale=args.timer_scale,
         gpu_scale=args.gpu_scale,
         policy_source=f"{args.config} guard:" if guard_section is not None else "rules/default-policy.yaml",
+        stale_sim=demo.smaller_gpu(stale, args.gpu_scale),
+        stale_world=args.stale_world,
     )
     setup.settings = demo.cost_settings(setup.exporter)
     return setup
@@ -221,14 +243,17 @@ def run(args: argparse.Namespace) -> int:
         f"specguard demo: scenario '{scen.name}' ({scen.duration_s:.0f} simulated s): {scen.description}"
     )
     out.line(
-        f"pools: {', '.join(f'{p} (K={k})' for p, k in ks.items())}; fleet of {setup.fleet} engines; "
-        f"seed {setup.seed}; guard timers x{setup.timer_scale:.2f}"
+        f"pools: {', '.join(f'{p} (K={k})' for p, k in ks.items())}; seed {setup.seed}; "
+        f"guard timers x{setup.timer_scale:.2f}"
     )
+    out.line(f"capacity: {capacity_statement(setup.fleet)}")
     out.line(
         f"1/3 calibrating: quick sweep of every pool at concurrency 1..{128 / setup.gpu_scale:.0f} "
-        "(virtual time)"
+        "(virtual time) with the sweep's own mix and seed; a stale one on world "
+        f"'{setup.stale_world}'"
     )
     profile = demo.calibrate(setup)
+    stale_profile = demo.calibrate(setup, sim=setup.stale_sim) if setup.stale_sim is not None else None
     if args.profile_out:
         profile_mod.write_profile(profile, Path(args.profile_out))
         out.line(f"    calibration profile written to {args.profile_out}")
@@ -285,41 +310,44 @@ def run(args: argparse.Namespace) -> int:
 
     if args.live:
         out.line("3/3 replaying the same scenario and seed in virtual time: specguard and the baselines")
-    policy = rp.scaled_policy(setup.policy, setup.timer_scale) if setup.timer_scale != 1 else setup.policy
-    guard = rp.SpecguardPolicy(setup.exporter, policy, setup.settings, profile=profile, seed=setup.seed)
+    guard = rp.SpecguardPolicy(
+        setup.exporter, setup.timed_policy(), setup.settings, profile=profile, seed=setup.seed
+    )
     guard_ref["policy"] = guard
     guard.on_tick = on_tick
     result = replay.Replay(setup.sim, scen, guard, setup.buckets, seed=setup.seed, fleet=setup.fleet).run()
     out.done()
-    specguard = demo.summarize(
-        result,
-        "specguard (default policy)",
-        mode=demo.SPECGUARD_MODE,
-        decisions=result.decisions,
-        actions=len(result.decisions),
-        actions_in_stationary_phases=demo.stationary_actions(result.decisions, scen),
-        evaluations=guard.evaluations,
-    )
+    rows = {"specguard": demo.specguard_row(setup, result, guard, "fresh")}
     out.line(f"    specguard replay: {len(result.decisions)} plan changes in {guard.evaluations} evaluations")
+    for key, variant, prof in (
+        ("specguard_no_profile", "none", None),
+        ("specguard_stale_profile", "stale", stale_profile),
+    ):
+        if variant == "stale" and prof is None:
+            continue
+        out.line(f"    replaying specguard with {'no' if prof is None else 'the stale'} profile")
+        other, other_guard = demo.run_specguard(setup, prof)
+        rows[key] = demo.specguard_row(setup, other, other_guard, variant)
     if not args.live:
         out.line("3/3 replaying the same scenario and seed under the baselines")
-    policies = demo.run_baselines(setup, progress=lambda text: out.line(f"    {text}"))
-    policies["specguard"] = specguard
-    static_configs = policies.pop("static_configs")
+    compared = demo.compare(setup, rows, progress=lambda text: out.line(f"    {text}"))
     result_json = {
         "scenario": demo.scenario_json(scen),
         "seed": setup.seed,
+        "capacity": {"engines": setup.fleet, "statement": capacity_statement(setup.fleet)},
         "fleet_engines": setup.fleet,
         "pools": ks,
         "guard_policy": {"source": setup.policy_source, "timer_scale": setup.timer_scale},
         "calibration": {
             "levels": [lv.concurrency for lv in profile.pools[0].levels],
             "pools": [p.name for p in profile.pools],
+            "mix": [[m.task_type, m.temperature] for m in demo.sweep_mix(setup.sim, setup.buckets)],
+            "seed": setup.seed + demo.CALIBRATION_SEED,
+            "sees_the_scenario": False,
+            "stale_world": setup.stale_world,
         },
         "specguard_mode": demo.SPECGUARD_MODE,
-        "static_configs_throughput": static_configs,
-        "policies": policies,
-        "ratios": demo.ratios(policies),
+        **compared,
         "gpu_scale": args.gpu_scale,
         "specguard_live": live,
         "wall_seconds": round(time.monotonic() - started, 2),
@@ -332,51 +360,113 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-ORDER = ("always_speculate", "never_speculate", "best_static", "oracle", "specguard")
+def capacity_statement(engines: int) -> str:
+    return (
+        f"every row runs on the same fleet of {engines} engines, whichever pools it uses "
+        "(an engine serves one pool at a time; an empty one can be given to another pool)"
+    )
+
+
+ORDER = (
+    "always_speculate",
+    "never_speculate",
+    "best_single_pool",
+    "best_per_phase",
+    "best_per_class_static",
+    "oracle",
+    "specguard",
+    "specguard_no_profile",
+    "specguard_stale_profile",
+)
 NAMES = {
     "always_speculate": "always speculate",
     "never_speculate": "never speculate",
-    "best_static": "best static",
+    "best_single_pool": "best single pool",
+    "best_per_phase": "best per phase",
+    "best_per_class_static": "best per class",
     "oracle": "oracle",
     "specguard": "specguard",
+    "specguard_no_profile": "  no profile",
+    "specguard_stale_profile": "  stale profile",
 }
+
+
+def _config(name: str, p: dict) -> str:
+    if name.startswith("specguard"):
+        return f"{p['actions']} plan changes"
+    if name == "best_per_phase":
+        return "/".join(p["config"])
+    if name in ("best_per_class_static", "oracle"):
+        return "hindsight, true model" + (f", plan of {p['plan_from']}" if p.get("plan_from") else "")
+    return p.get("config") or ""
 
 
 def print_comparison(result: dict) -> None:
     policies = result["policies"]
+    names = [n for n in ORDER if n in policies]
     print()
-    print(f"Same scenario, same seed ({result['seed']}), {result['fleet_engines']} engines of capacity each:")
-    print(f"{'policy':<18}{'tokens/s':>10}{'vs oracle':>11}{'TPOT mean':>11}{'TPOT p99':>10}  config")
+    print(f"Same scenario, same seed ({result['seed']}); {result['capacity']['statement']}.")
+    print(
+        f"{'policy':<18}{'tokens/s':>10}{'vs oracle':>11}{'TPOT mean':>11}{'TPOT p99':>10}"
+        f"{'engines':>9}  config"
+    )
     oracle = policies["oracle"]["throughput_tokens_per_second"]
-    for name in ORDER:
+    for name in names:
         p = policies[name]
-        config = p.get("config") or ("per phase, per class" if name == "oracle" else "")
-        if name == "specguard":
-            config = f"{p['actions']} plan changes"
         print(
             f"{NAMES[name]:<18}{p['throughput_tokens_per_second']:>10.0f}"
             f"{p['throughput_tokens_per_second'] / oracle:>10.1%} {_fmt(p['tpot_mean_ms'], '8.1f'):>9}ms"
-            f"{_fmt(p['tpot_p99_ms'], '7.1f'):>8}ms  {config}"
+            f"{_fmt(p['tpot_p99_ms'], '7.1f'):>8}ms{p['mean_engines_busy']:>9.2f}  {_config(name, p)}"
         )
     print()
     print("Output tokens/s per phase:")
     phases = [ph["name"] for ph in policies["specguard"]["phases"]]
     print(f"{'policy':<18}" + "".join(f"{name[:10]:>11}" for name in phases))
-    for name in ORDER:
+    for name in names:
         print(
             f"{NAMES[name]:<18}"
             + "".join(f"{ph['throughput_tokens_per_second']:>11.0f}" for ph in policies[name]["phases"])
         )
-    r = result["ratios"]
     print()
+    print("What each row knows that specguard does not:")
+    for name in names:
+        if not name.startswith("specguard"):
+            print(textwrap.fill(f"{NAMES[name]}: {policies[name]['knows']}", WIDTH, subsequent_indent="  "))
+    for line in summary_lines(result):
+        print(textwrap.fill(line, WIDTH))
+    print(f"Done in {result['wall_seconds']:.0f} s. Use --json for every number.")
+
+
+def summary_lines(result: dict) -> list[str]:
+    """The closing lines: specguard against each row, the bound check and the live run."""
+    r, bound, noise = result["ratios"], result["bound"], result["noise"]
+    policies = result["policies"]
     lines = [
+        "",
         f"specguard = {r['specguard_vs_oracle_throughput']:.1%} of the oracle, "
-        f"{r['specguard_vs_best_static_throughput']:.1%} of the best static config, "
-        f"{r['specguard_vs_always_throughput']:.2f}x always-speculate, "
-        f"{r['specguard_vs_never_throughput']:.2f}x never-speculate "
-        f"(worst phase vs never: {r['specguard_vs_never_worst_phase_throughput']:.2f}x).",
-        f"The specguard row is its {result['specguard_mode']}.",
+        f"{r['specguard_vs_best_single_pool_throughput']:.1%} of the best single pool, "
+        f"{r['specguard_vs_best_per_class_static_throughput']:.1%} of the best static plan per class, "
+        f"{r['specguard_vs_always_speculate_throughput']:.2f}x always-speculate, "
+        f"{r['specguard_vs_never_speculate_throughput']:.2f}x never-speculate "
+        f"(worst phase vs never: {r['specguard_vs_never_worst_phase_throughput']:.2f}x); "
+        f"TPOT p99 {r['specguard_vs_oracle_tpot_p99']:.2f}x the oracle's.",
     ]
+    others = [
+        f"{label} {r[key]:.1%}"
+        for key, label in (
+            ("specguard_no_profile_vs_oracle_throughput", "with no profile"),
+            ("specguard_stale_profile_vs_oracle_throughput", "with a stale profile"),
+        )
+        if r.get(key) is not None
+    ]
+    if others:
+        lines.append("Of the oracle: " + ", ".join(others) + " (fresh profile above).")
+    lines.append(
+        f"Bound: no row beats the oracle by more than the run-to-run noise ({noise['max_abs']:.2%}, "
+        f"{noise['method']}): {'holds' if bound['holds'] else 'VIOLATED'} "
+        f"(closest: {NAMES[bound['max_ratio_row']].strip()} at {bound['max_ratio_to_oracle']:.1%})."
+    )
+    lines.append(f"The specguard rows are its {result['specguard_mode']}.")
     live = result.get("specguard_live")
     if live:
         lines.append(
@@ -384,6 +474,5 @@ def print_comparison(result: dict) -> None:
             f"TPOT mean {_fmt(live['tpot_mean_ms'], '.1f')} ms, p99 {_fmt(live['tpot_p99_ms'], '.1f')} ms "
             f"(simulated time), {live['actions']} plan changes; {live['note']}."
         )
-    for line in lines:
-        print(textwrap.fill(line, WIDTH))
-    print(f"Done in {result['wall_seconds']:.0f} s. Use --json for every number.")
+    del policies
+    return lines
