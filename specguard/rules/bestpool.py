@@ -9,7 +9,8 @@ token (CONCEPTS.md section 2). For each pool the best evidence at hand is its es
    moves a class only back to the pool a still unconfirmed move came from (the prediction that
    made the move was wrong), since an older measurement was taken under other conditions;
 3. ``what-if``: the cost model's prediction from the current pool's per-position acceptance
-   (exact for a shorter K; a longer K's extrapolation is used only after the profile);
+   (exact for a shorter K; a longer K's extrapolation is used only after the profile), built on at
+   least ``min_samples`` requests (a thinner one is used only where the profile has no value);
 4. ``profile``: the calibration profile's rc (``rules.prior``), scaled by the ratio of the current
    pool's live rc to its profile rc, so the profile gives relative costs and live data the level;
 5. ``extrapolated``: a what-if for a longer K than was measured (only with
@@ -73,9 +74,14 @@ def _finite(value: float | None) -> bool:
     return value is not None and math.isfinite(value) and value > 0
 
 
+def min_samples(policy: policy_mod.Policy) -> int:
+    """Requests a measurement (or the measurement a what-if comes from) needs to count as live."""
+    return min((r.limits.min_samples for r in policy.rules if r.query is None), default=0)
+
+
 def measured(evidence: Evidence, policy: policy_mod.Policy) -> dict[str, tuple[float, int]]:
     """Pools measured this window with enough samples: ``{pool: (rc, samples)}``."""
-    needed = min((r.limits.min_samples for r in policy.rules if r.query is None), default=0)
+    needed = min_samples(policy)
     out = {}
     for name, found in evidence.pools.items():
         rc = found.values.get("rc")
@@ -100,13 +106,17 @@ def estimates(
             out[name] = Estimate(name, rc, MEMORY)
     current_k = policy.pools.get(pool, 0)
     late: dict[str, Estimate] = {}
+    thin: dict[str, Estimate] = {}
+    needed = min_samples(policy)
     for name, found in evidence.pools.items():
         rc = found.values.get("rc")
         if name in out or not found.predicted or not _finite(rc):
             continue
         exact = found.method == "histogram" and policy.pools.get(name, 0) <= current_k
-        target = out if exact else late
-        target[name] = Estimate(name, float(rc), WHATIF if exact else EXTRAPOLATED, found.samples)  # type: ignore[arg-type]
+        estimate = Estimate(name, float(rc), WHATIF if exact else EXTRAPOLATED, found.samples)  # type: ignore[arg-type]
+        # a what-if from fewer than min_samples requests stands only where the profile has nothing
+        target = (out if found.samples >= needed else thin) if exact else late
+        target[name] = estimate
     prior = evidence.prior if policy.prior == "profile" else {}
     here = out.get(pool)
     scale = 1.0
@@ -115,6 +125,8 @@ def estimates(
     for name, rc in prior.items():
         if name not in out and name in policy.pools and _finite(rc):
             out[name] = Estimate(name, rc * scale, PROFILE)
+    for name, estimate in thin.items():
+        out.setdefault(name, estimate)
     if policy.restore_on_prediction:
         for name, estimate in late.items():
             out.setdefault(name, estimate)

@@ -15,8 +15,8 @@ def measured(name, rc, samples=50):
     return PoolEvidence(pool=name, values={"rc": rc, "rc_lower": rc * 0.97}, samples=samples)
 
 
-def whatif(name, rc, method="histogram"):
-    return PoolEvidence(pool=name, values={"rc": rc}, samples=50, predicted=True, method=method)
+def whatif(name, rc, method="histogram", samples=50):
+    return PoolEvidence(pool=name, values={"rc": rc}, samples=samples, predicted=True, method=method)
 
 
 def ev(*pools, prior=None):
@@ -72,6 +72,26 @@ CHOICES = [
         {"prior": "none"},
         None,
         id="prior-none-ignores-the-profile",
+    ),
+    pytest.param(  # issue 16 defect 1: the thin what-if hid the profile's K=2, so the warm start went off
+        "spec-k4",
+        ev(
+            measured("spec-k4", 1.12, samples=4),
+            whatif("spec-k2", 0.871, samples=4),
+            prior={"spec-k4": 1.08, "spec-k2": 0.886},
+        ),
+        {},
+        {},
+        ("spec-k2", "profile"),
+        id="a-thin-what-if-does-not-hide-the-profile",
+    ),
+    pytest.param(
+        "spec-k4",
+        ev(measured("spec-k4", 0.70), whatif("spec-k2", 0.60), prior={"spec-k4": 0.69, "spec-k2": 0.70}),
+        {},
+        {},
+        ("spec-k2", "what-if"),
+        id="a-well-supported-what-if-beats-the-profile",
     ),
     pytest.param(
         "spec-k4",
