@@ -222,7 +222,10 @@ def specguard_row(
 
 
 def compare(
-    setup: DemoSetup, specguard: dict[str, dict], progress: Callable[[str], None] | None = None
+    setup: DemoSetup,
+    specguard: dict[str, dict],
+    progress: Callable[[str], None] | None = None,
+    noise_draws: tuple[int, ...] = (1, 2),
 ) -> dict:
     """Every row, the run-to-run noise and the bound check; ``specguard``: its rows by JSON key."""
     case = setup.case()
@@ -230,7 +233,8 @@ def compare(
     policies.update(specguard)
     if progress:
         progress("replaying the oracle's plan with other acceptance draws (run-to-run noise)")
-    noise = hindsight.noise(case, oracle_slices, policies["oracle"]["throughput_tokens_per_second"])
+    oracle = policies["oracle"]["throughput_tokens_per_second"]
+    noise = hindsight.noise(case, oracle_slices, oracle, noise_draws)
     return {
         "policies": policies,
         "noise": noise,

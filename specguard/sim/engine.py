@@ -28,7 +28,7 @@ def request_rng(seed: int, pool: str, key: str) -> random.Random:
     return random.Random(int.from_bytes(digest, "big"))
 
 
-@dataclass(eq=False)  # identity: two requests are never "equal" (and list.remove stays O(n) cheap)
+@dataclass(eq=False, slots=True)  # identity: never "equal" (list.remove stays cheap); slots: fast fields
 class SimRequest:
     """One sequence inside the engine (mutable engine state; read, do not modify, from outside)."""
 
@@ -245,11 +245,13 @@ class EngineCore:
             request.draft_tokens += k
             request.accepted_tokens += accepted
             request.histogram[accepted] += 1
-        remaining = request.stop_at - request.generated
-        new = accepted + 1 if accepted + 1 < remaining else remaining
-        request.generated += new
+        generated = request.generated
+        stop_at = request.stop_at
+        new = accepted + 1 if generated + accepted + 1 < stop_at else stop_at - generated
+        generated += new
+        request.generated = generated
         request.steps_run += 1
-        return Emission(request, new, k, accepted, False, request.generated >= request.stop_at)
+        return Emission(request, new, k, accepted, False, generated >= stop_at)
 
     def _finish(self, request: SimRequest) -> None:
         request.state = "finished"
