@@ -19,7 +19,9 @@ token (CONCEPTS.md section 2). For each pool the best evidence at hand is its es
 The no-spec pool costs exactly 1.0 by definition. A pool is *cheaper* when its rc is below the
 current pool's times ``1 - best_pool_margin``; moving needs that for more than
 ``best_pool_consecutive_limit`` evaluations in a row (the guard counts), except for a class with no
-live evidence of its own yet, which starts on the profile's choice at once (the warm start).
+live evidence of its own yet, which starts on the profile's choice at once (the warm start). A move
+back to the pool the class left at its last move waits for the stabilization window, doubled per
+recent reversal (``reversal_wait``), so a class does not follow a load that swings across the knee.
 Pure: no clock, no I/O.
 """
 
@@ -174,6 +176,37 @@ def choose(
     if not best.rc < current.rc * (1.0 - policy.best_pool_margin):
         return None
     return Choice(current, best, warm)
+
+
+def reversal_wait(
+    left_pool: str | None,
+    reversal_times: tuple[float, ...],
+    target: str,
+    streak: int,
+    now: float,
+    policy: policy_mod.Policy,
+) -> tuple[str | None, tuple[float, ...]]:
+    """Whether a best-pool move to ``target`` must wait because it reverses the class's last move.
+
+    Returns (why it waits, or None; the reversal times to keep, this one included when it may go).
+    A move back to ``left_pool`` needs the cheaper estimate to have held for the stabilization
+    window (the longest of the local rules'), doubled for every reversal in the last
+    ``memory_seconds``: a load bucket that spans the knee makes the cheaper pool alternate as the
+    load swings inside it, and the class must not follow every swing (issue 16).
+    """
+    recent = tuple(t for t in reversal_times if now - t < policy.memory_seconds)
+    if target != left_pool:
+        return None, recent
+    base = max((r.limits.stabilization_window_seconds for r in policy.rules if r.query is None), default=0.0)
+    window = base * 2 ** len(recent)
+    needed = max(policy.best_pool_consecutive_limit + 1, math.ceil(window / policy.interval_seconds - 1e-9))
+    if streak >= needed:
+        return None, (*recent, now)
+    doubled = f", doubled for {len(recent)} reversal(s) in memory_seconds" if recent else ""
+    return (
+        f"back to {target}, the pool it left at its last move: consecutive evaluations ({streak}) < "
+        f"{needed} (stabilization window {window:.0f} s{doubled})"
+    ), recent
 
 
 def remember(

@@ -253,9 +253,18 @@ def step(
             if choice.warm_start
             else f"; consecutive evaluations ({streak}) > best_pool_consecutive_limit ({limit})"
         )
+        wait, reversals = (None, state.reversal_times)
+        correcting = state.pending is not None and choice.best.pool == state.pending.from_pool
+        if not choice.warm_start and not correcting:  # undoing an unconfirmed prediction is no flap
+            wait, reversals = bestpool.reversal_wait(
+                state.left_pool, state.reversal_times, choice.best.pool, streak, now, policy
+            )
+        if wait is not None:
+            return decide(replace(new, reversal_times=reversals), Phase.HOLD, f"{choice.reason}; {wait}")
         gate = timing.rate_gate(new, now, policy)
         if gate is not None:
             return decide(new, Phase.HOLD, f"{why}; waiting: {gate}")
+        new = replace(new, reversal_times=reversals)
         target_k = k_of(policy, choice.best.pool)
         action = "off" if target_k == 0 else "shorten" if target_k < k_of(policy, state.pool) else "lengthen"
         pending = None
@@ -343,7 +352,8 @@ def _act(new, action, pool, reason, now, policy, decide, pending, extra):
     )
     if policy.dry_run:
         return decide(moved, Phase.ACT, f"dry-run: {reason}", action, pool, dry_run=True, **extra)
-    return decide(replace(moved, pool=pool, pending=pending), Phase.ACT, reason, action, pool, **extra)
+    left = replace(moved, pool=pool, pending=pending, left_pool=new.pool)
+    return decide(left, Phase.ACT, reason, action, pool, **extra)
 
 
 def _counters(state: ClassState) -> dict[str, Any]:
