@@ -287,7 +287,14 @@ def step(
             if gate is not None:
                 return decide(new, Phase.HOLD, f"{candidate} recovered; waiting: {gate}")
             reasons = "; ".join(f"{a.rule.name} on {a.pool}: {a.reason}" for a in recover_acting)
-            return _act(new, "restore", candidate, reasons, now, policy, decide, None, {"cause": "recovered"})
+            pending = None
+            found = evidence.pools.get(candidate)
+            if found is not None and found.predicted and "rc" in found.values:  # to be measured there
+                pending = Pending(state.pool, candidate, found.values["rc"], now)
+                reasons += " (predicted: pending a measurement there)"
+            return _act(
+                new, "restore", candidate, reasons, now, policy, decide, pending, {"cause": "recovered"}
+            )
         return decide(new, Phase.HOLD, f"recovering towards {candidate}: {waiting}")
 
     if state.pending is not None and watch_phase is Phase.OK and choice is None:
