@@ -157,14 +157,18 @@ def _group(costs: Iterable[ClassCost], needed: int | None = None) -> dict[ClassK
 def with_prior(
     evidence: Mapping[ClassKey, Evidence], prior: Mapping[ClassKey, Mapping[str, float]]
 ) -> dict[ClassKey, Evidence]:
-    """Attach the calibration profile's rc per pool (``rules.prior``) to every class it covers.
+    """Attach the calibration profile's rc per pool (``rules.prior``) to every class it covers
+    that the window has seen, at any load bucket.
 
-    A class the profile knows but the window has not seen yet gets an Evidence of its own, so
-    the guard can plan it before its first request (the warm start).
+    A load bucket the class has not reached yet gets an Evidence of its own, so the guard plans it
+    before the load gets there (the warm start). A class the window has not seen at all is left
+    alone: a profile swept with a generic mix knows many classes the traffic may never send, and
+    planning those would be changes to a plan no request reads.
     """
     out = dict(evidence)
+    seen = {(key[0], key[1]) for key in evidence}
     for key, rcs in prior.items():
-        if rcs:
+        if rcs and (key[0], key[1]) in seen:
             out[key] = replace(out.get(key) or Evidence(), prior=dict(rcs))
     return out
 
