@@ -10,12 +10,15 @@ swept with its own mix and seed (it cannot see the scenario):
 - the bound: the oracle's plan replayed with other acceptance draws gives the run-to-run noise; no
   row may beat the oracle by more than it (the run fails the check otherwise);
 - detection delay: simulated seconds from the temperature shift to the first plan change for the
-  shifted class (``shift`` scenario; 0 when the profile's warm start had planned it before the
-  shift, so the delay on live evidence alone is measured too, with ``guard.prior: none``);
+  shifted class (``shift`` scenario; 0 would mean it was planned before the shift, which a profile
+  that cannot see the scenario no longer does), and the same with no profile at all;
 - plan changes in stationary phases and the most per class in any hour.
 
     python3 bench/bench_controller.py [--seeds 0,1,2] [--scenarios default,load-wave,shift,stationary]
-        [--gpu-scale 2] [--fleet 4] [--timer-scale 0.3333] [--set KEY=VALUE ...] [--json]
+        [--gpu-scale 2] [--fleet 4] [--timer-scale 0.3333] [--no-profile] [--set KEY=VALUE ...] [--json]
+
+``--no-profile`` runs with no calibration profile at all (no warm start, no profile baseline): the
+live baseline (and the model baseline, where the guard has one) is all it has.
 
 ``--set`` changes one top-level key of the shipped guard policy for an ablation, e.g.
 ``--set prior=none --set holdout=fixed --set best_pool=false``.
@@ -33,16 +36,14 @@ from specguard.lab import demo, scenario, summary, worlds
 from specguard.monitor import config as monitor_config
 from specguard.rules import policy as policy_mod
 
-SHIFT_AT = 300.0  # shift_scenario(): the shift happens at the start of its second phase
 
-
-def detection_delay(decisions: list[dict], default_pool: str) -> float | None:
+def detection_delay(decisions: list[dict], default_pool: str, shift_at: float) -> float | None:
     """Seconds from the shift to the first plan change for the shifted class (0: planned before it)."""
     shifted = [d for d in decisions if d["task_type"] == "code" and d["temperature_bucket"] == "medium"]
-    if any(d["time"] < SHIFT_AT and d["to"] != default_pool for d in shifted):
+    if any(d["time"] < shift_at and d["to"] != default_pool for d in shifted):
         return 0.0
-    moved = [d["time"] for d in decisions if d["time"] >= SHIFT_AT and d["task_type"] == "code"]
-    return (min(moved) - SHIFT_AT) if moved else None
+    moved = [d["time"] for d in decisions if d["time"] >= shift_at and d["task_type"] == "code"]
+    return (min(moved) - shift_at) if moved else None
 
 
 def policy_with(changes: list[str]) -> policy_mod.Policy:
@@ -88,13 +89,16 @@ def setup_for(
 
 def one(name: str, seed: int, args: argparse.Namespace) -> dict:
     scen = scenario.BUILTIN[name]()
+    if getattr(args, "scenario_seconds", None):
+        scen = scen.scaled(args.scenario_seconds)
     setup = setup_for(
         scen, seed, gpu_scale=args.gpu_scale, fleet=args.fleet, timer_scale=args.timer_scale, changes=args.set
     )
     t0 = time.perf_counter()
-    profile = demo.calibrate(setup)
+    profile = None if args.no_profile else demo.calibrate(setup)
     result, guard = demo.run_specguard(setup, profile)
-    compared = demo.compare(setup, {"specguard": demo.specguard_row(setup, result, guard, "fresh")})
+    variant = "none" if profile is None else "fresh"
+    compared = demo.compare(setup, {"specguard": demo.specguard_row(setup, result, guard, variant)})
     r, policies = compared["ratios"], compared["policies"]
     out = {
         "scenario": name,
@@ -115,16 +119,30 @@ def one(name: str, seed: int, args: argparse.Namespace) -> dict:
         "actions": len(result.decisions),
         "actions_in_stationary_phases": summary.stationary_actions(result.decisions, setup.scenario),
         "max_changes_per_class_hour": policies["specguard"]["max_changes_per_class_hour"],
+        "profile": profile is not None,
+        "baseline_sources": baseline_sources(guard),
         "wall_seconds": time.perf_counter() - t0,
     }
-    if name == "shift":
-        out["detection_delay_seconds"] = detection_delay(result.decisions, setup.default_pool)
+    if name == "shift":  # shift_scenario(): the shift happens at the start of its second phase
+        shift_at = setup.scenario.boundaries()[1][0]
+        out["detection_delay_seconds"] = detection_delay(result.decisions, setup.default_pool, shift_at)
         live_result, _ = demo.run_specguard(setup, None)
-        out["detection_delay_live_only_seconds"] = detection_delay(live_result.decisions, setup.default_pool)
+        out["detection_delay_live_only_seconds"] = detection_delay(
+            live_result.decisions, setup.default_pool, shift_at
+        )
     if name == "stationary":
         steady_start = setup.scenario.boundaries()[1][0]
         out["actions_after_settling"] = sum(1 for d in result.decisions if d["time"] >= steady_start)
     return out
+
+
+def baseline_sources(guard) -> dict[str, int]:
+    """Baseline sources of the RCs of the last evaluation, counted (e.g. live 12, profile 3)."""
+    out: dict[str, int] = {}
+    for cost in guard.last_costs:
+        if cost.rc is not None:
+            out[cost.baseline_source] = out.get(cost.baseline_source, 0) + 1
+    return dict(sorted(out.items()))
 
 
 def line(row: dict) -> str:
@@ -144,7 +162,7 @@ def line(row: dict) -> str:
         f"TPOT p99/oracle {row['tpot_p99_vs_oracle']:.3f} "
         f"bound {'ok' if row['bound_holds'] else 'VIOLATED'} (noise {row['noise']:.4f}) "
         f"actions {row['actions']} (stationary {row['actions_in_stationary_phases']}){extra} "
-        f"[{row['wall_seconds']:.0f}s]"
+        f"baselines {row['baseline_sources']} [{row['wall_seconds']:.0f}s]"
     )
 
 
@@ -156,6 +174,8 @@ def main() -> None:
     parser.add_argument("--fleet", type=int, default=4)
     parser.add_argument("--timer-scale", type=float, default=1 / 3)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="guard policy change")
+    parser.add_argument("--no-profile", action="store_true", help="no calibration profile at all")
+    parser.add_argument("--scenario-seconds", type=float, default=None, help="scale every scenario to this")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     rows = []

@@ -2,33 +2,50 @@
 
 Every policy the replay compares gets the same N engines, whichever pools (K) it routes to. An
 engine runs one pool's configuration at a time; an engine with no request in it can be given to
-any pool at once (capacity follows traffic, as pools autoscaled on in-flight requests would), but
-there are never more than N engines in all. So splitting traffic over more pools buys no capacity:
-it can only cost some, since each pool's engines batch fewer requests.
+any pool at once (the model leaves out the restart a real engine needs to change K). There are
+never more than N engines in all, so splitting traffic over more pools buys no capacity: it can
+only cost some, since every pool in use needs an engine and each engine batches fewer requests.
 
-Placement of a request for pool P, with the fleet-wide per-engine concurrency
-``cap = ceil((requests in flight + 1) / N)``:
-
-1. the fullest engine of P below ``cap`` (requests are packed, as the replay always did);
-2. else an engine with no request (reconfigured to P if it ran another pool);
-3. else the least loaded engine of P, over ``cap``; and as many engines as P lacks to stay within
-   ``cap`` are drained from pools that can spare them (and still stay within ``cap``, with slack);
-4. else (P has no engine) the request waits; an engine is drained for P (one another pool can
-   spare, else the least loaded of the pool holding most, if it holds two or more: with N >= the
-   number of pools one always does) and handed to P, with up to ``cap`` waiting requests, once empty.
-
-A draining engine admits nothing new; an engine is reconfigured only when empty (the model leaves
-out the restart a real engine needs to change K). Deterministic: ties go to the lowest index.
+The fleet allocates engines as an autoscaler on requests in flight would: every pool with requests
+is due engines in proportion to them, rounded by largest remainder, at least one each
+(``allocation``; the fluid model of ``lab.fluid`` assumes the same split). A request joins the least
+loaded engine of its pool. A pool below its allocation takes an empty engine, else an engine of a
+pool above its allocation is *drained* for it: it admits nothing new and changes hands once its
+last request finishes (a quarter-engine of hysteresis keeps demand that swings by a request or two
+from moving engines). A pool with no engine at all waits for one; its waiting requests then move
+over, spread over the engines on their way. Deterministic: ties go to the lowest index.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from specguard.sim.config import SimConfig
 from specguard.sim.engine import EngineCore, SimRequest
+
+
+def quotas(demand: Mapping[str, float], engines: int) -> dict[str, float]:
+    """Each pool's exact share of the engines: ``engines x its demand / all demand``."""
+    total = sum(d for d in demand.values() if d > 0)
+    return {p: engines * d / total for p, d in demand.items() if d > 0} if total else {}
+
+
+def allocation(demand: Mapping[str, float], engines: int) -> dict[str, int]:
+    """Engines per pool for ``demand`` (requests in flight): the quotas rounded by largest remainder,
+    at least one engine for every pool with demand (with more pools than engines, the busiest)."""
+    q = quotas(demand, engines)
+    pools = sorted(q, key=lambda p: (-q[p], p))
+    if len(pools) >= engines:
+        return {p: int(i < engines) for i, p in enumerate(pools)}
+    out = {p: max(1, math.floor(q[p])) for p in pools}
+    while sum(out.values()) > engines:  # minimums pushed the total over: the most over-served gives
+        over = max((p for p in pools if out[p] > 1), key=lambda p: (out[p] - q[p], p))
+        out[over] -= 1
+    for p in sorted(pools, key=lambda p: (-(q[p] - out[p]), -q[p], p))[: engines - sum(out.values())]:
+        out[p] += 1
+    return out
 
 
 @dataclass(eq=False)
@@ -39,7 +56,7 @@ class Slot:
     pool: str | None = None
     engine: EngineCore | None = None
     load: int = 0  # requests placed on this engine and not finished
-    draining_for: str | None = None  # the pool it goes to once empty ("" = nobody yet)
+    draining_for: str | None = None  # the pool it goes to once empty
     busy: bool = False  # a step is in flight
 
     @property
@@ -77,44 +94,51 @@ class Fleet:
         self._cores: dict[tuple[int, str], EngineCore] = {}  # (slot index or -1, pool)
 
     # ---- queries --------------------------------------------------------------------------------
-    def cap(self) -> int:
-        return math.ceil((self.in_flight + 1) / self.size)
-
     def engines_of(self, pool: str) -> list[Slot]:
         return [s for s in self.slots if s.pool == pool and not s.draining]
 
-    def _target(self, pool: str, cap: int) -> tuple[Slot | None, str]:
-        mine = self.engines_of(pool)
-        below = [s for s in mine if s.load < cap]
-        if below:
-            return max(below, key=lambda s: (s.load, -s.index)), "packed"
-        free = [s for s in self.slots if s.load == 0 and not s.draining]
-        if free:
-            return free[0], "free"
-        if mine:
-            return min(mine, key=lambda s: (s.load, s.index)), "over"
-        return None, "wait"
+    def demand(self, extra: str | None = None) -> dict[str, int]:
+        """Requests in flight per pool (on its engines, draining ones included, and waiting)."""
+        out: dict[str, int] = {}
+        for s in self.slots:
+            if s.pool is not None and s.load:
+                out[s.pool] = out.get(s.pool, 0) + s.load
+        for pool, queue in self.waiting.items():
+            out[pool] = out.get(pool, 0) + len(queue)
+        if extra is not None:
+            out[extra] = out.get(extra, 0) + 1
+        return out
+
+    def _free(self) -> list[Slot]:
+        """Empty engines another pool may take: unassigned, or of a pool with no request in flight
+        (an empty engine of a busy pool is where that pool's next request goes)."""
+        busy = self.demand()
+        return [s for s in self.slots if s.load == 0 and not s.draining and not busy.get(s.pool or "", 0)]
 
     def peek_load(self, pool: str) -> int:
         """The live concurrency of the engine a request for ``pool`` would join, itself included."""
-        slot, _ = self._target(pool, self.cap())
-        return (slot.load if slot is not None else 0) + 1
+        mine = self.engines_of(pool)
+        return (min(s.load for s in mine) if mine else 0) + 1
 
     # ---- placement ------------------------------------------------------------------------------
     def place(self, pool: str, request: SimRequest, now: float) -> Slot | None:
         """Put ``request`` on an engine of ``pool`` (returned), or queue it (None) until one is free."""
-        cap = self.cap()
-        slot, how = self._target(pool, cap)
         self.in_flight += 1
-        if slot is None:
+        demand = self.demand(extra=pool)
+        target = allocation(demand, self.size)
+        mine = self.engines_of(pool)
+        if not mine or len(mine) < target.get(pool, 0):
+            free = [s for s in self._free() if s.pool != pool]
+            if free:
+                self._assign(free[0], pool)
+                mine = self.engines_of(pool)
+        self._rebalance(pool, demand, target)
+        mine = self.engines_of(pool)
+        if not mine:
             self.waiting.setdefault(pool, []).append(request)
             self.stats.waited_requests += 1
-            self._make_room(pool, cap)
             return None
-        if how == "free":
-            self._assign(slot, pool)
-        elif how == "over":
-            self._rebalance(pool, cap)
+        slot = min(mine, key=lambda s: (s.load, s.index))
         self._add(slot, request, now)
         return slot
 
@@ -132,21 +156,60 @@ class Fleet:
         if target is None:
             return []
         self._assign(slot, target)
-        cap = self.cap()
         queue = self.waiting.pop(target, [])
-        moved, rest = queue[:cap], queue[cap:]
+        coming = sum(1 for s in self.slots if s.draining_for == target)
+        take = math.ceil(len(queue) / (coming + 1))  # spread over the engines still on their way
+        moved, rest = queue[:take], queue[take:]
         for request in moved:
             self._add(slot, request, now)
-        if rest:  # the others wait for the next engine, not pile onto this one
+        if rest:  # the others wait for the engines still draining for this pool
             self.waiting[target] = rest
-            self._rebalance(target, cap)
         return moved
 
     def engine_for(self, pool: str) -> EngineCore:
         """An engine core of ``pool`` to build its requests with (draws depend on seed, pool, key)."""
         return self._engine(None, pool)
 
+    def close(self, now: float) -> None:
+        self._count_busy(now, 0)
+
     # ---- internals ------------------------------------------------------------------------------
+    def _rebalance(self, pool: str, demand: Mapping[str, int], target: Mapping[str, int]) -> None:
+        """Drain engines of pools above their allocation for ``pool``, while it is below its own.
+
+        A move must bring the two pools' shortfalls (quota minus engines) at least a quarter of an
+        engine closer, so demand that swings by a request or two moves no engine; a pool with no
+        engine at all gets one regardless (from the pool holding most, if nobody is above target).
+        """
+        q = quotas(demand, self.size)
+        counts = {p: len(self.engines_of(p)) for p in self.pools}
+        coming = sum(1 for s in self.slots if s.draining_for == pool)
+        while counts.get(pool, 0) + coming < target.get(pool, 0) or counts.get(pool, 0) + coming == 0:
+            have = counts.get(pool, 0) + coming
+            short = q.get(pool, 0.0) - have
+            donors = [
+                p
+                for p in self.pools
+                if p != pool
+                and counts[p] >= 2
+                and counts[p] > target.get(p, 0)
+                and (have == 0 or short - (q.get(p, 0.0) - (counts[p] - 1)) > 0.25)
+            ]
+            if not donors and have == 0:
+                donors = [p for p in self.pools if p != pool and counts[p] >= 2]
+            if not donors:
+                return
+            donor = max(donors, key=lambda p: (counts[p] - q.get(p, 0.0), counts[p], p))
+            slot = min(self.engines_of(donor), key=lambda s: (s.load, -s.index))
+            counts[donor] -= 1
+            if slot.load == 0:  # empty already: it changes hands now
+                self._assign(slot, pool)
+                counts[pool] = counts.get(pool, 0) + 1
+                continue
+            self.stats.drains += 1
+            slot.draining_for = pool
+            coming += 1
+
     def _engine(self, slot: Slot | None, pool: str) -> EngineCore:
         key = (-1 if slot is None else slot.index, pool)
         core = self._cores.get(key)
@@ -174,49 +237,3 @@ class Fleet:
         s._since = now
         s._busy += delta
         s.max_busy = max(s.max_busy, s._busy)
-
-    def close(self, now: float) -> None:
-        self._count_busy(now, 0)
-
-    def _spare(self, pool: str, cap: int) -> Slot | None:
-        """The least loaded engine ``pool`` can give up and keep its requests within ``cap`` (slack 1/4)."""
-        mine = self.engines_of(pool)
-        if len(mine) < 2:
-            return None
-        load = sum(s.load for s in mine)
-        if (len(mine) - 1) * cap < load + max(1, cap // 4):
-            return None
-        return min(mine, key=lambda s: (s.load, -s.index))
-
-    def _shortfall(self, pool: str, cap: int) -> int:
-        """Engines ``pool`` needs beyond those it has or that are draining for it."""
-        mine = self.engines_of(pool)
-        load = sum(s.load for s in mine) + len(self.waiting.get(pool, ()))
-        coming = sum(1 for s in self.slots if s.draining_for == pool)
-        return math.ceil(load / cap) - len(mine) - coming
-
-    def _rebalance(self, pool: str, cap: int) -> None:
-        """``pool`` is over ``cap``: drain engines other pools can spare, as many as it lacks."""
-        for _ in range(max(0, self._shortfall(pool, cap))):
-            spare = [slot for other in self.pools if other != pool and (slot := self._spare(other, cap))]
-            if not spare:
-                return
-            self._drain(min(spare, key=lambda s: (s.load, -s.index)), pool)
-
-    def _make_room(self, pool: str, cap: int) -> None:
-        """``pool`` has no engine: drain what others can spare, else the richest pool's least loaded."""
-        if not any(s.draining_for == pool for s in self.slots):
-            counts = {p: len(self.engines_of(p)) for p in self.pools if p != pool}
-            richest = max(counts, key=lambda p: (counts[p], -self.pools.index(p)), default=None)
-            spare = [slot for other in self.pools if other != pool and (slot := self._spare(other, cap))]
-            if spare:
-                self._drain(min(spare, key=lambda s: (s.load, -s.index)), pool)
-            elif richest is not None and counts[richest] >= 2:
-                self._drain(min(self.engines_of(richest), key=lambda s: (s.load, -s.index)), pool)
-            else:
-                return  # fewer engines than pools: the request waits until an engine empties by itself
-        self._rebalance(pool, cap)
-
-    def _drain(self, slot: Slot, for_pool: str) -> None:
-        self.stats.drains += 1
-        slot.draining_for = for_pool

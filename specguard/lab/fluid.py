@@ -13,8 +13,8 @@ simulator's ``CostModel.step_seconds`` averaged over a binomial number of decodi
 padding and the knee make it non-linear). Class ``c`` gets ``m_c E[L_c] / S_c`` tokens per step.
 Co-location is in it (every class on an engine shares its steps), and so is prefill.
 
-Engines are packed as ``lab.fleet`` packs them: per pool, engines filled to the fleet-wide cap
-``ceil(C / N)``; with more engines wanted than the fleet has, the pool with most gives one up.
+Engines are split between pools as ``lab.fleet`` balances them at steady state: in proportion to
+each pool's clients, at least one each, the clients spread evenly over a pool's engines.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from specguard.lab import fleet as fleet_mod
 from specguard.sim.config import LengthDist, SimConfig
 
 ClassKey = tuple[str, str]  # (task_type, temperature_bucket)
@@ -119,24 +120,13 @@ class Model:
         return mean_step, out
 
     def layout(self, loads: Mapping[str, float]) -> dict[str, list[float]]:
-        """Clients per engine of every pool with traffic, packed as ``lab.fleet`` packs them."""
-        total = sum(loads.values())
-        if total <= 0:
-            return {}
-        cap = max(1, math.ceil(total / self.fleet))
-        want = {p: max(1, math.ceil(n / cap - 1e-9)) for p, n in loads.items() if n > 0}
-        while sum(want.values()) > self.fleet and any(v > 1 for v in want.values()):
-            richest = max(want, key=lambda p: (want[p], p))
-            want[richest] -= 1
-        out = {}
-        for pool, slots in want.items():
-            n = loads[pool]
-            if slots * cap >= n:
-                full = [float(cap)] * (slots - 1)
-                out[pool] = [*full, n - cap * (slots - 1)] if slots > 1 else [n]
-            else:
-                out[pool] = [n / slots] * slots
-        return out
+        """Clients per engine of every pool with traffic, as ``lab.fleet`` balances them at steady
+        state: engines in proportion to the pools' clients (``fleet.allocation``), spread evenly."""
+        return {
+            pool: [loads[pool] / engines] * engines
+            for pool, engines in fleet_mod.allocation(loads, self.fleet).items()
+            if engines
+        }
 
     def evaluate(self, traffic: Sequence[ClassTraffic], plan: Plan, default: str) -> Evaluation:
         """Throughput (tokens/s) and per-class numbers of ``plan`` for ``traffic``."""
@@ -148,12 +138,12 @@ class Model:
         for pool, engines in self.layout(loads).items():
             ts = by_pool[pool]
             share = loads[pool]
-            for m in engines:
-                _, rows = self.engine(self.ks[pool], [(t, t.clients * m / share) for t in ts])
-                for key, (tokens, tpot) in rows.items():
-                    acc = per_class.setdefault(key, [0.0, 0.0])
-                    acc[0] += tokens
-                    acc[1] += tokens * tpot
+            m = engines[0]  # every engine of the pool holds the same clients: one stands for all
+            _, rows = self.engine(self.ks[pool], [(t, t.clients * m / share) for t in ts])
+            for key, (tokens, tpot) in rows.items():
+                acc = per_class.setdefault(key, [0.0, 0.0])
+                acc[0] += tokens * len(engines)
+                acc[1] += tokens * len(engines) * tpot
         classes = {key: (tok, wt / tok if tok else 0.0) for key, (tok, wt) in per_class.items()}
         return Evaluation(sum(tok for tok, _ in classes.values()), classes)
 
