@@ -37,11 +37,17 @@ SPECGUARD_MODE = (
 )
 CALIBRATION_LEVELS = (1, 2, 4, 8, 16, 32, 64, 128)
 CALIBRATION_SEED = 1000  # the sweep's own seed: demo seed + this
-PROFILE_VARIANTS = {
-    "specguard": "fresh",
-    "specguard_no_profile": "none",
-    "specguard_stale_profile": "stale",
-}
+ROWS = (  # the comparison's rows, in the order they are printed (keys of the JSON's ``policies``)
+    "always_speculate",
+    "never_speculate",
+    "best_single_pool",
+    "best_per_phase",
+    "best_per_class_static",
+    "oracle",
+    "specguard",
+    "specguard_no_profile",
+    "specguard_stale_profile",
+)
 KNOWS_SPECGUARD = {
     "fresh": "what it measured live, and a calibration sweep of this world with its own mix and seed",
     "none": "only what it measured live (guard.prior: none, no calibration profile)",

@@ -1,6 +1,7 @@
 """Replay a scenario in virtual time through the simulator's engine core, under one routing policy.
 
-No HTTP and no clock: each pool is a ``sim.engine.EngineCore`` whose steps take their model
+No HTTP and no clock: a fleet of N engines (``lab.fleet``; the same N for every policy, whichever
+pools it uses), each a ``sim.engine.EngineCore`` of the pool it serves, whose steps take their model
 duration on a shared virtual timeline (a discrete-event loop). Closed-loop clients of each task
 type send their next request as soon as one finishes; every request's lengths and temperature
 depend only on (seed, client, request number), never on the policy, so every policy serves the
@@ -192,7 +193,7 @@ class Replay:
                 for decision in changes:
                     decision.setdefault("phase", self.scenario.phases[self.phase].name)
                 self.result.decisions.extend(changes)
-        self.fleet.close(min(self.now, end) if self._events else self.now)
+        self.fleet.close(end)
         self.result.engines = self.fleet.size
         self.result.busy_engine_seconds = self.fleet.stats.busy_engine_seconds
         self.result.fleet_stats = self.fleet.stats

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from specguard import cli
-from specguard.lab import scenario
+from specguard.lab import demo, scenario
 
 SHORT = """
 name: short
@@ -40,17 +40,7 @@ POLICY_KEYS = {
     "mean_engines_busy",
     "knows",
 }
-ROWS = {
-    "always_speculate",
-    "never_speculate",
-    "best_single_pool",
-    "best_per_phase",
-    "best_per_class_static",
-    "oracle",
-    "specguard",
-    "specguard_no_profile",
-    "specguard_stale_profile",
-}
+ROWS = set(demo.ROWS)
 
 
 @pytest.fixture(scope="module")

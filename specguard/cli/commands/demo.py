@@ -367,17 +367,6 @@ def capacity_statement(engines: int) -> str:
     )
 
 
-ORDER = (
-    "always_speculate",
-    "never_speculate",
-    "best_single_pool",
-    "best_per_phase",
-    "best_per_class_static",
-    "oracle",
-    "specguard",
-    "specguard_no_profile",
-    "specguard_stale_profile",
-)
 NAMES = {
     "always_speculate": "always speculate",
     "never_speculate": "never speculate",
@@ -403,7 +392,9 @@ def _config(name: str, p: dict) -> str:
 
 def print_comparison(result: dict) -> None:
     policies = result["policies"]
-    names = [n for n in ORDER if n in policies]
+    from specguard.lab import demo
+
+    names = [n for n in demo.ROWS if n in policies]
     print()
     print(f"Same scenario, same seed ({result['seed']}); {result['capacity']['statement']}.")
     print(
