@@ -201,6 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     names, world_names = args.scenarios.split(","), args.worlds.split(",")
     seeds = [int(s) for s in args.seeds.split(",")]
     profiles = args.profiles.split(",")
+    for name in names:  # a bad scenario file fails here, before any work
+        load(name, seconds)
+    for world in world_names:
+        worlds.load(world)
     t0 = time.perf_counter()
     stale_worlds = {STALE_WORLD.get(w, "k4-dominates") for w in world_names} if "stale" in profiles else set()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:

@@ -11,6 +11,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def test_every_scenario_and_world_of_the_matrix_loads():
+    sys.path.insert(0, str(ROOT / "bench"))
+    import bench_matrix
+
+    from specguard.lab import worlds
+
+    names = bench_matrix.scenario_names()
+    assert len(names) >= 8
+    for name in names:
+        assert bench_matrix.load(name, None).duration_s > 0
+    assert len(worlds.names()) >= 4
+    for world in worlds.names():
+        worlds.load(world)
+
+
 def test_quick_matrix_runs_and_no_row_beats_the_oracle():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
