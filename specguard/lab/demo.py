@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from specguard.exporters.config import ExporterConfig
-from specguard.lab import hindsight, replay, summary, sweep
+from specguard.lab import hindsight, replay, summary, sweep, sweep_drivers
 from specguard.lab import replay_policies as rp
 from specguard.lab import scenario as scenario_mod
 from specguard.rules import policy as policy_mod
@@ -148,7 +148,7 @@ def calibrate(
         pools,
         levels,
         mix,
-        sweep.virtual_driver(world, seed=setup.seed + CALIBRATION_SEED),
+        sweep_drivers.virtual_driver(world, seed=setup.seed + CALIBRATION_SEED),
         requests_per_level=lambda c: max(6 * len(mix), 4 * c),
         progress=progress,
     )

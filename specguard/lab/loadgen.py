@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 
 from specguard.errors import ConfigError
+from specguard.lab import prompts
 
 TASK_HEADER = "x-task-type"
 _WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet")
@@ -40,6 +41,7 @@ class RequestClass:
     chat: bool = True  # /v1/chat/completions (else /v1/completions)
     stream: bool | None = None  # None: the run's default
     ignore_eos: bool = False  # vLLM/SGLang extension: always generate max_tokens tokens
+    prompts: str = "words"  # "words": reproducible word salad; "task": lab.prompts for a real model
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,10 @@ def _mix(mix: Mix) -> list[RequestClass]:
 
 def prompt_for(cls: RequestClass, index: int, seed: int) -> str:
     """A reproducible prompt of about ``cls.prompt_tokens`` tokens."""
+    if cls.prompts == "task":
+        text = prompts.task_prompt(cls.task_type, index, seed, cls.prompt_tokens)
+        if text is not None:
+            return text
     rng = random.Random(f"{seed}/{cls.task_type}/{index}")
     text = f"[{cls.task_type} #{index}]"
     while len(text) < 4 * cls.prompt_tokens:

@@ -7,22 +7,15 @@ embedded as base64, so the file can be mailed or attached to a ticket.
 
 from __future__ import annotations
 
-import base64
 import html
-import io
-import math
 from dataclasses import dataclass, field
 
-import matplotlib
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from specguard.lab.report_data import PromData  # noqa: E402
+from specguard.lab import report_figures as figures
+from specguard.lab.report_data import PromData
 
 CLASS = ("task_type", "temperature_bucket")
-MAX_CLASS_PANELS = 12
 
 
 @dataclass
@@ -63,7 +56,12 @@ def collect(
     by = ",".join(CLASS)
     data = ReportData(source.url, start, end, step_s, window)
     data.rc = source.range("specguard_relative_cost_per_token_ratio", start, end, step_s)
-    data.actions = _increments(source.range("specguard_actions_total", start, end, step_s), start, step_s)
+    data.actions = _increments(
+        source.range("specguard_actions_total", start, end, step_s),
+        source.instant("specguard_actions_created", at=end),
+        start,
+        step_s,
+    )
     data.accept_length = source.range(
         _ratio("specguard_accepted_tokens_total", "specguard_verify_rounds_total", by, window, True),
         start,
@@ -97,30 +95,47 @@ def collect(
     return data
 
 
-def _increments(frame: pd.DataFrame, start: float, step_s: float) -> pd.DataFrame:
-    """Counter samples -> one row per step in which the counter rose (resets count from zero)."""
+def _increments(frame: pd.DataFrame, created: pd.DataFrame, start: float, step_s: float) -> pd.DataFrame:
+    """Counter samples -> one row per step in which the counter rose (resets count from zero).
+
+    A counter child is created on its first increment, so a series that appears inside the range
+    started from zero there. Its first rise is placed at ``created`` (the counter's ``_created``
+    time: when it really happened, also before Prometheus's first scrape) where specguard exports
+    it; else at the first sample, and a series seen from the range's first steps is taken as older.
+    """
     if frame.empty:
         return frame
     labels = [c for c in frame.columns if c not in ("timestamp", "value")]
+    born = _created_times(created, labels)
     rows = []
     first_possible = pd.Timestamp(start + 2 * step_s, unit="s", tz="UTC")
     for key, series in frame.sort_values("timestamp").groupby(labels, dropna=False):
         previous = None
         for ts, value in zip(series["timestamp"], series["value"], strict=True):
+            at = ts
             if previous is None:
-                # a counter child is created on its first increment: a series that appears
-                # inside the range started from zero there
-                delta = value if ts > first_possible else 0.0
+                when = born.get(key)
+                if when is None:
+                    delta = value if ts > first_possible else 0.0
+                else:
+                    delta = value if when >= start else 0.0
+                    at = min(ts, pd.Timestamp(when, unit="s", tz="UTC"))
             else:
                 delta = value - previous if value >= previous else value
             previous = value
             if delta > 0:
-                rows.append({**dict(zip(labels, key, strict=True)), "timestamp": ts, "count": delta})
+                rows.append({**dict(zip(labels, key, strict=True)), "timestamp": at, "count": int(delta)})
     return pd.DataFrame(rows)
 
 
+def _created_times(created: pd.DataFrame, labels: list[str]) -> dict[tuple, float]:
+    if created.empty or not set(labels) <= set(created.columns):
+        return {}
+    return {tuple(row[c] for c in labels): float(row["value"]) for _, row in created.iterrows()}
+
+
 def current_plan(source: PromData, at: float) -> pd.DataFrame:
-    """Per class and load bucket: routed pool, K, speculation on/off, latest RC and its source."""
+    """Per class and load bucket: routed pool, K, and the latest RC there with its baseline source."""
     keys = ["task_type", "temperature_bucket", "load_bucket"]
     plan = source.instant("specguard_plan_info == 1", at=at)
     if plan.empty:
@@ -129,122 +144,20 @@ def current_plan(source: PromData, at: float) -> pd.DataFrame:
     k = source.instant("specguard_num_speculative_tokens", at=at)
     if not k.empty:
         plan = plan.merge(k[keys + ["value"]].rename(columns={"value": "K"}), on=keys, how="left")
+        plan["K"] = plan["K"].round().astype("Int64")  # a count of tokens: 4, not 4.000
+    # RC and its baseline source on the pool the class is planned on (none on a no-spec pool)
     rc = source.instant("specguard_relative_cost_per_token_ratio", at=at)
     if not rc.empty:
-        rc = rc.rename(columns={"pool": "measured_on", "value": "RC"})
-        cols = keys + ["RC"] + (["measured_on"] if "measured_on" in rc.columns else [])
-        plan = plan.merge(rc[cols].drop_duplicates(keys), on=keys, how="left")
+        rc = rc[keys + ["pool", "value"]].drop_duplicates(keys + ["pool"]).rename(columns={"value": "RC"})
+        plan = plan.merge(rc, on=keys + ["pool"], how="left")
     source_info = source.instant("specguard_relative_cost_baseline_info == 1", at=at)
     if not source_info.empty and "source" in source_info.columns:
-        plan = plan.merge(
-            source_info[keys + ["source"]].drop_duplicates(keys).rename(columns={"source": "baseline"}),
-            on=keys,
-            how="left",
-        )
+        info = source_info[keys + ["pool", "source"]].drop_duplicates(keys + ["pool"])
+        plan = plan.merge(info.rename(columns={"source": "baseline"}), on=keys + ["pool"], how="left")
     return plan.sort_values(keys).reset_index(drop=True)
 
 
 # ---- rendering -----------------------------------------------------------------------------------
-
-
-def _class_name(row) -> str:
-    return f"{row.get('task_type', '?')}/{row.get('temperature_bucket', '?')}"
-
-
-def _png(fig) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def _time(frame: pd.DataFrame) -> pd.Series:
-    return frame["timestamp"].dt.tz_convert(None)
-
-
-def plot_rc(data: ReportData) -> str | None:
-    """RC per class over time, one panel per class, a line per load bucket, decisions marked."""
-    if data.rc.empty:
-        return None
-    rc = data.rc.copy()
-    rc["class"] = rc.apply(_class_name, axis=1)
-    classes = sorted(rc["class"].unique())[:MAX_CLASS_PANELS]
-    cols = 2 if len(classes) > 1 else 1
-    rows = math.ceil(len(classes) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(11, 2.6 * rows), squeeze=False, sharex=True)
-    actions = data.actions.copy()
-    if not actions.empty:
-        actions["class"] = actions.apply(_class_name, axis=1)
-    for ax, name in zip(axes.flat, classes, strict=False):
-        part = rc[rc["class"] == name]
-        for bucket, series in part.groupby(part.get("load_bucket", pd.Series("all", index=part.index))):
-            ax.plot(_time(series), series["value"], label=f"load {bucket}", linewidth=1.4)
-        ax.axhline(1.0, color="black", linestyle="--", linewidth=0.8)
-        if not actions.empty:
-            for _, act in actions[actions["class"] == name].iterrows():
-                ts = act["timestamp"].tz_convert(None)
-                ax.axvline(ts, color="tab:red", linewidth=1.0, alpha=0.7)
-                ax.annotate(
-                    str(act.get("action", "act")),
-                    (ts, 1.0),
-                    xytext=(2, 6),
-                    textcoords="offset points",
-                    fontsize=7,
-                    color="tab:red",
-                    rotation=90,
-                )
-        ax.set_title(name, fontsize=9)
-        ax.set_ylabel("RC")
-        ax.legend(fontsize=7, loc="upper left")
-        ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(classes) :]:
-        ax.set_visible(False)
-    fig.suptitle(
-        "Relative cost per token (RC < 1: speculation pays); red lines: guard actions", fontsize=10, y=1.02
-    )
-    return _png(fig)
-
-
-def plot_trends(data: ReportData) -> str | None:
-    """Accept length, strict accept rate and full-rollback ratio per class over time."""
-    panels = [
-        (data.accept_length, "accept length (tokens/round)"),
-        (data.strict_rate, "strict accept rate"),
-        (data.rollback, "full-rollback ratio (rounds)"),
-    ]
-    if all(frame.empty for frame, _ in panels):
-        return None
-    fig, axes = plt.subplots(3, 1, figsize=(11, 8), sharex=True)
-    for ax, (frame, label) in zip(axes, panels, strict=True):
-        if not frame.empty:
-            frame = frame.copy()
-            frame["class"] = frame.apply(_class_name, axis=1)
-            for name, series in frame.groupby("class"):
-                ax.plot(_time(series), series["value"], label=name, linewidth=1.2)
-            ax.legend(fontsize=7, ncol=4, loc="upper left")
-        ax.set_ylabel(label, fontsize=8)
-        ax.grid(alpha=0.3)
-    fig.suptitle(f"Acceptance and rollback per class (rate window {data.window})", fontsize=10)
-    return _png(fig)
-
-
-def plot_pools(data: ReportData) -> str | None:
-    """TPOT and output throughput per pool."""
-    if data.tpot.empty and data.throughput.empty:
-        return None
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3))
-    for ax, frame, label, scale in (
-        (axes[0], data.tpot, "TPOT (ms)", 1000.0),
-        (axes[1], data.throughput, "output tokens/s", 1.0),
-    ):
-        if not frame.empty:
-            for pool, series in frame.groupby("pool"):
-                ax.plot(_time(series), series["value"] * scale, label=str(pool))
-            ax.legend(fontsize=7)
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-        ax.tick_params(axis="x", labelsize=7, rotation=30)
-    return _png(fig)
 
 
 def _table(frame: pd.DataFrame, empty: str) -> str:
@@ -258,6 +171,7 @@ def _actions_table(actions: pd.DataFrame) -> pd.DataFrame:
         return actions
     table = actions.copy()
     table["time (UTC)"] = table["timestamp"].dt.strftime("%Y-%m-%d %H:%M:%S")
+    table["count"] = table["count"].astype(int)
     cols = ["time (UTC)"] + [c for c in ("task_type", "temperature_bucket", "action", "reason") if c in table]
     return table[cols + ["count"]].sort_values("time (UTC)")
 
@@ -269,6 +183,38 @@ table.t{border-collapse:collapse;font-size:0.85em} table.t td,table.t th{padding
 border-bottom:1px solid #eee;text-align:left} .meta{color:#666;font-size:0.85em} img{max-width:100%}
 .empty{color:#a60}
 """
+
+
+def colours(data: ReportData) -> figures.Colours:
+    """The report's colour for every pool and class it shows."""
+    pools = {
+        p for f in (data.tpot, data.throughput, data.rc, data.plan) if "pool" in f for p in f["pool"].dropna()
+    }
+    frames = (data.rc, data.accept_length, data.strict_rate, data.rollback, data.actions, data.plan)
+    classes = {c for f in frames if not f.empty for c in figures.with_class(f)["class"]}
+    return figures.Colours.of(pools, classes)
+
+
+def build_figures(data: ReportData) -> dict[str, figures.Figure | None]:
+    """The report's figures by heading (None: nothing to draw in the range)."""
+    paint = colours(data)
+    trends = [
+        (data.accept_length, "accept length (tokens/round)"),
+        (data.strict_rate, "strict accept rate"),
+        (data.rollback, "full-rollback ratio (rounds)"),
+    ]
+    return {
+        "Relative cost per token per class": figures.rc_figure(data.rc, data.actions, paint),
+        "Acceptance and rollback trends": figures.trends_figure(trends, data.window, paint),
+        "Pools: TPOT and output throughput": figures.pools_figure(data.tpot, data.throughput, paint),
+    }
+
+
+MISSING = {
+    "Relative cost per token per class": "No RC series in this range (no baseline yet, or no spec traffic).",
+    "Acceptance and rollback trends": "No per-class acceptance series in this range.",
+    "Pools: TPOT and output throughput": "No per-pool series in this range.",
+}
 
 
 def render_html(data: ReportData, title: str = "specguard report") -> str:
@@ -290,19 +236,24 @@ def render_html(data: ReportData, title: str = "specguard report") -> str:
         "<h2>Guard decisions</h2>",
         _table(_actions_table(data.actions), "No guard actions in this range."),
     ]
-    for heading, image, missing in (
-        ("Relative cost per token per class", plot_rc(data), "No RC series in this range."),
-        (
-            "Acceptance and rollback trends",
-            plot_trends(data),
-            "No per-class acceptance series in this range.",
-        ),
-        ("Pools: TPOT and output throughput", plot_pools(data), "No per-pool series in this range."),
-    ):
+    for heading, fig in build_figures(data).items():
         parts.append(f"<h2>{heading}</h2>")
-        if image:
-            parts.append(f"<img alt='{html.escape(heading)}' src='data:image/png;base64,{image}'>")
-        else:
-            parts.append(f"<p class=empty>{missing}</p>")
+        if fig is None:
+            parts.append(f"<p class=empty>{MISSING[heading]}</p>")
+            continue
+        parts.append(f"<img alt='{html.escape(heading)}' src='data:image/png;base64,{figures.png(fig)}'>")
+        if heading.startswith("Relative cost"):
+            parts.append(_rc_note(data.rc))
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def _rc_note(rc: pd.DataFrame) -> str:
+    drawn, empty = figures.rc_classes(rc)
+    notes = []
+    if empty:
+        notes.append(f"No RC value in this range for {', '.join(empty)} (no baseline or no samples yet).")
+    if len(drawn) > figures.MAX_CLASS_PANELS:
+        rest = drawn[figures.MAX_CLASS_PANELS :]
+        notes.append(f"{len(rest)} more classes not drawn: {', '.join(rest)}.")
+    return "".join(f"<p class=empty>{html.escape(n)}</p>" for n in notes)

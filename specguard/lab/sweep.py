@@ -1,13 +1,15 @@
 """``specguard sweep``: CONCEPTS.md section 5 step 2 as a tool.
 
-For every pool (K) and concurrency level, drive the request mix closed-loop and record what each
-request did; then per (pool, concurrency, class) compute TPOT (ratio of sums), output throughput,
-accept length, strict accept rate, full-rollback ratio and RC against the no-spec pool at the same
+For every pool (K), workload geometry and concurrency level, drive the request mix closed-loop and
+record what each request did; then per (pool, geometry, concurrency, class) compute TPOT (ratio of
+sums, p50, p99), output throughput, end-to-end latency, mean verify length, accept length, strict
+accept rate, full-rollback ratio and RC against the no-spec pool at the same geometry and
 concurrency. Two drivers give the same per-request samples:
 
 - ``virtual``: the simulator's engine core in virtual time (seconds for the whole grid);
 - ``http``: ``monitor.loadgen`` against any OpenAI-compatible pools (the simulator over HTTP, or
-  real engines), so the numbers come from the stack that serves the traffic.
+  real engines), so the numbers come from the stack that serves the traffic. ``sweep_launch``
+  starts each K's engine from a command template and drives it the same way.
 
 Outputs: a tidy pandas frame (CSV), PNG plots (sweep_plots) and the calibration profile the cost
 model reads as its fallback baseline (``rules.profile``).
@@ -15,17 +17,16 @@ model reads as its fallback baseline (``rules.profile``).
 
 from __future__ import annotations
 
-import asyncio
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 import numpy as np
 import pandas as pd
 
-from specguard.errors import ConfigError, SourceError
+from specguard.errors import ConfigError
 from specguard.rules import profile as profile_mod
 
 DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -37,6 +38,52 @@ class MixEntry:
     task_type: str
     temperature: float
     weight: float = 1.0
+    prompt_tokens: int | None = None  # None: the driver's default (the simulator draws its own)
+    max_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Prompt and decode lengths of every request of a run (None: the driver's own default)."""
+
+    name: str
+    prompt_tokens: int | None = None
+    decode_tokens: int | None = None
+
+    def apply(self, mix: Sequence[MixEntry]) -> list[MixEntry]:
+        return [replace(m, prompt_tokens=self.prompt_tokens, max_tokens=self.decode_tokens) for m in mix]
+
+
+MIX_GEOMETRY = Geometry("mix")  # the drivers' own lengths (no --geometry)
+GEOMETRIES = {
+    "short-prompt-long-decode": Geometry("short-prompt-long-decode", 64, 256),
+    "short-prompt-short-decode": Geometry("short-prompt-short-decode", 64, 32),
+    "long-prompt-short-decode": Geometry("long-prompt-short-decode", 1024, 32),
+    "long-prompt-long-decode": Geometry("long-prompt-long-decode", 1024, 256),
+}
+
+
+def parse_geometries(text: str) -> tuple[Geometry, ...]:
+    """``name`` (one of GEOMETRIES) or ``PROMPTxDECODE`` tokens (``512x64``), comma separated."""
+    out: list[Geometry] = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        if item in GEOMETRIES:
+            out.append(GEOMETRIES[item])
+            continue
+        prompt, sep, decode = item.partition("x")
+        if not (sep and prompt.isdigit() and decode.isdigit() and int(prompt) > 0 and int(decode) > 0):
+            raise ConfigError(
+                f"--geometry entry {item!r}: expected one of {', '.join(GEOMETRIES)} "
+                "or PROMPTxDECODE token counts such as 512x64"
+            )
+        out.append(Geometry(item, int(prompt), int(decode)))
+    if not out:
+        raise ConfigError(f"--geometry {text!r}: no geometry given")
+    if len({g.name for g in out}) != len(out):
+        raise ConfigError(f"--geometry {text!r}: a geometry is listed twice")
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -62,6 +109,7 @@ class Sample:
     draft_tokens: int | None = None
     accepted_tokens: int | None = None
     histogram: tuple[int, ...] | None = None
+    geometry: str = MIX_GEOMETRY.name
 
 
 Driver = Callable[[PoolSpec, int, Sequence[MixEntry], int], list[Sample]]
@@ -76,104 +124,6 @@ def levels_up_to(maximum: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-# ---- drivers -------------------------------------------------------------------------------------
-
-
-def virtual_driver(sim, seed: int = 0) -> Driver:
-    """Cells on the simulator's engine core in virtual time (``sim``: a sim.config.SimConfig)."""
-    from specguard.sim import virtual
-
-    def run(pool: PoolSpec, concurrency: int, mix: Sequence[MixEntry], requests: int) -> list[Sample]:
-        classes = [(m.task_type, m.temperature, m.weight) for m in mix]
-        result = virtual.simulate_closed(sim, pool.name, classes, concurrency, requests, seed=seed)
-        return [
-            Sample(
-                pool=pool.name,
-                concurrency=concurrency,
-                task_type=r.task_type,
-                temperature=r.temperature,
-                output_tokens=r.output_tokens,
-                decode_seconds=r.decode_seconds,
-                started=r.arrival,
-                finished=r.finished,
-                rounds=r.rounds if r.num_speculative_tokens else None,
-                draft_tokens=r.draft_tokens if r.num_speculative_tokens else None,
-                accepted_tokens=r.accepted_tokens if r.num_speculative_tokens else None,
-                histogram=tuple(r.histogram) if r.num_speculative_tokens else None,
-            )
-            for r in result.results
-        ]
-
-    return run
-
-
-def http_driver(
-    *, seed: int = 0, max_tokens: int = 128, stream: bool = True, timeout_s: float = 300.0
-) -> Driver:
-    """Cells over HTTP with ``monitor.loadgen`` (one asyncio run per cell)."""
-    from specguard.exporters.engines import vllm
-    from specguard.lab import loadgen
-
-    def run(pool: PoolSpec, concurrency: int, mix: Sequence[MixEntry], requests: int) -> list[Sample]:
-        if not pool.url:
-            raise ConfigError(f"pool {pool.name}: no url to sweep over HTTP")
-        classes = [
-            loadgen.RequestClass(m.task_type, m.weight, temperature=m.temperature, max_tokens=max_tokens)
-            for m in mix
-        ]
-        results = asyncio.run(
-            loadgen.run_load(
-                pool.url,
-                classes,
-                concurrency,
-                requests=requests,
-                stream=stream,
-                seed=seed,
-                timeout_s=timeout_s,
-            )
-        )
-        failed = [r for r in results if not r.ok]
-        if failed and len(failed) == len(results):
-            raise SourceError(
-                f"pool {pool.name} at {pool.url}: every request failed "
-                f"({failed[0].error or failed[0].status})"
-            )
-        samples = []
-        for r in results:
-            if not r.ok:
-                continue
-            spec = None
-            if r.spec is not None:
-                body = {
-                    "metrics": {"speculative_decoding": r.spec},
-                    "usage": {"completion_tokens": r.output_tokens},
-                }
-                try:
-                    spec = vllm.request_stats(body)
-                except Exception:  # noqa: BLE001 - an engine without vLLM's fields: no spec numbers
-                    spec = None
-            decode = (r.e2e_seconds - r.ttft_seconds) if r.ttft_seconds is not None else None
-            samples.append(
-                Sample(
-                    pool=pool.name,
-                    concurrency=concurrency,
-                    task_type=r.task_type,
-                    temperature=r.temperature if r.temperature is not None else 1.0,
-                    output_tokens=r.output_tokens,
-                    decode_seconds=decode,
-                    started=r.started_at,
-                    finished=r.started_at + r.e2e_seconds,
-                    rounds=spec.rounds if spec else None,
-                    draft_tokens=spec.draft_tokens if spec else None,
-                    accepted_tokens=spec.accepted_tokens if spec else None,
-                    histogram=spec.accepted_histogram if spec else None,
-                )
-            )
-        return samples
-
-    return run
-
-
 def steady(samples: list[Sample], concurrency: int) -> list[Sample]:
     """Drop the warm-up (the first ``concurrency`` finishers) and the drain (after the last start)."""
     if len(samples) <= 2 * concurrency:
@@ -184,31 +134,66 @@ def steady(samples: list[Sample], concurrency: int) -> list[Sample]:
     return kept if len(kept) >= max(4, len(samples) // 4) else ordered
 
 
+def check_pools(pools: Sequence[PoolSpec]) -> None:
+    if not pools:
+        raise ConfigError("sweep: no pools selected")
+    if not any(p.num_speculative_tokens == 0 for p in pools):
+        raise ConfigError("sweep: RC needs a no-speculation pool (num_speculative_tokens 0) in the grid")
+
+
+def run_pool(
+    pool: PoolSpec,
+    levels: Sequence[int],
+    mix: Sequence[MixEntry],
+    driver: Driver,
+    *,
+    geometries: Sequence[Geometry] = (MIX_GEOMETRY,),
+    requests_per_level: Callable[[int], int] = lambda c: max(64, 8 * c),
+    step: Callable[[str], None] | None = None,
+) -> list[Sample]:
+    """One pool's (geometry, concurrency) cells, in order; ``step(label)`` after each."""
+    out: list[Sample] = []
+    for geometry in geometries:
+        shaped = geometry.apply(mix) if geometry is not MIX_GEOMETRY else list(mix)
+        for level in levels:
+            samples = driver(pool, level, shaped, requests_per_level(level))
+            out.extend(replace(s, geometry=geometry.name) for s in steady(samples, level))
+            if step:
+                where = f" {geometry.name}" if geometry is not MIX_GEOMETRY else ""
+                step(f"{pool.name}{where} c={level}")
+    return out
+
+
 def run_grid(
     pools: Sequence[PoolSpec],
     levels: Sequence[int],
     mix: Sequence[MixEntry],
     driver: Driver,
     *,
+    geometries: Sequence[Geometry] = (MIX_GEOMETRY,),
     requests_per_level: Callable[[int], int] = lambda c: max(64, 8 * c),
     progress: Callable[[int, int, str], None] | None = None,
 ) -> list[Sample]:
-    """Every (pool, concurrency) cell, in order; ``progress(done, total, label)`` after each."""
-    if not pools:
-        raise ConfigError("sweep: no pools selected")
-    if not any(p.num_speculative_tokens == 0 for p in pools):
-        raise ConfigError("sweep: RC needs a no-speculation pool (num_speculative_tokens 0) in the grid")
-    total = len(pools) * len(levels)
+    """Every (pool, geometry, concurrency) cell, in order; ``progress(done, total, label)`` after each."""
+    check_pools(pools)
+    counter = Counter(len(pools) * len(geometries) * len(levels), progress)
+    cells = {"geometries": geometries, "requests_per_level": requests_per_level, "step": counter}
     out: list[Sample] = []
-    done = 0
     for pool in pools:
-        for level in levels:
-            samples = driver(pool, level, mix, requests_per_level(level))
-            out.extend(steady(samples, level))
-            done += 1
-            if progress:
-                progress(done, total, f"{pool.name} c={level}")
+        out.extend(run_pool(pool, levels, mix, driver, **cells))
     return out
+
+
+class Counter:
+    """Turns per-cell steps into ``progress(done, total, label)`` calls."""
+
+    def __init__(self, total: int, progress: Callable[[int, int, str], None] | None):
+        self.total, self.done, self.progress = total, 0, progress
+
+    def __call__(self, label: str) -> None:
+        self.done += 1
+        if self.progress:
+            self.progress(self.done, self.total, label)
 
 
 # ---- aggregation ---------------------------------------------------------------------------------
@@ -221,12 +206,20 @@ def _cell(samples: list[Sample], k: int) -> dict:
     )
     tokens = sum(s.output_tokens for s in samples)
     span = max(s.finished for s in samples) - min(s.started for s in samples) if samples else 0.0
+    tpots = _tpots(samples)
+    e2e = [s.finished - s.started for s in samples]
     row = {
         "requests": len(samples),
         "output_tokens": tokens,
         "tpot_seconds": decode_s / decode_t if decode_t else math.nan,
         "tpot_stderr_seconds": _stderr(samples),
+        "tpot_p50_seconds": _quantile(tpots, 0.5),
+        "tpot_p99_seconds": _quantile(tpots, 0.99),
         "throughput_tokens_per_second": tokens / span if span > 0 else math.nan,
+        "e2e_mean_seconds": statistics.fmean(e2e) if e2e else math.nan,
+        "e2e_p50_seconds": _quantile(e2e, 0.5),
+        "e2e_p99_seconds": _quantile(e2e, 0.99),
+        "mean_verify_length": 1.0 if not k else math.nan,  # 1 + drafts/rounds: n-gram may draft < K
         "accept_length": math.nan,
         "strict_accept_rate": math.nan,
         "full_rollback_ratio": math.nan,
@@ -240,6 +233,7 @@ def _cell(samples: list[Sample], k: int) -> dict:
         drafted = sum(s.draft_tokens or 0 for s in spec)
         rollback = sum(s.histogram[0] for s in spec if s.histogram)
         row["accept_length"] = 1 + accepted / rounds
+        row["mean_verify_length"] = 1 + drafted / rounds
         row["strict_accept_rate"] = accepted / drafted if drafted else math.nan
         row["full_rollback_ratio"] = rollback / rounds
         row["step_seconds"] = sum(s.decode_seconds or 0 for s in spec) / rounds
@@ -256,10 +250,18 @@ def _cell(samples: list[Sample], k: int) -> dict:
     return row
 
 
-def _stderr(samples: list[Sample]) -> float:
-    values = [
+def _tpots(samples: list[Sample]) -> list[float]:
+    return [
         s.decode_seconds / (s.output_tokens - 1) for s in samples if s.decode_seconds and s.output_tokens > 1
     ]
+
+
+def _quantile(values: list[float], q: float) -> float:
+    return float(np.quantile(values, q)) if values else math.nan
+
+
+def _stderr(samples: list[Sample]) -> float:
+    values = _tpots(samples)
     if len(values) < 2:
         return math.nan
     return statistics.stdev(values) / math.sqrt(len(values))
@@ -268,16 +270,18 @@ def _stderr(samples: list[Sample]) -> float:
 def to_frame(
     samples: Sequence[Sample], pools: Sequence[PoolSpec], temperature_bucket: Callable[[float], str]
 ) -> pd.DataFrame:
-    """One row per (pool, concurrency, class) plus a class ``all`` row per (pool, concurrency)."""
+    """One row per (pool, geometry, concurrency, class) plus a class ``all`` row per (pool,
+    geometry, concurrency)."""
     ks = {p.name: p.num_speculative_tokens for p in pools}
     groups: dict[tuple, list[Sample]] = {}
     for s in samples:
         cls = (s.task_type, temperature_bucket(s.temperature))
-        groups.setdefault((s.pool, s.concurrency, cls), []).append(s)
-        groups.setdefault((s.pool, s.concurrency, (ALL, ALL)), []).append(s)
+        groups.setdefault((s.pool, s.geometry, s.concurrency, cls), []).append(s)
+        groups.setdefault((s.pool, s.geometry, s.concurrency, (ALL, ALL)), []).append(s)
     rows = []
-    for (pool, c, (task, tb)), group in groups.items():
-        row = {"pool": pool, "num_speculative_tokens": ks[pool], "concurrency": c, "task_type": task}
+    for (pool, geometry, c, (task, tb)), group in groups.items():
+        row = {"pool": pool, "num_speculative_tokens": ks[pool], "geometry": geometry, "concurrency": c}
+        row["task_type"] = task
         row["temperature_bucket"] = tb
         row.update(_cell(group, ks[pool]))
         rows.append(row)
@@ -285,29 +289,36 @@ def to_frame(
     if frame.empty:
         return frame
     frame = frame.sort_values(
-        ["num_speculative_tokens", "pool", "concurrency", "task_type", "temperature_bucket"]
+        ["num_speculative_tokens", "pool", "geometry", "concurrency", "task_type", "temperature_bucket"]
     )
     nospec = [p.name for p in pools if p.num_speculative_tokens == 0][0]
-    base = frame[frame["pool"] == nospec].set_index(["concurrency", "task_type", "temperature_bucket"])[
-        "tpot_seconds"
-    ]
-    base_all = frame[(frame["pool"] == nospec) & (frame["task_type"] == ALL)].set_index("concurrency")[
-        "tpot_seconds"
-    ]
+    base = frame[frame["pool"] == nospec].set_index(
+        ["geometry", "concurrency", "task_type", "temperature_bucket"]
+    )["tpot_seconds"]
+    base_all = frame[(frame["pool"] == nospec) & (frame["task_type"] == ALL)].set_index(
+        ["geometry", "concurrency"]
+    )["tpot_seconds"]
 
     def rc(row) -> float:
-        # the class's own no-spec TPOT at the same concurrency, else the whole mix's
-        b = base.get((row["concurrency"], row["task_type"], row["temperature_bucket"]))
+        # the class's own no-spec TPOT at the same geometry and concurrency, else the whole mix's
+        at = (row["geometry"], row["concurrency"])
+        b = base.get((*at, row["task_type"], row["temperature_bucket"]))
         if b is None or not b > 0:
-            b = base_all.get(row["concurrency"])
+            b = base_all.get(at)
         return row["tpot_seconds"] / b if b and b > 0 else math.nan
 
     frame["relative_cost"] = frame.apply(rc, axis=1)
     return frame.reset_index(drop=True)
 
 
-def to_profile(frame: pd.DataFrame, stack: dict[str, str] | None = None) -> profile_mod.Profile:
-    """The calibration profile (rules.profile format) from a sweep frame."""
+def to_profile(
+    frame: pd.DataFrame, stack: dict[str, str] | None = None, geometry: str | None = None
+) -> profile_mod.Profile:
+    """The calibration profile (rules.profile format) from a sweep frame's rows of one geometry
+    (default: the first row's). The profile has no geometry axis: pick the one of the traffic it
+    will serve."""
+    if "geometry" in frame.columns and len(frame):
+        frame = frame[frame["geometry"] == (geometry or frame["geometry"].iloc[0])]
     pools = []
     for (pool, k), part in frame.groupby(["pool", "num_speculative_tokens"], sort=False):
         levels = []

@@ -150,7 +150,8 @@ class ConfigMapActuator:
         """Our plan laid over the stored one: only the classes we decided about replace stored entries.
 
         With no (readable) stored plan, ours is written whole. Another writer's entries for classes
-        we did not act on are kept, so replicas never clobber each other's decisions.
+        we did not act on are kept, so replicas never clobber each other's decisions. The stored
+        version follows ours (followers compare it with the decider's ``specguard_plan_version``).
         """
         stored = None
         if stored_text is not None:
@@ -170,7 +171,7 @@ class ConfigMapActuator:
             states.update({k: plan.states[k] for k in changed if k in plan.states})
             version = max(stored.version + (1 if changed else 0), plan.version)
             merged = state_mod.PlanDocument(version, plan.updated_at, states, {**stored.pools, **plan.pools})
-            if not changed:
+            if not changed and version == stored.version:
                 return stored_text  # nothing decided here: leave the stored plan as it is
         return json.dumps(state_mod.encode(merged), indent=1, sort_keys=True)
 
@@ -233,7 +234,14 @@ class ConfigMapActuator:
 
 
 def core_api(*, kubeconfig: str | None = None, api_server: str | None = None) -> Any:
-    """A CoreV1Api: in-cluster service account, else a kubeconfig, else ``api_server`` (kubectl proxy)."""
+    """A CoreV1Api over ``api_client``'s connection."""
+    from kubernetes import client
+
+    return client.CoreV1Api(api_client(kubeconfig=kubeconfig, api_server=api_server))
+
+
+def api_client(*, kubeconfig: str | None = None, api_server: str | None = None) -> Any:
+    """An ApiClient: ``api_server`` (e.g. kubectl proxy), else a kubeconfig, else in-cluster, else ~/.kube."""
     try:
         from kubernetes import client, config
     except ImportError as exc:
@@ -243,11 +251,11 @@ def core_api(*, kubeconfig: str | None = None, api_server: str | None = None) ->
     if api_server:
         configuration = client.Configuration()
         configuration.host = api_server
-        return client.CoreV1Api(client.ApiClient(configuration))
+        return client.ApiClient(configuration)
     if kubeconfig:
-        return client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))
+        return config.new_client_from_config(config_file=kubeconfig)
     try:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
-    return client.CoreV1Api()
+    return client.ApiClient()

@@ -7,6 +7,7 @@ run has an overall deadline on top of the timeouts of every network call, and
 from this process's tap and cost model (``LocalSource``) and/or PromQL (``PromQLSource``);
 Alertmanager alerts join as evidence. Decisions go to the audit log, the persisted plan and
 the actuators; a failed actuator or disk is counted and retried, and routing goes on.
+In a fleet the guard follows a plan source or decides only while it leads (``monitor.fleet``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from specguard.monitor import audit as audit_mod
 from specguard.monitor import guard_status
 from specguard.monitor import state as state_mod
 from specguard.monitor.actuators import Actuator
+from specguard.monitor.fleet import FleetRoles, NotLeader, Takeover
 from specguard.monitor.guard_metrics import GuardCounters, GuardView
 from specguard.monitor.sources import EvidenceSource, LocalSource, PromQLSource, merge
 from specguard.rules import guard
@@ -33,11 +35,15 @@ from specguard.rules.evidence import AlertBook, ClassKey, Evidence
 
 log = logging.getLogger("specguard.guard")
 
-__all__ = ["EvidenceSource", "Guard", "LocalSource", "PromQLSource", "merge"]
+__all__ = ["EvidenceSource", "Guard", "LocalSource", "NotLeader", "PromQLSource", "merge"]
 
 
-class Guard:
-    """Holds every class's state and the plan; ``evaluate()`` is one round (the scheduled job)."""
+class Guard(FleetRoles):
+    """Holds every class's state and the plan; ``evaluate()`` is one round (the scheduled job).
+
+    In a fleet it either follows a plan source (``follow``) or decides while its ``elector`` says
+    it leads (``monitor.fleet``); ``takeover`` reads the shared plan when it becomes leader.
+    """
 
     def __init__(
         self,
@@ -56,6 +62,8 @@ class Guard:
         evaluation_timeout: float | None = None,
         keep_decisions: int = 200,
         follow: Any = None,
+        elector: Any = None,
+        takeover: Takeover | None = None,
         reloader: Callable[[], policy_mod.Policy | None] | None = None,
         reload_interval: float = 10.0,
     ):
@@ -71,7 +79,7 @@ class Guard:
         self.temperature_buckets = list(temperature_buckets)
         self.load_buckets = list(load_buckets)
         self.evaluation_timeout = evaluation_timeout or max(5.0, policy.interval_seconds * 0.8)
-        self.follow = follow  # ConfigMapActuator to read the plan from (fleet replica), or None
+        self.follow = follow  # a plan source to follow (ConfigMap or HTTP; fleet replica), or None
         self.reloader = reloader  # returns a new policy when the config file changed (ConfigError if bad)
         self.reload_interval = reload_interval
         self.reload_error: str | None = None
@@ -80,12 +88,15 @@ class Guard:
         self.decisions: deque[dict[str, Any]] = deque(maxlen=keep_decisions)
         self.version = 0
         self.last_evaluation: float | None = None
+        self.last_evaluation_seconds: float | None = None
+        self.adopted_updated_at: float | None = None  # updated_at of the last plan taken from a file/source
         self.running = False
         self._applied: dict[str, int] = {}
         self._lock = asyncio.Lock()
         self._scheduler: Any = None
         self.decisions.extend(self.audit.recent)
         self._load()
+        self._init_fleet(elector, takeover)
 
     # -- persistence ---------------------------------------------------------------------------
     def _load(self) -> None:
@@ -110,6 +121,7 @@ class Guard:
         """Take a stored or followed plan; classes on pools no longer configured start over."""
         self.states = {k: s for k, s in doc.states.items() if s.pool in self.policy.pools}
         self.version = doc.version
+        self.adopted_updated_at = doc.updated_at
 
     def _state(self, key: ClassKey) -> guard.ClassState:
         return self.states.get(key) or guard.initial_state(key, self.policy)
@@ -132,9 +144,11 @@ class Guard:
     async def evaluate(self, now: float | None = None) -> list[guard.Decision]:
         async with self._lock:
             now = self.clock() if now is None else now
-            if self.follow is not None:
-                await self._follow()
-                self.last_evaluation = now
+            started = time.monotonic()
+            if self.follow is not None or not await self._lead():
+                if self.follow is not None:
+                    await self._follow(now)
+                self.last_evaluation = now  # a follower or a standby: its round is done
                 return []
             alerts_policy = self.policy.alerts
             self.alerts.expire(now, alerts_policy.firing_ttl_seconds, alerts_policy.resolved_ttl_seconds)
@@ -157,6 +171,7 @@ class Guard:
                 decisions.append(decision)
             await self._record(decisions)
             self.last_evaluation = now
+            self.last_evaluation_seconds = time.monotonic() - started
             return decisions
 
     async def _collect(
@@ -183,7 +198,7 @@ class Guard:
             self.version += 1
             for d in acted:
                 reason = ("dry_run:" if d.dry_run else "") + (d.cause or "none")
-                self.counters.actions[(d.key[0], d.key[1], d.action, reason)] += 1
+                self.counters.count_action((d.key[0], d.key[1], d.action, reason), d.at)
                 log.info(
                     "%s %s: %s %s -> %s: %s",
                     "/".join(d.key),
@@ -200,6 +215,8 @@ class Guard:
         await self._actuate(acted)
 
     async def _actuate(self, acted: Sequence[guard.Decision]) -> None:
+        if self.follow is None and not self.is_leader:
+            return  # a standby never writes (it may have lost the lead during this round)
         doc = self.document()
         for actuator in self.actuators:
             if self._applied.get(actuator.name) == self.version and not acted:
@@ -212,18 +229,6 @@ class Guard:
                 log.error(
                     "actuator %s failed: %s (retried on the next evaluation)", actuator.name, exc or "timeout"
                 )
-
-    async def _follow(self) -> None:
-        try:
-            doc = await self.follow.read_plan()
-        except (SourceError, InputError, TimeoutError) as exc:
-            self.counters.actuation_errors["follow"] += 1
-            log.error("reading the plan failed: %s; keeping plan version %d", exc, self.version)
-            return
-        if doc is None or doc.version == self.version:
-            return
-        self._adopt(doc)
-        await self._actuate([])
 
     # -- operator ------------------------------------------------------------------------------
     async def override(
@@ -249,6 +254,8 @@ class Guard:
                 f"load_bucket={load_bucket!r}"
             )
         async with self._lock:
+            if self.follow is None and not await self._lead():
+                raise NotLeader(f"not the leader (leader: {self.leader_holder or 'unknown'}): ask the leader")
             now = self.clock()
             decisions = []
             for key in keys:
@@ -300,6 +307,9 @@ class Guard:
             config_version=self.policy.version,
             audit_write_errors=self.audit.write_errors,
             plan_version=self.version,
+            plan_age_seconds=self.plan_age(self.clock()),
+            leader=None if self.follow is not None else self.is_leader,
+            last_evaluation_seconds=self.last_evaluation_seconds,
         )
 
     def status(self, decisions: int = 50) -> dict[str, Any]:
@@ -312,7 +322,10 @@ class Guard:
         from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED
         from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-        await self._actuate([])
+        await self.elector.start()
+        if self.follow is None:
+            await self._lead()  # a new leader first takes the shared plan over
+        await self._actuate([])  # the plan we hold (a follower: until its source answers)
         interval = self.policy.interval_seconds
         self._scheduler = AsyncIOScheduler(timezone=UTC)
         self._scheduler.add_job(
@@ -351,6 +364,9 @@ class Guard:
             self._scheduler = None
         async with self._lock:  # let an evaluation in flight finish its writes
             pass
+        await self.elector.stop()
+        if self.follow is not None and hasattr(self.follow, "close"):
+            await self.follow.close()
 
     async def _tick(self) -> None:
         try:

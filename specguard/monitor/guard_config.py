@@ -14,7 +14,9 @@ Example::
       audit_log: /var/lib/specguard/audit.jsonl  # one JSON line per action
       webhook: {url: https://hooks.example/specguard, timeout_seconds: 5, retries: 2}
       configmap: {namespace: serving, name: specguard-routing, key: plan.json}
-      follow: false                      # fleet replica: read the plan from the ConfigMap, never decide
+      follow: false                      # fleet replica: read the plan (ConfigMap or plan_http), never decide
+      plan_http: {urls: ["http://decider:8090"], timeout_seconds: 2}   # a follower polls GET /api/v1/plan
+      leader_election: {mode: auto}      # deciders: auto = a Lease with configmap, else a lock on plan_file
     alertmanager:
       enabled: true                      # mount POST /api/v1/alerts
 """
@@ -85,6 +87,35 @@ class ConfigMapSettings:
 
 
 @dataclass(frozen=True)
+class PlanHttpSettings:
+    urls: tuple[str, ...]
+    """Deciders' base URLs (or full plan URLs), tried in order; the plan is GET <url>/api/v1/plan."""
+    timeout_seconds: float = 2.0
+    """Timeout of one poll of one decider."""
+
+
+LEADER_MODES = ("auto", "lease", "lock", "none")
+
+
+@dataclass(frozen=True)
+class LeaderElectionSettings:
+    mode: str = "auto"
+    """auto: a Kubernetes Lease when actuators.configmap is set, else a lock on plan_file (none without
+    one); lease; lock; none (one decider only)."""
+    lease_name: str = "specguard-guard"
+    """The coordination.k8s.io/v1 Lease (in configmap.namespace unless lease_namespace is set)."""
+    lease_namespace: str | None = None
+    identity: str | None = None
+    """This candidate's name (default: $SPECGUARD_POD_NAME, else hostname-pid)."""
+    lease_duration_seconds: int = 15
+    """A standby takes a Lease not renewed for this long (the Lease's whole leaseDurationSeconds)."""
+    renew_deadline_seconds: float = 10.0
+    """The leader stops deciding when it has not renewed for this long."""
+    retry_period_seconds: float = 2.0
+    """Seconds between two tries (renewals, acquisitions, lock attempts)."""
+
+
+@dataclass(frozen=True)
 class ActuatorSettings:
     router: bool = True
     plan_file: str | None = None
@@ -92,6 +123,8 @@ class ActuatorSettings:
     webhook: WebhookSettings | None = None
     configmap: ConfigMapSettings | None = None
     follow: bool = False
+    plan_http: PlanHttpSettings | None = None
+    leader_election: LeaderElectionSettings = field(default_factory=LeaderElectionSettings)
 
 
 @dataclass(frozen=True)
@@ -159,9 +192,74 @@ def parse_actuators(root: configfile.Section) -> ActuatorSettings:
         webhook=webhook,
         configmap=configmap,
         follow=s.get("follow", bool, False),
+        plan_http=_plan_http(s),
+        leader_election=_leader_election(s),
     )
-    s.check(not out.follow or configmap is not None, "follow", "follow: true needs actuators.configmap")
+    sources = (configmap is not None) + (out.plan_http is not None)
+    s.check(
+        not out.follow or sources == 1,
+        "follow",
+        "follow: true needs one plan source: actuators.configmap or actuators.plan_http",
+    )
+    s.check(
+        out.plan_http is None or out.follow,
+        "plan_http",
+        "is where a follower reads the plan: set follow: true (a decider serves GET /api/v1/plan itself)",
+    )
+    mode = out.leader_election.mode
+    s.check(
+        mode != "lease" or configmap is not None, "leader_election", "mode lease needs actuators.configmap"
+    )
+    s.check(
+        mode != "lock" or out.plan_file is not None, "leader_election", "mode lock needs actuators.plan_file"
+    )
     s.reject_unknown()
+    return out
+
+
+def _plan_http(s: configfile.Section) -> PlanHttpSettings | None:
+    h = s.section("plan_http")
+    if s.data.get("plan_http") is None:
+        return None  # absent or null: no HTTP plan source
+    urls = []
+    for index, url in h.values("urls", required=True):
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            h.error(f"urls[{index}]", f"({url!r}) must be an http(s) URL")
+        else:
+            urls.append(url)
+    h.check(bool(urls) or "urls" not in h.data, "urls", "must name at least one decider")
+    out = PlanHttpSettings(
+        urls=tuple(urls), timeout_seconds=h.get("timeout_seconds", float, 2.0, minimum=0.1, maximum=60)
+    )
+    h.reject_unknown()
+    return out
+
+
+def _leader_election(s: configfile.Section) -> LeaderElectionSettings:
+    e = s.section("leader_election")
+    base = LeaderElectionSettings()
+    out = LeaderElectionSettings(
+        mode=e.get("mode", str, base.mode, choices=LEADER_MODES),
+        lease_name=e.get("lease_name", str, base.lease_name),
+        lease_namespace=e.get("lease_namespace", str, None, nullable=True),
+        identity=e.get("identity", str, None, nullable=True),
+        lease_duration_seconds=e.get("lease_duration_seconds", int, 15, minimum=1, maximum=3600),
+        renew_deadline_seconds=e.get("renew_deadline_seconds", float, 10.0, minimum=1, maximum=3600),
+        retry_period_seconds=e.get("retry_period_seconds", float, 2.0, minimum=1, maximum=600),
+    )
+    # the client library exits the process on these; say so here instead
+    e.check(
+        out.lease_duration_seconds > out.renew_deadline_seconds,
+        "lease_duration_seconds",
+        f"({out.lease_duration_seconds:g}) must be > renew_deadline_seconds ({out.renew_deadline_seconds:g})",
+    )
+    e.check(
+        out.renew_deadline_seconds > 1.2 * out.retry_period_seconds,
+        "renew_deadline_seconds",
+        f"({out.renew_deadline_seconds:g}) must be > 1.2 x retry_period_seconds "
+        f"({out.retry_period_seconds:g})",
+    )
+    e.reject_unknown()
     return out
 
 

@@ -25,11 +25,18 @@ class GuardCounters:
     actions: Counter[tuple[str, str, str, str]] = field(
         default_factory=Counter
     )  # (task, temp, action, reason)
+    # when each action label set first happened: exported as specguard_actions_created, so a
+    # decision taken before Prometheus's first scrape still has its real time
+    action_created: dict[tuple[str, str, str, str], float] = field(default_factory=dict)
     evaluations: Counter[str] = field(default_factory=Counter)  # result
     webhook_alerts: Counter[tuple[str, str]] = field(default_factory=Counter)  # (status, outcome)
     actuation_errors: Counter[str] = field(default_factory=Counter)  # actuator
     plan_write_errors: int = 0
     reloads: Counter[str] = field(default_factory=Counter)  # result: ok | error
+
+    def count_action(self, labels: tuple[str, str, str, str], at: float) -> None:
+        self.actions[labels] += 1
+        self.action_created.setdefault(labels, at)
 
 
 @dataclass(frozen=True)
@@ -44,6 +51,33 @@ class GuardView:
     config_version: str
     audit_write_errors: int
     plan_version: int
+    plan_age_seconds: float | None = None
+    """A follower's seconds since its source last confirmed its plan (None: a decider)."""
+    leader: bool | None = None
+    """A decider's role: True when it decides, False on standby (None: a follower)."""
+    last_evaluation_seconds: float | None = None
+    """Wall time of the last deciding evaluation (PromQL queries included)."""
+
+
+PLAN_AGE_HELP = "Follower: seconds since its plan source (decider or ConfigMap) last confirmed its plan"
+LEADER_HELP = "Decider: 1 while it decides (leads, or no election), 0 on standby"
+DURATION_HELP = "Seconds the last deciding evaluation took (evidence queries included)"
+
+
+def _fleet(view: GuardView) -> Iterator:
+    """Families only one role has: a follower's plan age; a decider's leadership and round time."""
+    age = GaugeMetricFamily("specguard_plan_age_seconds", PLAN_AGE_HELP)
+    if view.plan_age_seconds is not None:
+        age.add_metric([], view.plan_age_seconds)
+    yield age
+    leader = GaugeMetricFamily("specguard_guard_leader", LEADER_HELP)
+    if view.leader is not None:
+        leader.add_metric([], 1.0 if view.leader else 0.0)
+    yield leader
+    duration = GaugeMetricFamily("specguard_last_evaluation_duration_seconds", DURATION_HELP)
+    if view.last_evaluation_seconds is not None:
+        duration.add_metric([], view.last_evaluation_seconds)
+    yield duration
 
 
 class GuardCollector(Collector):
@@ -77,6 +111,9 @@ class GuardCollector(Collector):
         yield CounterMetricFamily("specguard_actuation_errors", "Actuator applications that failed")
         yield CounterMetricFamily("specguard_plan_write_errors", "Plan file writes that failed")
         yield GaugeMetricFamily("specguard_plan_version", "Version of the plan the guard holds")
+        yield GaugeMetricFamily("specguard_plan_age_seconds", PLAN_AGE_HELP)
+        yield GaugeMetricFamily("specguard_guard_leader", LEADER_HELP)
+        yield GaugeMetricFamily("specguard_last_evaluation_duration_seconds", DURATION_HELP)
         yield CounterMetricFamily("specguard_policy_reloads", "Policy reloads from the config file by result")
         yield InfoMetricFamily("specguard_config", "Digest of the guard policy in use")
 
@@ -112,7 +149,7 @@ class GuardCollector(Collector):
             labels=["task_type", "temperature_bucket", "action", "reason"],
         )
         for labels, value in sorted(counters.actions.items()):
-            actions.add_metric(list(labels), value)
+            actions.add_metric(list(labels), value, created=counters.action_created.get(labels))
         yield actions
         evaluations = CounterMetricFamily(
             "specguard_evaluations", "Class evaluations by result (ok, act, hold, error)", labels=["result"]
@@ -159,6 +196,7 @@ class GuardCollector(Collector):
         yield GaugeMetricFamily(
             "specguard_plan_version", "Version of the plan the guard holds", value=float(view.plan_version)
         )
+        yield from _fleet(view)
         reloads = CounterMetricFamily(
             "specguard_policy_reloads", "Policy reloads from the config file by result", labels=["result"]
         )

@@ -27,6 +27,11 @@ class StatusSource(Protocol):
     version: int
     last_evaluation: float | None
     reload_error: str | None
+    elector: Any
+    is_leader: bool
+    clock: Any
+
+    def plan_age(self, now: float) -> float | None: ...
 
 
 def class_row(
@@ -60,6 +65,10 @@ def document(g: StatusSource, decisions: int = 50) -> dict[str, Any]:
     return {
         "mode": "follow" if g.follow is not None else "guard",
         "running": g.running,
+        "leader": None
+        if g.follow is not None
+        else {"is_leader": g.is_leader, "holder": g.elector.holder, "election": g.elector.name},
+        "plan_age_seconds": g.plan_age(g.clock()),
         "dry_run": g.policy.dry_run,
         "policy_version": g.policy.version,
         "plan_version": g.version,

@@ -8,6 +8,7 @@ hook) builds the Guard over the Monitor's statistics and router, mounts ``/statu
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 from collections.abc import MutableMapping
@@ -17,7 +18,7 @@ from typing import Any
 from specguard import configfile
 from specguard.monitor import actuators as actuators_mod
 from specguard.monitor import audit as audit_mod
-from specguard.monitor import daemon, guard_config, receiver
+from specguard.monitor import daemon, guard_config, leader, planhttp, receiver
 from specguard.monitor import state as state_mod
 from specguard.monitor.cost_metrics import CostCollector
 from specguard.monitor.guard_metrics import GuardCollector
@@ -123,7 +124,8 @@ def build(
         actuators.append(
             actuators_mod.WebhookActuator(hook.url, timeout=hook.timeout_seconds, retries=hook.retries)
         )
-    follow = None
+    follow: Any = None
+    configmap = None
     if acts.configmap is not None:
         cm = acts.configmap
         configmap = actuators_mod.ConfigMapActuator(
@@ -139,6 +141,10 @@ def build(
             follow = configmap
         else:
             actuators.append(configmap)
+    if acts.plan_http is not None:
+        follow = planhttp.HttpPlanSource(acts.plan_http.urls, timeout=acts.plan_http.timeout_seconds)
+    store = state_mod.PlanStore(acts.plan_file) if acts.plan_file else None
+    elector, takeover = (None, None) if acts.follow else election(acts, store, configmap)
 
     classes = ex.classes
     temps = [b.name for b in classes.temperature_buckets]
@@ -147,12 +153,14 @@ def build(
         policy,
         sources=sources,
         actuators=actuators,
-        store=state_mod.PlanStore(acts.plan_file) if acts.plan_file else None,
+        store=store,
         audit=audit_mod.AuditLog(acts.audit_log),
         keys=list(itertools.product(classes.task_labels, temps, loads)),
         temperature_buckets=temps,
         load_buckets=loads,
         follow=follow,
+        elector=elector,
+        takeover=takeover,
         reloader=PolicyReloader(cfg.file, pools, default_pool, ex.tap.nospec_pool)
         if Path(cfg.file).is_file()
         else None,
@@ -174,11 +182,49 @@ def build(
     return guard, api
 
 
+def election(
+    acts: guard_config.ActuatorSettings,
+    store: state_mod.PlanStore | None,
+    configmap: actuators_mod.ConfigMapActuator | None,
+) -> tuple[Any, Any]:
+    """A decider's (elector, takeover): who may decide, and how the new leader reads the shared plan."""
+    settings = acts.leader_election
+    mode = settings.mode
+    if mode == "auto":
+        mode = "lease" if configmap is not None else "lock" if store is not None else "none"
+    if mode == "lease" and configmap is not None:
+        cm = acts.configmap
+        elector = leader.Lease(
+            settings.lease_name,
+            settings.lease_namespace or configmap.namespace,
+            api_client=lambda: actuators_mod.api_client(kubeconfig=cm.kubeconfig, api_server=cm.api_server),
+            identity=settings.identity,
+            lease_duration=settings.lease_duration_seconds,
+            renew_deadline=settings.renew_deadline_seconds,
+            retry_period=settings.retry_period_seconds,
+            timeout=cm.timeout_seconds,
+        )
+        return elector, configmap.read_plan
+    if mode == "lock" and store is not None:
+        elector = leader.FileLock(
+            store.path.with_name(store.path.name + ".lock"),
+            identity=settings.identity,
+            retry_seconds=settings.retry_period_seconds,
+        )
+
+        async def read_store() -> state_mod.PlanDocument | None:
+            return await asyncio.to_thread(store.load_readonly)
+
+        return elector, read_store
+    return None, None
+
+
 def configure(monitor: Any, cfg: Any) -> daemon.Guard:
     """``run.CONFIGURERS`` hook: mount the guard on a Monitor before it starts."""
     cost_collector = CostCollector()
     guard, api = build(monitor, cfg, cost_collector)
     monitor.add_routes(api.routes(healthz=False))
+    monitor.add_routes(planhttp.PlanEndpoint(guard).routes())
     monitor.registry.register(GuardCollector(guard.counters, guard.view))
     monitor.registry.register(cost_collector)
     if guard.policy.enabled:
@@ -187,12 +233,12 @@ def configure(monitor: Any, cfg: Any) -> daemon.Guard:
         log.warning("guard.enabled is false: no evaluations; the persisted plan is still applied")
 
         async def apply_only() -> None:
+            await guard.elector.start()
+            if guard.follow is None:
+                await guard._lead()
             await guard._actuate([])
 
-        async def nothing() -> None:
-            return None
-
-        monitor.attach("guard (disabled)", apply_only, nothing)
+        monitor.attach("guard (disabled)", apply_only, guard.elector.stop)
     monitor.guard = guard
     return guard
 

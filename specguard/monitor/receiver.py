@@ -5,7 +5,8 @@
   next evaluation: never a direct toggle; repeats and HA duplicates change nothing.
   2xx once accepted, 400 with the reason for a malformed payload (Alertmanager does not retry
   4xx), 503 while the guard is not running (Alertmanager retries 5xx), 413 past the size limit.
-* ``POST /api/v1/overrides`` pins, unpins, pauses or resumes a class; ``GET`` lists them.
+* ``POST /api/v1/overrides`` pins, unpins, pauses or resumes a class; ``GET`` lists them. A
+  standby decider answers 503 (the leader takes overrides).
 * ``GET /status`` (JSON) and ``GET /healthz``.
 
 Mutating endpoints need ``Authorization: Bearer <token>`` (compared in constant time). With no
@@ -26,7 +27,7 @@ from aiohttp import web
 
 from specguard.errors import InputError
 from specguard.exporters import httpbody
-from specguard.monitor.daemon import Guard
+from specguard.monitor.daemon import Guard, NotLeader
 from specguard.rules.evidence import AlertRecord
 
 log = logging.getLogger("specguard.receiver")
@@ -194,6 +195,8 @@ class Api:
             )
         except InputError as exc:
             raise _error(400, str(exc)) from exc
+        except NotLeader as exc:
+            raise _error(503, str(exc)) from exc
         return web.json_response({"decisions": [d.to_json() for d in decisions]})
 
     async def get_overrides(self, request: web.Request) -> web.Response:

@@ -302,9 +302,11 @@ def simulate_closed(
     seed: int | None = None,
     max_tokens: int | None = None,
     ignore_eos: bool = False,
+    prompt_tokens: int | None = None,
 ) -> VirtualRun:
     """``concurrency`` closed-loop clients send ``requests`` in total; classes are
-    (task_type, temperature, weight), cycled deterministically in proportion to their weights."""
+    (task_type, temperature, weight), cycled deterministically in proportion to their weights.
+    ``max_tokens`` / ``prompt_tokens`` fix the workload geometry (None: each task's own lengths)."""
     import random
 
     rng = random.Random(f"closed/{config.seed if seed is None else seed}/{pool}")
@@ -317,7 +319,14 @@ def simulate_closed(
             return
         sent += 1
         task, temperature, _ = rng.choices(list(classes), weights)[0]
-        cluster.submit(pool, task, temperature, max_tokens=max_tokens, ignore_eos=ignore_eos)
+        cluster.submit(
+            pool,
+            task,
+            temperature,
+            max_tokens=max_tokens,
+            prompt_tokens=prompt_tokens,
+            ignore_eos=ignore_eos,
+        )
 
     cluster = VirtualCluster(config, pools=[pool], seed=seed, on_finish=lambda _r: send())
     for _ in range(min(concurrency, requests)):

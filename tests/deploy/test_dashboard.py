@@ -15,7 +15,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-from deployhelp import BUILTIN, DASHBOARD, DEPLOY, EXPORTED, metric_names, recording_names, run_promtool
+from deployhelp import (
+    BUILTIN,
+    DASHBOARD,
+    DEPLOY,
+    EXPORTED,
+    PENDING,
+    metric_names,
+    recording_names,
+    run_promtool,
+)
 
 DASH = json.loads(DASHBOARD.read_text())
 PANELS = [p for p in DASH["panels"] if p["type"] != "row"]
@@ -129,7 +138,7 @@ def test_rates_use_rate_interval_and_filter_on_job(where: str, expr: str):
     for fn, window in re.findall(r"\b(rate|irate|increase)\([^\[]*\[([^\]]+)\]", expr):
         expected = "$__interval" if where.startswith("annotation") else "$__rate_interval"
         assert window == expected, f"{where}: {fn}(...[{window}])"
-    for selector in re.findall(r"\b(?:specguard_\w+|\w+:\w+:\w+|ALERTS)(\{[^}]*\})?", expr):
+    for selector in re.findall(r"\b(?:specguard_\w+|\w+:\w+:\w+|ALERTS|up(?=\{))(\{[^}]*\})?", expr):
         assert 'job=~"$job"' in selector, f"{where}: selector without the job filter in {expr!r}"
 
 
@@ -158,7 +167,7 @@ def test_denominators_are_guarded(where: str, expr: str):
 
 
 def test_every_metric_is_exported_or_recorded():
-    known = EXPORTED | recording_names() | BUILTIN
+    known = EXPORTED | recording_names() | BUILTIN | PENDING
     for where, expr in EXPRS:
         unknown = metric_names(expr) - known
         assert not unknown, f"{where}: {sorted(unknown)}"
@@ -185,6 +194,16 @@ def test_the_panels_a_user_needs_are_there():
         "tpot",
         "plan",
         "scrape health",
+        "probe traffic",
+        "baseline available",
+        "in-flight",
+        "upstream errors",
+        "unattributed",
+        "alertmanager alerts",
+        "actuation",
+        "pool health",
+        "failover",
+        "specguard up",
     ):
         assert needed in titles, needed
     rc = next(p for p in PANELS if p["title"].startswith("Relative cost per token"))
@@ -208,3 +227,91 @@ def test_the_denominator_check_tells_guarded_from_unguarded():
     assert rhs == ["(sum(rate(b[5m])))"] and not is_guarded(rhs[0])
     assert [is_guarded(r) for r in split_division_rhs("x / on () group_left () (sum(b) > 0)")] == [True]
     assert [is_guarded(r) for r in split_division_rhs("x / clamp_min(sum(b), 1e-9)")] == [True]
+
+
+def by_title(title: str) -> dict:
+    (panel,) = [p for p in PANELS if p["title"] == title]
+    return panel
+
+
+TABLES = [p for p in PANELS if p["type"] == "table"]
+
+
+@pytest.mark.parametrize("panel", TABLES, ids=[p["title"] for p in TABLES])
+def test_tables_merge_their_queries_into_named_columns(panel: dict):
+    assert [t["id"] for t in panel["transformations"]] == ["merge", "organize"]
+    assert all(t["instant"] and not t["range"] and t["format"] == "table" for t in panel["targets"])
+    organize = panel["transformations"][1]["options"]
+    assert organize["excludeByName"]["Time"]
+    for ref in (t["refId"] for t in panel["targets"]):
+        field = f"Value #{ref}"
+        assert (field in organize["renameByName"]) != (field in organize["excludeByName"]), field
+    shown = set(organize["renameByName"].values())
+    for override in panel["fieldConfig"]["overrides"]:
+        assert override["matcher"] == {"id": "byName", "options": override["matcher"]["options"]}
+        assert override["matcher"]["options"] in shown, override
+        for prop in override["properties"]:
+            if prop["id"] == "unit":
+                assert prop["value"] in UNITS, prop
+    # every query groups by the same key labels, so merge lines them up row by row
+    keys = [
+        set(re.match(r"^(?:max|sum) by \(([^)]*)\)", t["expr"]).group(1).split(", "))
+        for t in panel["targets"]
+    ]
+    assert all(keys[0] <= k or k <= keys[0] for k in keys), keys
+
+
+def column_settings(panel: dict) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for override in panel["fieldConfig"]["overrides"]:
+        for prop in override["properties"]:
+            out.setdefault(override["matcher"]["options"], {})[prop["id"]] = prop["value"]
+    return out
+
+
+def test_rc_table_has_point_rc_bounds_samples_baseline_source_and_traffic():
+    rc = by_title("RC bounds and evidence now")
+    names = rc["transformations"][1]["options"]["renameByName"]
+    assert set(names.values()) == {
+        "RC", "RC lower", "RC upper", "spec samples", "baseline samples", "baseline source", "traffic",
+    }  # fmt: skip
+    point = next(t["expr"] for t in rc["targets"] if f"Value #{t['refId']}" == "Value #A")
+    assert "pool_class_load:specguard_relative_cost_per_token:ratio" in point
+    settings = column_settings(rc)
+    for name in ("RC", "RC lower", "RC upper"):
+        assert settings[name]["decimals"] == 2 and settings[name]["thresholds"]["steps"][-1]["value"] == 1.0
+    assert settings["spec samples"]["decimals"] == 0 and settings["spec samples"]["unit"] == "short"
+    plan = column_settings(by_title("Current plan per class"))
+    assert plan["K"]["decimals"] == 0
+
+
+def test_guard_health_is_split_with_units_and_thresholds():
+    since, frozen, errors = (
+        by_title(t) for t in ("Since last evaluation", "Frozen", "Consecutive source errors")
+    )
+    assert since["fieldConfig"]["defaults"]["unit"] == "s"
+    assert since["fieldConfig"]["defaults"]["thresholds"]["steps"][-1] == {"value": 300.0, "color": "red"}
+    assert frozen["fieldConfig"]["defaults"]["thresholds"]["steps"][-1] == {"value": 1.0, "color": "red"}
+    assert errors["fieldConfig"]["defaults"]["unit"] == "short"
+    for panel in (since, frozen, errors):
+        assert panel["type"] == "stat" and len(panel["targets"]) == 1
+        assert panel["options"]["colorMode"] == "background"
+        assert panel["options"]["reduceOptions"]["calcs"] == ["lastNotNull"]
+
+
+def test_verdict_counts_rc_on_the_planned_pool_and_shows_probes_apart():
+    on = "on (pool, task_type, temperature_bucket, load_bucket)"
+    for title in (
+        "Relative cost per token (RC) per class, as planned",
+        "Worst RC now",
+        "Classes with RC above 1.0",
+    ):
+        expr = by_title(title)["targets"][0]["expr"]
+        assert f"and {on}" in expr and "specguard_plan_info" in expr and "== 1" in expr, title
+    probe = by_title("RC on probe traffic (classes planned elsewhere)")["targets"][0]["expr"]
+    assert f"unless {on}" in probe and "specguard_plan_info" in probe
+
+
+@pytest.mark.parametrize("panel", [p for p in PANELS if p["type"] == "stat"], ids=lambda p: p["title"])
+def test_stats_reduce_to_the_last_value(panel: dict):
+    assert panel["options"]["reduceOptions"]["calcs"] == ["lastNotNull"]

@@ -80,6 +80,7 @@ def test_render_has_every_piece():
         [
             "ConfigMap",
             "Deployment",
+            "Lease",
             "PodMonitor",
             "PrometheusRule",
             "Role",
@@ -159,7 +160,17 @@ def test_rbac_is_limited_to_the_one_plan_configmap():
     assert sidecar_sa == {"specguard"}
     assert role_of("specguard")["rules"] == [{**plan, "verbs": ["get"]}], "sidecars only read the plan"
     assert guard_spec()["serviceAccountName"] == "specguard-guard"
-    assert role_of("specguard-guard")["rules"] == [{**plan, "verbs": ["get", "patch"]}]
+    lease = {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "resourceNames": ["specguard-guard"],
+    }
+    assert role_of("specguard-guard")["rules"] == [
+        {**plan, "verbs": ["get", "patch"]},
+        {**lease, "verbs": ["get", "update"]},
+    ]
+    (made,) = by_kind(BASE, "Lease")  # created by kustomize: the guard cannot create it
+    assert made["metadata"]["name"] == "specguard-guard"
     names = {d["metadata"]["name"] for d in by_kind(BASE, "ConfigMap")}
     assert "specguard-plan" in names, "the plan ConfigMap is created by kustomize (the guard cannot create)"
     assert not by_kind(BASE, "ClusterRole") and not by_kind(BASE, "ClusterRoleBinding")
@@ -235,9 +246,14 @@ def test_guard_patches_exactly_the_configmap_the_role_allows():
     volume = mounts[str(Path(token).parent)]
     secret = next(v for v in spec["volumes"] if v["name"] == volume)["secret"]
     assert secret["optional"] is True, "a missing token Secret must not keep the guard from starting"
-    # the guard's PromQL rules read what the sidecars export
+    # the guard's PromQL rules read RC across the sidecars (the recording rule), and it elects on
+    # the one Lease its Role allows
     for rule in cfg.sections["guard"].rules:
-        assert rule.query and "specguard_relative_cost_per_token_lower_ratio" in rule.query
+        assert rule.query and "pool_class_load:specguard_relative_cost_per_token:ratio" in rule.query
+    election = cfg.sections["actuators"].leader_election
+    assert election.mode == "auto" and [election.lease_name] == role["rules"][1]["resourceNames"]
+    env = {e["name"] for e in spec["containers"][0]["env"]}
+    assert "SPECGUARD_POD_NAME" in env, "the leader election's identity"
 
 
 DURATION = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"

@@ -91,6 +91,7 @@ EXPECTED_ALERTS = {
     "SpecGuardEvaluationStale",
     "SpecGuardFlapping",
     "SpecGuardFrozen",
+    "SpecGuardPlanStale",
 }
 
 

@@ -233,6 +233,7 @@ def warm_and_cold():
         seed=0,
         timer_scale=1,
         gpu_scale=2,
+        fleet=3,  # about two requests per engine: chat's K=2 what-if is clear of the margin
     )
     setup.settings = demo.cost_settings(setup.exporter)
     profile = demo.calibrate(setup)  # a virtual `specguard sweep` with its own mix and seed

@@ -49,4 +49,4 @@ def test_splitting_traffic_over_identical_pools_buys_no_capacity():
     assert tput["split"] <= tput["one pool"] * 1.005
     for result in runs.values():
         assert result.engines == 3 and result.fleet_stats.max_busy <= 3
-        assert 2.9 <= result.mean_engines_busy <= 3.0
+        assert 2.9 <= result.mean_engines_busy <= 3.0 + 1e-9

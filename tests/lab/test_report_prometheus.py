@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+from reportrun import CONFIG, free_port, start_prometheus
 
 from specguard.lab import loadgen, report
 from specguard.lab.report_data import PromData
@@ -17,51 +16,6 @@ from specguard.monitor import app as monitor_app
 from specguard.monitor import config as monitor_config
 from specguard.monitor import guard_wiring
 from specguard.sim.cluster import SimCluster
-
-PROMETHEUS = shutil.which("prometheus") or "prometheus"  # scripts/test installs Debian's package
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-CONFIG = """
-pools:
-  - {{name: spec-k4, url: "{k4}", engine: vllm, num_speculative_tokens: 4}}
-  - {{name: spec-k2, url: "{k2}", engine: vllm, num_speculative_tokens: 2}}
-  - {{name: nospec, url: "{k0}", engine: vllm, num_speculative_tokens: 0}}
-tap:
-  {{listen: "127.0.0.1:0", default_pool: spec-k4, nospec_pool: nospec, holdout_share: 0.2,
-    window_seconds: 60}}
-scrape: {{interval_seconds: 1, timeout_seconds: 1}}
-guard:
-  interval_seconds: 1
-  window_seconds: 30
-  min_samples: 5
-  consecutive_failure_limit: 0
-  cooldown_seconds: 1
-  rules:
-    - {{name: relative-cost, measure: rc_lower, direction: above, threshold: 1.0,
-       restore_measure: rc, restore_threshold: 0.95}}
-cost: {{min_samples: 5, baseline_min_samples: 5}}
-"""
-
-
-def start_prometheus(tmp: Path, target: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cfg = tmp / "prometheus.yml"
-    cfg.write_text(
-        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-        f"scrape_configs:\n  - job_name: specguard\n    static_configs: [{{targets: ['{target}']}}]\n"
-    )
-    proc = subprocess.Popen(
-        [PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    return proc, f"http://127.0.0.1:{port}"
 
 
 async def drive(tmp: Path) -> tuple[str, float, float, subprocess.Popen]:

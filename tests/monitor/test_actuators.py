@@ -1,5 +1,5 @@
 """Actuators against real HTTP on loopback: a stand-in Kubernetes API (the official client talks
-to it) with optimistic concurrency, and a webhook receiver."""
+to it; tests/monitor/kubekit.py) with optimistic concurrency, and a webhook receiver."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from specguard.errors import SourceError
 from specguard.monitor import actuators
 from specguard.monitor import state as state_mod
 from specguard.rules.guard import ClassState, Decision, Phase
+from tests.monitor.kubekit import FakeKubeApi
 
 POOLS = {"spec-k4": 4, "nospec": 0}
 KEY = ("creative", "high", "low")
@@ -20,56 +21,6 @@ KEY = ("creative", "high", "low")
 
 def plan(version=1, pool="nospec"):
     return state_mod.PlanDocument(version, 10.0, {KEY: ClassState(key=KEY, pool=pool)}, POOLS)
-
-
-class FakeKubeApi:
-    """GET and PATCH of one ConfigMap with resourceVersion checks, like the API server."""
-
-    def __init__(self, data=None, *, interfering_writes=0):
-        self.version = 7
-        self.data = dict(data or {"other": "kept"})
-        self.interfering_writes = interfering_writes  # someone else writes between our read and patch
-        self.patches = []
-        self.conflicts = 0
-
-    def obj(self):
-        return {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": "routing", "namespace": "serving", "resourceVersion": str(self.version)},
-            "data": self.data,
-        }
-
-    async def get(self, request):
-        return web.json_response(self.obj())
-
-    async def patch(self, request):
-        body = await request.json()
-        self.patches.append((request.headers.get("Content-Type"), body))
-        if self.interfering_writes:
-            self.interfering_writes -= 1
-            self.version += 1
-            self.data["human"] = f"edit {self.version}"
-        if body.get("metadata", {}).get("resourceVersion") != str(self.version):
-            self.conflicts += 1
-            status = {
-                "kind": "Status",
-                "apiVersion": "v1",
-                "status": "Failure",
-                "reason": "Conflict",
-                "code": 409,
-            }
-            return web.json_response(status, status=409)
-        self.version += 1
-        self.data.update(body.get("data", {}))
-        return web.json_response(self.obj())
-
-    def app(self):
-        app = web.Application()
-        path = "/api/v1/namespaces/{namespace}/configmaps/{name}"
-        app.router.add_get(path, self.get)
-        app.router.add_patch(path, self.patch)
-        return app
 
 
 async def serve(app):

@@ -92,6 +92,8 @@ async def test_bad_class_goes_off_and_everything_records_it(tmp_path):
         ("creative/high", "low", "spec-k4", "nospec", "off")
     ]
     assert records[0]["numbers"]["rules"]["relative-cost@spec-k4"]["value"] == 1.4
+    # the action counter carries the decision's own time (a decision before the first scrape keeps it)
+    assert registry.get_sample_value("specguard_actions_created", action) == records[0]["time"]
     assert "rc (1.400) > threshold (1.0)" in records[0]["reason"]
 
 

@@ -195,7 +195,7 @@ actuators: {webhook: {url: "ftp://x"}, follow: true}
         "guard.rules[0].restore_threshold: (1.1) must be <= threshold (1.0) when direction is above",
         "server.insecure_loopback: a token is configured: insecure_loopback must be false",
         "actuators.webhook.url: ('ftp://x') must be an http(s) URL",
-        "actuators.follow: follow: true needs actuators.configmap",
+        "actuators.follow: follow: true needs one plan source: actuators.configmap or actuators.plan_http",
     ):
         assert expected in text, text
 

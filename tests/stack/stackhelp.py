@@ -4,6 +4,7 @@ stopped (SIGTERM, then SIGKILL) when the `Stack` context exits, also on failure.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -24,12 +25,21 @@ from pathlib import Path
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from specguard.lab import loadgen
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 RULES = DEPLOY / "prometheus" / "specguard-rules.yaml"
 ALERTMANAGER_YML = DEPLOY / "compose" / "alertmanager.yml"
 DASHBOARD = DEPLOY / "grafana" / "specguard-overview.json"
 TOKEN = "stack-test-webhook-token"
+# a class that speculation hurts (creative at temperature 1: almost every round rolls back) next to
+# classes it helps (code and extraction at temperature 0)
+MIX = [
+    loadgen.RequestClass("creative", weight=2, temperature=1.0, max_tokens=96),
+    loadgen.RequestClass("code", weight=1, temperature=0.0, max_tokens=96),
+    loadgen.RequestClass("extraction", weight=1, temperature=0.0, max_tokens=64),
+]
 
 
 def free_port() -> int:
@@ -91,6 +101,18 @@ def http_get(url: str, timeout: float = 5.0, headers: dict | None = None) -> tup
         return exc.code, exc.read()
 
 
+def http_post(url: str, payload: dict, headers: dict | None = None) -> tuple[int, bytes]:
+    data = json.dumps(payload).encode()
+    req = urllib.request.Request(
+        url, data=data, headers={"Content-Type": "application/json", **(headers or {})}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
 def scrape(url: str) -> list:
     """Every sample on ``url``/metrics."""
     status, body = http_get(url + "/metrics")
@@ -114,6 +136,19 @@ def moved_off(specguard: str, task_type: str, temperature_bucket: str):
     pools = [pool for key, pool in plan.items() if key[:2] == (task_type, temperature_bucket)]
     off = pools and all(pool == "nospec" for pool in pools)
     return (delivered, plan, samples) if delivered > 0 and off else None
+
+
+def drive_load(url: str, seconds: float, results: list, seed: int = 1) -> threading.Thread:
+    """MIX through ``url`` at concurrency 6 for ``seconds`` in a thread; results land in ``results``."""
+
+    def run():
+        results.extend(
+            asyncio.run(loadgen.run_load(url, MIX, concurrency=6, duration_s=seconds, seed=seed, stream=True))
+        )
+
+    thread = threading.Thread(target=run, name="loadgen", daemon=True)
+    thread.start()
+    return thread
 
 
 def wait_until(what: str, check, timeout: float, procs: list[Proc] = (), interval: float = 0.5):
@@ -235,9 +270,9 @@ class Stack(ExitStack):
         self.callback(proc.stop)
         return proc
 
-    def start_sim(self, time_scale: float = 0.05) -> dict[str, str]:
+    def start_sim(self, time_scale: float = 0.05, args: tuple[str, ...] = ()) -> dict[str, str]:
         """`specguard simulate` (the default pools on ephemeral loopback ports); returns their URLs."""
-        argv = [sys.executable, "-m", "specguard", "simulate", "--time-scale", str(time_scale)]
+        argv = [sys.executable, "-m", "specguard", "simulate", "--time-scale", str(time_scale), *args]
         proc = self.spawn("sim", argv)
         urls = {}
         for raw in proc.popen.stdout:  # "  spec-k4    K=4  http://127.0.0.1:PORT" ... "ground truth: ..."
@@ -288,7 +323,11 @@ class Stack(ExitStack):
         wait_until("alertmanager ready", lambda: http_get(url + "/-/ready")[0] == 200, 30, [proc])
         return url
 
-    def start_prometheus(self, specguard_url: str, alertmanager_url: str) -> Prometheus:
+    def start_prometheus(
+        self, specguard_url: str, alertmanager_url: str, jobs: dict[str, list[str]] | None = None
+    ) -> Prometheus:
+        """Prometheus scraping `specguard_url` as job "specguard" (or every URL of `jobs`, by job)."""
+        jobs = jobs or {"specguard": [specguard_url]}
         rules = self.workdir / "specguard-rules.yaml"
         rules.write_text(stack_rules(RULES.read_text()))
         config = {
@@ -298,7 +337,8 @@ class Stack(ExitStack):
                 "alertmanagers": [{"static_configs": [{"targets": [alertmanager_url.split("//")[1]]}]}]
             },
             "scrape_configs": [
-                {"job_name": "specguard", "static_configs": [{"targets": [specguard_url.split("//")[1]]}]}
+                {"job_name": job, "static_configs": [{"targets": [url.split("//")[1] for url in urls]}]}
+                for job, urls in jobs.items()
             ],
         }
         path = self.workdir / "prometheus.yml"
@@ -336,18 +376,6 @@ def substitute(expr: str, rate_interval: str = "1m", interval: str = "15s") -> s
     """A dashboard expression as Grafana sends it with every variable on 'All'."""
     expr = expr.replace("$__rate_interval", rate_interval).replace("$__interval", interval)
     return re.sub(r"\$[a-z_]+", ".+", expr)
-
-
-def dashboard_exprs() -> list[tuple[str, str]]:
-    dash = json.loads(DASHBOARD.read_text())
-    out = [
-        (f"{p['title']} [{t['refId']}]", t["expr"])
-        for p in dash["panels"]
-        if p["type"] != "row"
-        for t in p["targets"]
-    ]
-    out += [(f"annotation {a['name']}", a["expr"]) for a in dash["annotations"]["list"] if "expr" in a]
-    return out
 
 
 NAME_RE = re.compile(r"\b([a-zA-Z_][a-zA-Z0-9_]*(?::[a-zA-Z0-9_]+)+|specguard_[a-zA-Z0-9_]+|ALERTS)\b")

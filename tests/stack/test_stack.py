@@ -11,41 +11,29 @@ shipped rule without error; the recording rules produce the per-class series and
 losing class from the winning ones; SpecGuardFullRollbackRatioHigh fires for the losing class
 only; Alertmanager delivers it (v4 payload, bearer token) and specguard accepts it; the guard
 moves the losing class off speculation and keeps the others on it; the decision shows in
-/metrics and in Prometheus; every dashboard expression parses on this Prometheus and returns data.
+/metrics and in Prometheus. The dashboard's queries are checked by test_dashboard_data.py.
 
 The RC-alert variant (SpecGuardRelativeCostAboveOne as the trigger) is test_guard_e2e.py.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from stackhelp import (
-    RULES,
     TOKEN,
     Receiver,
     Stack,
-    dashboard_exprs,
-    dashboard_variables,
+    drive_load,
     http_get,
-    metric_names,
+    http_post,
     moved_off,
-    scrape,
     specguard_config,
-    substitute,
     wait_until,
 )
-
-from specguard.lab import loadgen
 
 pytestmark = pytest.mark.stack
 
@@ -82,53 +70,8 @@ GUARD_FAMILIES = {
     "specguard_guard_frozen", "specguard_consecutive_errors", "specguard_webhook_alerts",
     "specguard_audit_write_errors", "specguard_config_info",
 }  # fmt: skip
-MIX = [
-    loadgen.RequestClass("creative", weight=2, temperature=1.0, max_tokens=96),
-    loadgen.RequestClass("code", weight=1, temperature=0.0, max_tokens=96),
-    loadgen.RequestClass("extraction", weight=1, temperature=0.0, max_tokens=64),
-]
 CREATIVE = 'task_type="creative",temperature_bucket="high",pool="spec-k4"'
 CODE = 'task_type="code",temperature_bucket="greedy",pool="spec-k4"'
-
-
-def drive_load(url: str, seconds: float, results: list) -> threading.Thread:
-    def run():
-        results.extend(
-            asyncio.run(loadgen.run_load(url, MIX, concurrency=6, duration_s=seconds, seed=1, stream=True))
-        )
-
-    thread = threading.Thread(target=run, name="loadgen", daemon=True)
-    thread.start()
-    return thread
-
-
-def http_post(url: str, payload: dict, headers: dict | None = None) -> tuple[int, bytes]:
-    data = json.dumps(payload).encode()
-    req = urllib.request.Request(
-        url, data=data, headers={"Content-Type": "application/json", **(headers or {})}
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=5) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-
-
-def recorded_inputs() -> dict[str, set[str]]:
-    """recording rule -> the raw metric names it needs (transitively)."""
-    rules = {
-        r["record"]: r["expr"]
-        for g in yaml.safe_load(RULES.read_text())["groups"]
-        for r in g["rules"]
-        if "record" in r
-    }
-
-    def raw(name: str, seen=()) -> set[str]:
-        if name not in rules:
-            return {name}
-        return set().union(*(raw(n, (*seen, name)) for n in metric_names(rules[name]) if n not in seen))
-
-    return {name: raw(name) for name in rules}
 
 
 def test_stack_end_to_end(tmp_path: Path):
@@ -264,31 +207,6 @@ def test_stack_end_to_end(tmp_path: Path):
             ),
             15,
             stack.procs,
-        )
-
-        # every dashboard expression parses here and returns data (for an empty one, the message
-        # names the inputs the running specguard does not export)
-        # (a rate needs two samples: let the action counter, born at 1, be scraped twice)
-        wait_until(
-            "action counter scraped twice",
-            lambda: prom.value("count_over_time(specguard_actions_total[1m]) >= 2"),
-            15,
-            stack.procs,
-        )
-        exposed = {s.name for s in scrape(specguard)} | {"ALERTS"}
-        needs = recorded_inputs()
-        empty = []
-        for where, expr in dashboard_exprs():
-            inputs = set().union(*(needs.get(n, {n}) for n in metric_names(expr)))
-            if not prom.query_range(substitute(expr, interval="5s")):  # raises unless it parses and runs
-                empty.append((where, "not exported: " + ", ".join(sorted(inputs - exposed))))
-        assert not empty, empty
-        # every template variable finds values (Grafana's label_values -> /api/v1/label/<name>/values)
-        for name, label, selector in dashboard_variables():
-            values = prom.api(f"label/{label}/values", **{"match[]": selector})
-            assert values, f"variable {name}: no values for {label} of {selector}"
-        assert {"creative", "code"} <= set(
-            prom.api("label/task_type/values", **{"match[]": "specguard_requests_total"})
         )
 
         print("seconds after load start:", {k: round(v, 1) for k, v in timings.items()})

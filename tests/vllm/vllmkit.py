@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 MODEL_NAME = "tinyllm"
+SMOL_NAME = "smollm2"  # SmolLM2-135M-Instruct, the real trained model (scripts/provision-vllm)
 NUM_SPECULATIVE_TOKENS = 4
 SPEC_CONFIG = {
     "method": "ngram",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -25,13 +26,50 @@ def register(subparsers) -> None:
             "Drive the request mix closed-loop at each concurrency level on each pool and record TPOT, "
             "throughput, accept length, strict accept rate, full-rollback ratio and RC against the no-spec "
             "pool. By default the built-in simulator in virtual time; --http drives the pools' URLs "
-            "(from --config, e.g. real engines or `specguard simulate`)."
+            "(from --config, e.g. real engines or `specguard simulate`); --launch starts one engine per "
+            "K from a command template, sweeps it and stops it."
         ),
     )
     parser.add_argument("--config", default=None, help="specguard config: pools (name, url, K) and classes")
     parser.add_argument("--sim-config", default=None, help="simulator config for the virtual driver")
     parser.add_argument(
         "--http", action="store_true", help="sweep the pools' URLs over HTTP instead of virtual time"
+    )
+    launch = parser.add_argument_group("engine launch (--launch)")
+    launch.add_argument(
+        "--launch",
+        metavar="TEMPLATE",
+        default=None,
+        help="command that starts a speculative engine; {k} and {port} are filled in per K",
+    )
+    launch.add_argument(
+        "--launch-nospec",
+        metavar="TEMPLATE",
+        default=None,
+        help="command that starts the engine without speculation (K = 0); {port} is filled in",
+    )
+    launch.add_argument("--ks", default="0,2,4", help="K values to launch in turn (comma list, with 0)")
+    launch.add_argument("--ready-path", default="/health", help="GET path that answers 200 when ready")
+    launch.add_argument(
+        "--ready-timeout", type=float, default=600.0, help="seconds to wait for an engine to be ready"
+    )
+    launch.add_argument(
+        "--stop-timeout", type=float, default=30.0, help="seconds between SIGTERM and SIGKILL"
+    )
+    launch.add_argument("--warmup", type=int, default=2, help="unmeasured requests after each engine start")
+    parser.add_argument(
+        "--geometry",
+        default=None,
+        help="workload geometries to sweep (comma list): "
+        + ", ".join(sweep_geometry_names())
+        + " or PROMPTxDECODE token counts (512x64)",
+    )
+    parser.add_argument(
+        "--prompts",
+        choices=("words", "task"),
+        default=None,
+        help="HTTP prompts: 'task' (extraction/code/chat/creative prompts a real model answers; "
+        "the default with --launch) or 'words' (synthetic; the default with --http)",
     )
     parser.add_argument("--levels", default="1,2,4,8,16,32,64,128", help="concurrency levels (comma list)")
     parser.add_argument("--max-concurrency", type=int, default=None, help="shorthand: 1,2,4,... up to N")
@@ -54,6 +92,12 @@ def register(subparsers) -> None:
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--json", action="store_true", help="print a JSON summary")
     parser.set_defaults(func=run)
+
+
+def sweep_geometry_names() -> list[str]:
+    from specguard.lab.sweep import GEOMETRIES
+
+    return list(GEOMETRIES)
 
 
 def parse_levels(text: str) -> tuple[int, ...]:
@@ -106,45 +150,133 @@ class Progress:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specguard.lab import replay, sweep, sweep_plots
-    from specguard.monitor import config as monitor_config
-    from specguard.rules import profile as profile_mod
+    from specguard.lab import replay, sweep
 
-    cfg = monitor_config.load(args.config) if args.config else monitor_config.load_default()
+    cfg = monitor_config_load(args.config)
     levels = sweep.levels_up_to(args.max_concurrency) if args.max_concurrency else parse_levels(args.levels)
     mix = parse_mix(args.mix)
+    geometries = sweep.parse_geometries(args.geometry) if args.geometry else (sweep.MIX_GEOMETRY,)
+    if args.requests is not None and args.requests < 2:
+        raise flag_error(f"--requests ({args.requests}) must be >= 2")
+    if args.launch and args.http:
+        raise flag_error("--launch: give either --launch (start the engines) or --http (they run already)")
+    if args.launch_nospec and not args.launch:
+        raise flag_error("--launch-nospec: only with --launch")
+    if args.launch and args.pools:
+        raise flag_error("--pools: not with --launch (it launches the pools of --ks)")
+    per_cell = (lambda c: args.requests) if args.requests else (lambda c: max(64, 8 * c))
+    progress = Progress(sys.stderr if args.json else sys.stdout, quiet=False)
+    grid = {"geometries": geometries, "requests_per_level": per_cell, "progress": progress}
+    engines: list[dict] = []
+    if args.launch:
+        samples, pools, stack, engines = _launched(args, levels, mix, grid)
+    else:
+        pools = _configured_pools(cfg, args.pools)
+        driver, stack = _driver(args, cfg, pools)
+        samples = sweep.run_grid(pools, levels, mix, driver, **grid)
+    buckets = replay.Buckets.from_classes(cfg.exporter.classes)
+    frame = sweep.to_frame(samples, pools, buckets.temperature_bucket)
+    summary = _write(args, frame, stack, geometries)
+    summary.update(requests=len(samples), levels=list(levels), pools=[p.name for p in pools])
+    summary["geometries"] = [g.name for g in geometries]
+    if engines:
+        summary["engines"] = engines
+    if args.json:
+        json.dump(summary, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        plots = f" and {len(summary['plots'])} plots" if summary["plots"] else ""
+        print(f"wrote {summary['csv']}, {summary['profile']}{plots}")
+        print("best K per class and concurrency (lowest TPOT; K=0: speculation does not pay):")
+        for line in summary["best_k"]:
+            print(f"  {line}")
+        print("where RC crosses 1.0:")
+        for line in summary["crossovers"]:
+            print(f"  {line}")
+        print(f"use it: set cost.calibration_profile: {summary['profile']} in your config")
+    return 0
+
+
+def monitor_config_load(path: str | None):
+    from specguard.monitor import config as monitor_config
+
+    return monitor_config.load(path) if path else monitor_config.load_default()
+
+
+def _configured_pools(cfg, only: str | None) -> list:
+    from specguard.lab import sweep
+
     pools = [sweep.PoolSpec(p.name, p.num_speculative_tokens, p.url) for p in cfg.exporter.pools]
-    if args.pools:
-        wanted = [x.strip() for x in args.pools.split(",") if x.strip()]
+    if only:
+        wanted = [x.strip() for x in only.split(",") if x.strip()]
         unknown = sorted(set(wanted) - {p.name for p in pools})
         if unknown:
             raise flag_error(f"--pools: unknown pools {unknown} (configured: {[p.name for p in pools]})")
         pools = [p for p in pools if p.name in wanted]
-    if args.requests is not None and args.requests < 2:
-        raise flag_error(f"--requests ({args.requests}) must be >= 2")
-    if args.http:
-        driver = sweep.http_driver(seed=args.seed, max_tokens=args.max_tokens)
-        stack = {
-            "engine": ",".join(sorted({p.engine for p in cfg.exporter.pools})),
-            "source": "specguard sweep --http",
-        }
-    else:
-        from specguard.sim import config as sim_config
+    return pools
 
-        sim = sim_config.load(args.sim_config)
-        names = {p.name for p in sim.pools}
-        missing = [p.name for p in pools if p.name not in names]
-        if missing:
-            raise ConfigError(
-                f"pools {missing} are not simulator pools ({sorted(names)}); use --http for real engines"
-            )
-        driver = sweep.virtual_driver(sim, seed=args.seed)
-        stack = {"engine": "specguard-simulator", "source": "specguard sweep (virtual time)"}
-    per_cell = (lambda c: args.requests) if args.requests else (lambda c: max(64, 8 * c))
-    progress = Progress(sys.stderr if args.json else sys.stdout, quiet=False)
-    samples = sweep.run_grid(pools, levels, mix, driver, requests_per_level=per_cell, progress=progress)
-    buckets = replay.Buckets.from_classes(cfg.exporter.classes)
-    frame = sweep.to_frame(samples, pools, buckets.temperature_bucket)
+
+def _driver(args: argparse.Namespace, cfg, pools):
+    from specguard.lab import sweep_drivers
+
+    if args.http:
+        driver = sweep_drivers.http_driver(
+            seed=args.seed, max_tokens=args.max_tokens, prompts=args.prompts or "words"
+        )
+        engines = ",".join(sorted({p.engine for p in cfg.exporter.pools}))
+        return driver, {"engine": engines, "source": "specguard sweep --http"}
+    from specguard.sim import config as sim_config
+
+    sim = sim_config.load(args.sim_config)
+    names = {p.name for p in sim.pools}
+    missing = [p.name for p in pools if p.name not in names]
+    if missing:
+        raise ConfigError(
+            f"pools {missing} are not simulator pools ({sorted(names)}); use --http for real engines"
+        )
+    driver = sweep_drivers.virtual_driver(sim, seed=args.seed)
+    return driver, {"engine": "specguard-simulator", "source": "specguard sweep (virtual time)"}
+
+
+def _launched(args: argparse.Namespace, levels, mix, grid: dict):
+    from specguard.lab import sweep_drivers, sweep_launch
+
+    try:
+        ks = tuple(int(x) for x in args.ks.split(",") if x.strip())
+    except ValueError as exc:
+        raise flag_error(f"--ks {args.ks!r}: expected integers separated by commas") from exc
+    if args.warmup < 0:
+        raise flag_error(f"--warmup ({args.warmup}) must be >= 0")
+    spec = sweep_launch.LaunchSpec(
+        template=args.launch,
+        nospec_template=args.launch_nospec,
+        ks=ks,
+        log_dir=Path(args.output_dir),
+        ready_path=args.ready_path,
+        ready_timeout_s=args.ready_timeout,
+        stop_timeout_s=args.stop_timeout,
+        warmup_requests=args.warmup,
+    )
+    spec.check()
+    driver = sweep_drivers.http_driver(
+        seed=args.seed, max_tokens=args.max_tokens, prompts=args.prompts or "task"
+    )
+    out = sys.stderr if args.json else sys.stdout
+
+    def ready(k: int, url: str, seconds: float) -> None:
+        out.write(f"engine K={k} ready at {url} after {seconds:.1f} s\n")
+        out.flush()
+
+    samples, pools, launched = sweep_launch.run_launched(spec, levels, mix, driver, on_ready=ready, **grid)
+    stack = {"engine": "launched", "source": "specguard sweep --launch", "command": args.launch}
+    return samples, pools, stack, [dataclasses.asdict(e) for e in launched]
+
+
+def _write(args: argparse.Namespace, frame, stack: dict, geometries) -> dict:
+    """sweep.csv, best_k.csv, rc_crossings.csv, profile.yaml and plots (per geometry when several)."""
+    from specguard.lab import sweep, sweep_plots, sweep_tables
+    from specguard.rules import profile as profile_mod
+
     out = Path(args.output_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -152,25 +284,27 @@ def run(args: argparse.Namespace) -> int:
         raise flag_error(f"--output-dir {out}: cannot create: {exc.strerror}") from exc
     csv_path = out / "sweep.csv"
     frame.to_csv(csv_path, index=False)
+    best = sweep_tables.best_k(frame)
+    best.to_csv(out / "best_k.csv", index=False)
+    crossings = sweep_tables.rc_crossings(frame)
+    crossings.to_csv(out / "rc_crossings.csv", index=False)
     profile_path = out / "profile.yaml"
-    profile_mod.write_profile(sweep.to_profile(frame, stack=stack), profile_path)
-    plots = [] if args.no_plots else sweep_plots.write_plots(frame, out)
-    summary = {
+    first = geometries[0].name
+    profile_mod.write_profile(sweep.to_profile(frame, stack=stack, geometry=first), profile_path)
+    plots = []
+    if not args.no_plots:
+        for geometry in geometries:
+            where = out if len(geometries) == 1 else out / geometry.name
+            where.mkdir(parents=True, exist_ok=True)
+            plots += sweep_plots.write_plots(frame[frame["geometry"] == geometry.name], where)
+    return {
         "csv": str(csv_path),
+        "best_k_csv": str(out / "best_k.csv"),
+        "rc_crossings_csv": str(out / "rc_crossings.csv"),
         "profile": str(profile_path),
+        "profile_geometry": first,
         "plots": [str(p) for p in plots],
         "cells": int(len(frame)),
-        "requests": len(samples),
-        "levels": list(levels),
-        "pools": [p.name for p in pools],
-        "crossovers": sweep_plots.crossovers(frame),
+        "best_k": sweep_tables.best_k_lines(best),
+        "crossovers": sweep_tables.crossing_lines(crossings),
     }
-    if args.json:
-        json.dump(summary, sys.stdout, indent=2, sort_keys=True)
-        sys.stdout.write("\n")
-    else:
-        print(f"wrote {csv_path}, {profile_path}" + (f" and {len(plots)} plots" if plots else ""))
-        for line in summary["crossovers"]:
-            print(f"  {line}")
-        print(f"use it: set cost.calibration_profile: {profile_path} in your config")
-    return 0

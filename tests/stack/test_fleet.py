@@ -1,0 +1,278 @@
+"""Fleet mode end to end, with real parts: three simulator replicas (two spec-k4, one no-spec),
+one follower `specguard run` per replica (the shipped sidecar config), Debian's Prometheus
+scraping every follower and the decider with the shipped rules, Debian's Alertmanager delivering
+to the decider, and one decider `specguard run` (the shipped decider config, `guard.local:
+false`) reading RC across the replicas from the recording rule. Run once with the HTTP plan
+source (GET /api/v1/plan; the decider holds the lock on its plan file) and once with the
+ConfigMap of the loopback Kubernetes API stand-in (the decider holds its Lease).
+
+Asserted: the fleet-wide per-class counters in Prometheus equal the sum over the followers and
+the simulators' truth; RC per class comes from the recording rule across at least two
+replicas' estimates; the decider moves the losing class and every follower routes it the new way
+within one poll interval plus one scrape; with the decider killed every follower keeps routing
+by the last plan (also across its own restart); a restarted decider resumes without a plan change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from fleethelp import (
+    FOLLOWERS,
+    POLL_SECONDS,
+    SCRAPE_SECONDS,
+    audit,
+    counter_sums,
+    decider_config,
+    follower_config,
+    plan_of,
+    sample,
+    seeded_configmap,
+    sim_args,
+    start_run,
+    truth_counts,
+    wait_healthy,
+)
+from stackhelp import Stack, free_port, scrape, wait_until
+
+from specguard.lab import loadgen
+from tests.monitor.kubekit import FakeKubeApi, Threaded
+
+pytestmark = pytest.mark.stack
+
+MIX = [
+    loadgen.RequestClass("creative", weight=2, temperature=1.0, max_tokens=64),
+    loadgen.RequestClass("code", weight=1, temperature=0.0, max_tokens=64),
+]
+CREATIVE = ("creative", "high", "low")
+RC = "pool_class_load:specguard_relative_cost_per_token:ratio"
+# RC across the followers by hand: their estimates weighted by speculative samples, and how many
+WEIGHTED = """
+label_replace(
+  sum(specguard_relative_cost_per_token_ratio{{job="fleet",{sel}}}
+      * ignoring (side) specguard_relative_cost_samples{{job="fleet",side="spec",{sel}}})
+  / sum(specguard_relative_cost_samples{{job="fleet",side="spec",{sel}}}), "what", "r", "", "")
+or label_replace(count(specguard_relative_cost_per_token_ratio{{job="fleet",{sel}}}), "what", "n", "", "")
+"""
+COUNTERS = {
+    "specguard_requests_total": "requests",
+    "specguard_verify_rounds_total": "verify_rounds",
+    "specguard_draft_tokens_total": "draft_tokens",
+    "specguard_accepted_tokens_total": "accepted_tokens",
+}
+
+
+class Load:
+    """Requests through every follower, round robin (as through a Service), until stopped."""
+
+    def __init__(self, urls: list[str]):
+        self.urls, self.results, self._stop = urls, [], threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fleet-load", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        seed = 0
+        while not self._stop.is_set():
+            seed += 1
+            run = loadgen.run_load(self.urls, MIX, concurrency=6, duration_s=2, seed=seed, stream=True)
+            self.results.extend(asyncio.run(run))
+
+    def stop(self) -> list:
+        self._stop.set()
+        self._thread.join(60)
+        assert not self._thread.is_alive()
+        return self.results
+
+
+def creative_routes(url: str) -> tuple[float, float]:
+    """(creative requests on nospec, on spec-k4) counted by one follower."""
+    got = {"nospec": 0.0, "spec-k4": 0.0}
+    for s in scrape(url):
+        if s.name == "specguard_requests_total" and s.labels["task_type"] == "creative":
+            got[s.labels["pool"]] += s.value
+    return got["nospec"], got["spec-k4"]
+
+
+@pytest.mark.parametrize("source", ["http", "configmap"])
+def test_fleet_end_to_end(tmp_path: Path, source: str):
+    kube = FakeKubeApi(seeded_configmap()) if source == "configmap" else None
+    timings: dict[str, float] = {}
+    with Stack(tmp_path) as stack, contextlib.ExitStack() as api:
+        kube_url = api.enter_context(Threaded(kube.app())) if kube else None
+        engines = stack.start_sim(time_scale=0.2, args=sim_args(tmp_path))
+        decider_port = free_port()
+        decider_url = f"http://127.0.0.1:{decider_port}"
+        started = [
+            start_run(
+                stack,
+                f"follower-{i}",
+                follower_config(i, engines, source, tmp_path, decider_url, kube_url),
+                free_port(),
+                wait=False,
+            )
+            for i in range(len(FOLLOWERS))
+        ]
+        for proc, url in started:
+            wait_healthy(proc, url)
+        followers = [url for _, url in started]
+        am_url = stack.start_alertmanager(decider_url + "/api/v1/alerts")
+        jobs = {"fleet": followers, "specguard-guard": [decider_url]}
+        prom = stack.start_prometheus(decider_url, am_url, jobs=jobs)
+        config = decider_config(engines, source, tmp_path, prom.url, kube_url)
+        decider, _ = start_run(stack, "decider", config, decider_port)
+        load = Load(followers)
+        t0 = time.monotonic()
+
+        # RC per class across replicas: the recording rule over the followers' own estimates
+        creative_sel = 'task_type="creative",temperature_bucket="high",load_bucket="low",pool="spec-k4"'
+        code_sel = 'task_type="code",temperature_bucket="greedy",load_bucket="low",pool="spec-k4"'
+        (recorded,) = wait_until(
+            "fleet RC of creative above 1", lambda: prom.query(f"{RC}{{{creative_sel}}} > 1"), 60, stack.procs
+        )
+        timings["RC recorded"] = time.monotonic() - t0
+
+        def combined():
+            """The recording rule's last value is the followers' estimates weighted by their samples
+            (within 2%: a scrape appended after the rule's evaluation can still carry an earlier
+            timestamp, so this query may see a newer estimate than the rule did)."""
+            (row,) = prom.query(f"{RC}{{{creative_sel}}}")
+            at, value = row["value"]
+            by = {
+                r["metric"]["what"]: float(r["value"][1])
+                for r in prom.api("query", query=WEIGHTED.format(sel=creative_sel), time=at)["result"]
+            }
+            return by if by.get("r") == pytest.approx(float(value), rel=0.02) else None
+
+        by = wait_until("RC recorded across replicas", combined, 20, stack.procs)
+        assert by["n"] >= 2, by  # several replicas' estimates, combined by the recording rule
+        code_rc = wait_until("fleet RC of code", lambda: prom.value(f"{RC}{{{code_sel}}}"), 30, stack.procs)
+        assert min(code_rc.values()) < 1.0, code_rc
+
+        # the decider moves the losing class; every follower routes it the new way within one
+        # poll interval plus one scrape (measured on the decision's and Prometheus' own clocks)
+        decisions = wait_until(
+            "the decider moved creative",
+            lambda: [r for r in audit(tmp_path / "audit.jsonl") if r["action"] == "off"],
+            40,
+            stack.procs,
+        )
+        timings["decided"] = time.monotonic() - t0
+        (moved,) = [r for r in decisions if r["class"] == "creative/high"]
+        assert moved["load_bucket"] == "low" and (moved["from"], moved["to"]) == ("spec-k4", "nospec")
+        # on fleet-wide evidence: its PromQL rule (RC across replicas) or an alert on the fleet's series
+        assert moved["cause"] in ("fleet-relative-cost", "alertmanager"), moved
+        assert "fleet-relative-cost@spec-k4" in moved["numbers"]["rules"], moved
+        assert {r["class"] for r in decisions} == {"creative/high"}
+        version = moved["plan_version"]
+        for url in followers:
+            wait_until(
+                f"{url} follows version {version}",
+                lambda url=url: plan_of(url)[0] == version,
+                POLL_SECONDS * 3,
+                stack.procs,
+                interval=0.1,
+            )
+            assert plan_of(url)[1][CREATIVE] == "nospec"
+        timings["followed"] = time.monotonic() - t0
+        on_nospec = f'specguard_plan_info{{job="fleet",{creative_sel.replace("spec-k4", "nospec")}}}'
+        seen = wait_until(
+            "the new plan scraped from every follower",
+            lambda: len(prom.query(f"{on_nospec}[1m]")) == len(followers) and prom.query(f"{on_nospec}[1m]"),
+            10,
+            stack.procs,
+        )
+        # from the moment the decider published the plan (wrote its plan file, served and patched it)
+        published = (tmp_path / "decider-plan.json").stat().st_mtime
+        delays = [float(series["values"][0][0]) - published for series in seen]
+        assert max(delays) <= POLL_SECONDS + SCRAPE_SECONDS + 1.0, delays  # 1 s: scheduling on a busy box
+        print(
+            "seconds from the plan's publication to Prometheus, per follower:", [round(d, 2) for d in delays]
+        )
+        before = [creative_routes(url) for url in followers]
+        time.sleep(4)
+        results = load.stop()
+        after = [creative_routes(url) for url in followers]
+        for url, (nospec0, spec0), (nospec1, spec1) in zip(followers, before, after, strict=True):
+            assert nospec1 - nospec0 > 3 * (spec1 - spec0), (url, before, after)  # probes only
+        assert results and all(r.status == 200 for r in results)
+
+        # fleet-wide per-class counters == the sum over the followers == the simulators' truth
+        direct: dict = {}
+        for url in followers:
+            for key, row in counter_sums(scrape(url), COUNTERS).items():
+                total = direct.setdefault(key, dict.fromkeys(row, 0))
+                for field, value in row.items():
+                    total[field] += value
+
+        def fleet_counters():
+            got = {}
+            for metric, field in COUNTERS.items():
+                by = "pool, task_type, temperature_bucket"
+                for labels, value in prom.value(f'sum by ({by}) ({metric}{{job="fleet"}}) > 0').items():
+                    key = tuple(dict(labels)[k] for k in ("pool", "task_type", "temperature_bucket"))
+                    got.setdefault(key, dict.fromkeys(COUNTERS.values(), 0))[field] = int(value)
+            return got if got == direct else None
+
+        wait_until("Prometheus holds the final counters", fleet_counters, 10, stack.procs)
+        real = truth_counts(next(iter(engines.values())), tuple(COUNTERS.values()))
+        assert direct == real, (direct, real)
+        assert {k[0] for k in real} == {"spec-k4", "nospec"} and len(real) == 4
+        assert sum(row["requests"] for row in real.values()) == len(results)
+
+        # the decider is killed: every follower keeps routing by the last plan
+        plans = [plan_of(url) for url in followers]
+        decided = plan_of(decider_url)
+        decider.popen.kill()
+        decider.popen.wait(10)
+        stack.procs.remove(decider)
+        survivors = Load(followers)
+        time.sleep(POLL_SECONDS * 2.5)
+        survivors.stop()
+        assert [plan_of(url) for url in followers] == plans
+        ages = [sample(url, "specguard_plan_age_seconds") for url in followers]
+        if source == "http":  # the decider was their source: unconfirmed since it died
+            assert all(age >= POLL_SECONDS * 1.5 for age in ages), ages
+            assert all(
+                sample(url, "specguard_actuation_errors_total", actuator="follow") for url in followers
+            )
+        else:  # the ConfigMap still answers: the same plan, confirmed
+            assert all(age <= POLL_SECONDS + 1 for age in ages), ages
+        routes = [creative_routes(url) for url in followers]
+        for url, (nospec0, spec0), (nospec1, spec1) in zip(followers, after, routes, strict=True):
+            assert nospec1 - nospec0 > 3 * (spec1 - spec0), (url, after, routes)
+        # ... and so does a follower restarted meanwhile, from its own plan file
+        restarted = next(p for p in stack.procs if p.name == "follower-0")
+        restarted.stop()
+        stack.procs.remove(restarted)
+        config = follower_config(0, engines, source, tmp_path, decider_url, kube_url)
+        start_run(stack, "follower-0-restarted", config, int(followers[0].rsplit(":", 1)[1]))
+        assert plan_of(followers[0]) == plans[0]
+
+        # a restarted decider resumes the plan, no spurious change (ConfigMap variant: as a new pod
+        # whose own plan file is gone, from the ConfigMap)
+        if source == "configmap":
+            (tmp_path / "decider-plan.json").unlink()
+        records = audit(tmp_path / "audit.jsonl")
+        config = decider_config(engines, source, tmp_path, prom.url, kube_url)
+        start_run(stack, "decider-restarted", config, decider_port)
+        leads = lambda: sample(decider_url, "specguard_guard_leader")  # noqa: E731
+        wait_until("the restarted decider leads", leads, 30, stack.procs)
+        leading_at = time.time()
+        evaluated = lambda: sample(decider_url, "specguard_last_evaluation_timestamp_seconds") or 0  # noqa: E731
+        wait_until("three evaluations as leader", lambda: evaluated() > leading_at + 3, 20, stack.procs)
+        assert leads() == 1
+        assert plan_of(decider_url) == decided
+        assert audit(tmp_path / "audit.jsonl") == records
+        time.sleep(POLL_SECONDS * 1.5)
+        assert [plan_of(url) for url in followers] == plans
+        if source == "http":
+            ages = [sample(url, "specguard_plan_age_seconds") for url in followers]
+            assert all(age <= POLL_SECONDS + 1 for age in ages), ages  # confirmed again
+        else:
+            assert kube.holder() == "specguard-guard-0"
+        print(f"{source}: seconds after load start:", {k: round(v, 1) for k, v in timings.items()})

@@ -1,0 +1,219 @@
+"""specguard on a real trained model: SmolLM2-135M-Instruct on two vLLM CPU engines (n-gram K = 4,
+and no speculation), each pinned to its own core.
+
+The request mix is what a user sends: extraction and code editing that copy from the prompt at
+temperature 0, chat and creative writing sampled at 0.7 and 1.0, streamed and not. Three things
+are checked on it:
+
+- attribution: per class, the tap's counts are the engine's per-request summaries the clients got,
+  and summed over classes they are the engines' own counter deltas, exactly;
+- acceptance: greedy copy tasks accept more drafts than sampled ones (the real ordering);
+- decisions: the guard's decision per class, made on its own live evidence with the shipped rule
+  (off when the lower confidence bound of RC is above 1.0), agrees with a ground truth this test
+  measures itself on the same engines (interleaved A/B TPOT per class, with the A/A bias of the
+  two cores measured first). Both are intervals, and they must overlap; a class whose truth pays
+  must stay on speculation, and the guard's interval must not say "pays" where the truth loses.
+  A class whose truth interval contains 1.0 is undecided; pairs are added until at least one
+  class is decided.
+
+Lean on purpose (a few dozen requests of at most 32 tokens): the tier runs in the default suite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+
+import abkit
+import pytest
+import vllmkit as kit
+from tapkit import SPEC_FIELDS, K, config_text, pool_sums, pools, scrape_all
+
+from specguard.lab import loadgen
+from specguard.monitor import config, guard_wiring
+from specguard.monitor.app import Monitor
+from specguard.rules import cost
+
+pytestmark = pytest.mark.vllm
+
+MAX_TOKENS = 32
+
+
+def real_mix(stream: bool | None = None) -> list[loadgen.RequestClass]:
+    def cls(task: str, temperature: float, prompt_tokens: int) -> loadgen.RequestClass:
+        return loadgen.RequestClass(
+            task,
+            temperature=temperature,
+            max_tokens=MAX_TOKENS,
+            prompt_tokens=prompt_tokens,
+            prompts="task",
+            stream=stream,
+        )
+
+    return [cls("extraction", 0.0, 80), cls("code", 0.0, 80), cls("chat", 0.7, 30), cls("creative", 1.0, 20)]
+
+
+CLASSES = {
+    ("extraction", "greedy"): "copy",
+    ("code", "greedy"): "copy",
+    ("chat", "medium"): "sampled",
+    ("creative", "high"): "sampled",
+}
+KEYS = list(CLASSES)
+MAX_PAIRS = 13  # per class, for the ground truth
+
+
+async def test_attribution_is_exact_and_greedy_copy_tasks_accept_more(smollm2_engines):
+    engines = smollm2_engines
+    cfg = config.parse_text(config_text(engines, holdout=0.25), "specguard.yaml")
+    monitor = Monitor(cfg, rng=random.Random(17))
+    url = await monitor.start("127.0.0.1", 0)
+    try:
+        await scrape_all(monitor)
+        before = {p: await asyncio.to_thread(kit.scrape, e.url) for p, e in pools(engines)}
+        results = await loadgen.run_load(url, real_mix(stream=True), 2, requests=12, seed=1)
+        results += await loadgen.run_load(url, real_mix(stream=False), 2, requests=12, seed=2)
+        after = {p: await asyncio.to_thread(kit.scrape, e.url) for p, e in pools(engines)}
+        await scrape_all(monitor)
+    finally:
+        await monitor.stop()
+
+    assert {r.status for r in results} == {200}, [r.error for r in results if not r.ok]
+    assert monitor.stats.unattributed() == {}
+    records = monitor.stats.records()
+    assert len(records) == len(results)
+    assert {(r.task_type, r.temperature_bucket) for r in records} == set(CLASSES)
+    assert {r.streamed for r in records} == {True, False}
+    # Summed over classes: the engines' own counters, exactly.
+    for pool, engine in pools(engines):
+        raw = kit.delta(before[pool], after[pool])
+        mine = pool_sums(monitor, pool)
+        assert mine["requests"] == raw["requests"]
+        assert mine["generation_tokens"] == raw["generation_tokens"]
+        if engine.num_speculative_tokens:
+            assert mine["spec_requests"] == mine["requests"]
+            for name in SPEC_FIELDS:
+                assert mine[name] == raw[name], name
+            assert [mine[f"per_pos_{i}"] for i in range(K)] == [raw[f"per_pos_{i}"] for i in range(K)]
+    # Per class: the per-request summaries the clients received, exactly.
+    totals = {key: t for key, t in monitor.stats.totals().items() if key[0] == "spec"}
+    seen = [r for r in results if r.spec is not None]
+    rates = {}
+    for task, bucket in CLASSES:
+        mine = [t for key, t in totals.items() if key[1:3] == (task, bucket)]
+        theirs = [r.spec for r in seen if r.task_type == task]
+        assert sum(t.verify_rounds for t in mine) == sum(s["num_spec_steps"] for s in theirs), task
+        assert sum(t.draft_tokens for t in mine) == sum(s["num_draft_tokens"] for s in theirs), task
+        accepted = sum(t.accepted_tokens for t in mine)
+        assert accepted == sum(s["num_accepted_draft_tokens"] for s in theirs), task
+        drafted = sum(t.draft_tokens for t in mine)
+        rates[(task, bucket)] = accepted / drafted if drafted else 0.0
+    print("strict accept rate per class:", {f"{t}/{b}": round(v, 3) for (t, b), v in rates.items()})
+    copy = [v for key, v in rates.items() if CLASSES[key] == "copy"]
+    sampled = [v for key, v in rates.items() if CLASSES[key] == "sampled"]
+    assert min(copy) > max(sampled), rates
+    assert min(copy) > 0.2  # SmolLM2 copies invoice fields and code: drafts really get accepted
+
+
+def guard_config(engines, tmp_path) -> str:
+    return f"""
+pools:
+  - {{name: spec, url: "{engines.spec.url}", engine: vllm, num_speculative_tokens: {K}}}
+  - {{name: nospec, url: "{engines.nospec.url}", engine: vllm, num_speculative_tokens: 0}}
+tap: {{listen: "127.0.0.1:0", holdout_share: 0.5, probe_share: 0, default_pool: spec, nospec_pool: nospec}}
+scrape: {{interval_seconds: 3600}}
+cost: {{min_samples: 4, baseline_min_samples: 4, baseline_scope: class_then_load}}
+guard:
+  window_seconds: 3600
+  min_samples: 4
+  consecutive_failure_limit: 0
+  failure_limit: -1
+  cooldown_seconds: 0
+  shorten: false
+  best_pool: false
+  prior: none
+  holdout: fixed
+  rules:
+    # The shipped rule: off when even the lower confidence bound is above 1.0.
+    - {{name: relative-cost, measure: rc_lower, threshold: 1.0, restore_measure: rc, restore_threshold: 0.95}}
+server: {{insecure_loopback: true}}
+actuators: {{plan_file: "{tmp_path / "plan.json"}", audit_log: "{tmp_path / "audit.jsonl"}"}}
+"""
+
+
+async def test_guard_decisions_agree_with_interleaved_ab_ground_truth(smollm2_engines, tmp_path):
+    engines = smollm2_engines
+    t0 = time.monotonic()
+    cpus = sorted(os.sched_getaffinity(0))
+    # 1. A/A: the no-spec engine timed on the spec engine's core and on its own, interleaved.
+    aa = None
+    if engines.nospec.pid and len(cpus) > 1:
+        aa = await asyncio.to_thread(
+            abkit.aa_bias, engines.nospec.url, engines.nospec.pid, (cpus[0], cpus[-1]), real_mix()[0], 4, 300
+        )
+    # 2. Ground truth: per class, the same requests on spec and nospec in ABBA order; more pairs for
+    #    the undecided classes while none is decided (a loaded machine widens every interval).
+    pairs: dict[tuple[str, str], list] = {key: [] for key in CLASSES}
+    truth: dict[tuple[str, str], abkit.Ratio] = {}
+    while not truth or (
+        all(t.verdict == "undecided" for t in truth.values()) and len(pairs[KEYS[0]]) < MAX_PAIRS
+    ):
+        for cls, key in zip(real_mix(), CLASSES, strict=True):
+            if key in truth and truth[key].verdict != "undecided":
+                continue
+            more = 5 if not pairs[key] else 4
+            seed = 400 + 100 * len(pairs[key])
+            pairs[key] += await asyncio.to_thread(
+                abkit.interleaved, engines.spec.url, engines.nospec.url, cls, more, seed
+            )
+            truth[key] = abkit.ratio(pairs[key])
+    # 3. The guard, on its own live evidence: traffic through the tap, half held out on nospec.
+    cfg = config.parse_text(guard_config(engines, tmp_path), "specguard.yaml")
+    monitor = Monitor(cfg, rng=random.Random(3))
+    guard, _ = guard_wiring.build(monitor, cfg)
+    url = await monitor.start("127.0.0.1", 0)
+    try:
+        results = await loadgen.run_load(url, real_mix(), 1, requests=48, stream=True, seed=500)
+        assert {r.status for r in results} == {200}, [r.error for r in results if not r.ok]
+        now = time.time()
+        decisions = {d.key: d for d in await guard.evaluate(now)}
+        settings = cfg.sections["cost"].with_traffic(
+            cfg.exporter.classes.load_buckets, cfg.exporter.tap.full_rollback_request_threshold
+        )
+        measured = {
+            (c.task_type, c.temperature_bucket): c
+            for c in cost.evaluate(monitor.stats.records(), {"spec": K, "nospec": 0}, None, now, settings)
+            if c.pool == "spec" and c.load_bucket == "low"
+        }
+    finally:
+        await monitor.stop()
+
+    report = [f"A/A bias (core {cpus[0]} / core {cpus[-1]}, same no-spec engine): {aa}"]
+    decided = 0
+    for key, kind in CLASSES.items():
+        t, c = truth[key], measured[key]
+        decision = decisions[(*key, "low")]
+        assert c.rc is not None and c.baseline_source == "live", c
+        report.append(
+            f"{key[0]}/{key[1]} ({kind}): truth RC {t} -> {t.verdict}; guard RC {c.rc:.3f} "
+            f"[{c.lower:.3f}, {c.upper:.3f}] -> {decision.action}"
+        )
+        # The decision follows the guard's own evidence (the shipped rule) ...
+        if c.lower > 1.0:
+            assert (decision.action, decision.to_pool) == ("off", "nospec"), report
+        else:
+            assert decision.action == "none", report
+        # ... and that evidence agrees with the truth: the two intervals overlap, and neither
+        # says "pays" where the other says "loses".
+        assert c.lower <= t.upper and t.lower <= c.upper, report
+        if t.verdict == "pays":
+            decided += 1
+            assert decision.action == "none", report
+        elif t.verdict == "loses":
+            decided += 1
+            assert c.upper > 1.0, report
+    report.append(f"wall time {time.monotonic() - t0:.0f} s")
+    print("\n".join(report))  # shown with -s; docs/real-model.md quotes a run
+    assert decided >= 1, report
