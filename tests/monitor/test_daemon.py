@@ -237,6 +237,7 @@ async def test_local_source_warm_starts_from_the_profile_and_sets_holdout_shares
     clock = Clock(1000.0)
     rows = [replace(record("nospec", "plan"), started_at=990.0, task_type="creative") for _ in range(60)]
     rows += [replace(record("spec-k4", "plan"), started_at=990.0, task_type="code") for _ in range(200)]
+    rows += [replace(record("spec-k4", "plan"), started_at=995.0) for _ in range(3)]  # chat's first three
     shares = []
     settings = CostSettings().with_traffic([("low", 8), ("medium", 24), ("high", None)])
     policy = replace(POLICY, prior="profile", holdout="on_demand")
@@ -253,7 +254,8 @@ async def test_local_source_warm_starts_from_the_profile_and_sets_holdout_shares
     guard, router = make_guard(tmp_path, source, clock, policy=policy)
     decisions = await guard.evaluate()
     assert shares == [{"low": 0.0}]  # 60 planned no-spec requests cover the baseline (1.5 x 30)
-    # chat was never seen: the profile's K=2 is ~5-10% cheaper than K=4 in every bucket
+    # chat has three requests so far (no live evidence yet): the profile's K=2 is ~5-10% cheaper
+    # than K=4 in every bucket, the ones its load has not reached included
     warm = {d.key: (d.action, d.cause, d.to_pool) for d in decisions if d.action != "none"}
     assert warm[("chat", "medium", "low")] == ("shorten", "profile", "spec-k2")
     assert router.plan()[("chat", "medium", "high")] == "spec-k2"
