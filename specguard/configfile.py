@@ -15,7 +15,11 @@ from typing import Any, TypeVar
 
 import yaml
 
-from specguard.errors import ConfigError, ConfigIssue
+from specguard import untrusted, yamlcompose
+from specguard.errors import ConfigError, ConfigIssue, InputError
+from specguard.yamlcompose import LIMITS, Limits, join_path
+
+__all__ = ["LIMITS", "Document", "Limits", "Section", "load_file", "parse_text", "parse_with"]
 
 T = TypeVar("T")
 _MISSING: Any = object()
@@ -57,43 +61,16 @@ def _parent(path: str) -> str:
     return path.rpartition(".")[0]
 
 
-def _join(prefix: str, key: str | int) -> str:
-    if isinstance(key, int):
-        return f"{prefix}[{key}]"
-    return f"{prefix}.{key}" if prefix else str(key)
-
-
-def _to_python(node: yaml.Node, path: str, positions: dict[str, tuple[int, int]]) -> Any:
-    positions[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
-    if isinstance(node, yaml.MappingNode):
-        out: dict[str, Any] = {}
-        for key_node, value_node in node.value:
-            key = (
-                yaml.safe_load(yaml.serialize(key_node))
-                if not isinstance(key_node, yaml.ScalarNode)
-                else _scalar(key_node)
-            )
-            key_path = _join(path, str(key))
-            out[str(key)] = _to_python(value_node, key_path, positions)
-            positions[key_path] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
-        return out
-    if isinstance(node, yaml.SequenceNode):
-        return [_to_python(item, _join(path, i), positions) for i, item in enumerate(node.value)]
-    return _scalar(node)
-
-
-def _scalar(node: yaml.Node) -> Any:
-    constructor = yaml.SafeLoader("")
+def parse_text(text: str, file: str = "<config>", *, limits: Limits = LIMITS) -> Document:
+    """Parse YAML text within ``limits``; a syntax error or a limit passed becomes a ConfigError
+    naming the line and the column."""
+    if len(text) > limits.max_bytes:
+        raise ConfigError(ConfigIssue(file, None, None, "", f"larger than {limits.max_bytes} bytes"))
     try:
-        return constructor.construct_object(node, deep=True)
-    finally:
-        constructor.dispose()
-
-
-def parse_text(text: str, file: str = "<config>") -> Document:
-    """Parse YAML text; a syntax error becomes a ConfigError naming the line and column."""
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data, positions, issues = yamlcompose.compose(text, file, limits)
+    except yamlcompose.LimitExceeded as exc:
+        line, column = (exc.mark.line + 1, exc.mark.column + 1) if exc.mark else exc.position
+        raise ConfigError(ConfigIssue(file, line, column, "", f"refused: {exc.message}")) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         line = mark.line + 1 if mark else None
@@ -105,9 +82,7 @@ def parse_text(text: str, file: str = "<config>") -> Document:
         raise ConfigError(ConfigIssue(file, line, column, "", f"invalid YAML: {problem}")) from exc
     except yaml.YAMLError as exc:
         raise ConfigError(ConfigIssue(file, None, None, "", f"invalid YAML: {exc}")) from exc
-    positions: dict[str, tuple[int, int]] = {}
-    data = _to_python(node, "", positions) if node is not None else {}
-    doc = Document(file, data, positions)
+    doc = Document(file, data, positions, issues)
     if not isinstance(data, dict):
         doc.error("", f"the top level must be a mapping, got {type(data).__name__}")
     return doc
@@ -128,19 +103,29 @@ def _char_text(character: str | bytes | int, encoding: str) -> str:
     return f"#x{character:04x}" if encoding == "unicode" else f"byte #x{character:02x} ({encoding})"
 
 
-def load_file(path: str | Path) -> Document:
-    """Read and parse a config file; an unreadable file (or one not in UTF-8) is a ConfigError too."""
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise ConfigError(ConfigIssue(str(path), None, None, "", f"cannot read: {exc.strerror}")) from exc
+def load_file(path: str | Path, *, limits: Limits = LIMITS) -> Document:
+    """Read and parse a config file within ``limits``; an unreadable file (too large, or not in
+    UTF-8) is a ConfigError too."""
+    raw = read_bytes(path, limits)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line, column = line_column(raw, exc.start)
         message = f"not UTF-8: byte #x{raw[exc.start]:02x} ({exc.reason})"
         raise ConfigError(ConfigIssue(str(path), line, column, "", message)) from exc
-    return parse_text(text, str(path))
+    return parse_text(text, str(path), limits=limits)
+
+
+def read_bytes(path: str | Path, limits: Limits = LIMITS) -> bytes:
+    """A file's bytes up to ``limits.max_bytes``; ConfigError when unreadable or larger."""
+    try:
+        return untrusted.read_bytes(path, limits.max_bytes)
+    except OSError as exc:
+        raise ConfigError(ConfigIssue(str(path), None, None, "", f"cannot read: {exc.strerror}")) from exc
+    except InputError as exc:
+        raise ConfigError(
+            ConfigIssue(str(path), None, None, "", f"refused: larger than {limits.max_bytes} bytes")
+        ) from exc
 
 
 _TYPE_NAMES = {
@@ -171,7 +156,7 @@ class Section:
         return key in self.data
 
     def key_path(self, key: str | int) -> str:
-        return _join(self.path, key)
+        return join_path(self.path, key)
 
     def error(self, key: str | None, message: str) -> None:
         self.doc.error(self.key_path(key) if key is not None else self.path, message)
@@ -231,7 +216,7 @@ class Section:
     def items(self, key: str, *, required: bool = False) -> Iterator[Section]:
         """Each mapping in the list under ``key``."""
         for index, value in self.values(key, required=required):
-            yield Section(self.doc, _join(self.key_path(key), index), value)
+            yield Section(self.doc, join_path(self.key_path(key), index), value)
 
     def values(self, key: str, *, required: bool = False) -> Iterator[tuple[int, Any]]:
         """(index, value) for each entry in the list under ``key``."""

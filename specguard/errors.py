@@ -51,3 +51,9 @@ class InputError(SpecguardError):
 
 class SourceError(SpecguardError):
     """A data source (engine, Prometheus, Kubernetes API) failed; retrying later may succeed."""
+
+
+class UnreachableError(SourceError):
+    """Nothing answered at the address: connection refused, no route, or the connect timed out.
+
+    Unlike a slow or malformed answer, this says the server is not serving at all (failover)."""

@@ -70,3 +70,42 @@ def test_file_not_in_utf8_names_line_and_column(tmp_path):
     with pytest.raises(ConfigError) as info:
         configfile.load_file(path)
     assert str(info.value).startswith(f"{path}:2:7: not UTF-8: byte #xe9"), str(info.value)
+
+
+# --- issue 21: limits on every YAML and JSON file specguard reads
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        pytest.param("a: 1\na: 2\n", "x.yaml:2:1: a: duplicate key (first at line 1)", id="duplicate-key"),
+        pytest.param("? [1, 2]\n: x\n", "x.yaml:1:3: refused: a key must be a plain value", id="list-as-key"),
+        pytest.param(
+            "a: &a [1]\n" + "".join(f"b{i}: *a\n" for i in range(101)),
+            "x.yaml:102:7: refused: more than 100 aliases",
+            id="aliases",
+        ),
+        pytest.param("a: &a [*a]\n", "refused: nested deeper than 64 levels", id="alias-cycle"),
+        pytest.param("a: " + "[" * 65 + "]" * 65 + "\n", "x.yaml:1:", id="nested-65"),
+        pytest.param("a: '" + "x" * (4 << 20) + "'\n", "x.yaml: larger than 4194304 bytes", id="too-large"),
+    ],
+)
+def test_limits_are_errors_with_their_place(text, message):
+    with pytest.raises(ConfigError) as info:
+        configfile.parse_text(text, "x.yaml").raise_if_issues()
+    assert message in str(info.value)
+
+
+def test_an_alias_bomb_is_refused_before_it_is_built():
+    levels = ['l0: &l0 ["a", "a", "a", "a", "a", "a", "a", "a", "a"]']
+    levels += [f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    with pytest.raises(ConfigError, match="expands to more than 100000 values"):
+        configfile.parse_text("\n".join(levels) + "\n", "bomb.yaml")
+
+
+def test_anchors_aliases_and_nesting_within_limits_still_work():
+    doc = configfile.parse_text("base: &b {x: 1}\none: *b\ntwo: *b\ndeep: " + "[" * 60 + "]" * 60 + "\n")
+    assert doc.data["one"] == doc.data["two"] == {"x": 1} and doc.issues == []
+
+
+def test_a_device_is_not_read_for_ever(tmp_path):
+    with pytest.raises(ConfigError, match="larger than"):
+        configfile.load_file("/dev/zero")

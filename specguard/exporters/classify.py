@@ -102,8 +102,9 @@ class Classifier:
     def temperature_bucket(self, temperature: float) -> str:
         return bucket_of(temperature, self.classes.temperature_buckets)
 
-    def load_bucket(self, in_flight: int) -> str:
-        return bucket_of(float(in_flight), self.classes.load_buckets)
+    def load_bucket(self, load: float) -> str:
+        """Bucket of a load: in-flight requests per replica of a pool (the request itself included)."""
+        return bucket_of(float(load), self.classes.load_buckets)
 
     def classify(self, headers: Mapping[str, str], path: str, body: Mapping[str, Any] | None) -> RequestClass:
         """Class of one request; ``body`` is None when it was not a JSON object."""

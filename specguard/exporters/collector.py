@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from specguard.exporters.health import PoolHealth
 from specguard.exporters.poolwatch import PoolWatch
 from specguard.exporters.stats import TPOT_BUCKETS, Totals, WindowedStats
 
@@ -206,10 +207,16 @@ class EngineCollector(Collector):
                 )
                 for name, _, doc in ENGINE_COUNTERS
             ),
+            CounterMetricFamily(
+                "specguard_scrape_rejected",
+                "Engine pages refused, by reason: page_too_large, line_too_long, too_many_samples, "
+                "not_utf8, malformed (specguard_engine_up is 0 meanwhile).",
+                labels=["pool", "reason"],
+            ),
         ]
 
     def _collect(self) -> list[Metric]:
-        up, duration, error_at, resets, *counters = self._families()
+        up, duration, error_at, resets, *counters, rejected = self._families()
         for watch in self._watches:
             view = watch.view()
             name = [watch.pool.name]
@@ -224,4 +231,42 @@ class EngineCollector(Collector):
             for family, (_, attr, _) in zip(counters, ENGINE_COUNTERS, strict=True):
                 if has[attr]:
                     family.add_metric(name, accumulated[attr])
-        return [up, duration, error_at, resets, *counters]
+            for reason, count in sorted(view["rejected"].items()):  # type: ignore[attr-defined]
+                rejected.add_metric([watch.pool.name, reason], float(count))
+        return [up, duration, error_at, resets, *counters, rejected]
+
+
+class HealthCollector(Collector):
+    """Per pool: serving or marked down (``exporters.health``), and the requests failed over."""
+
+    def __init__(self, health: PoolHealth):
+        self._health = health
+
+    def describe(self) -> Iterator[Metric]:
+        yield from self._families()
+
+    def collect(self) -> Iterator[Metric]:
+        yield from _safe("health", self._collect)
+
+    @staticmethod
+    def _families() -> list[Metric]:
+        return [
+            GaugeMetricFamily(
+                "specguard_pool_healthy",
+                "1 while the pool serves, 0 while it is marked down (a connect failed; it gets no traffic).",
+                labels=["pool"],
+            ),
+            CounterMetricFamily(
+                "specguard_failover_requests",
+                "Requests the plan sent to pool that were served by to_pool because pool was down.",
+                labels=["pool", "to_pool"],
+            ),
+        ]
+
+    def _collect(self) -> list[Metric]:
+        healthy, failovers = self._families()
+        for name, state in self._health.view().items():
+            healthy.add_metric([name], 1.0 if state.healthy else 0.0)
+        for (pool, to_pool), value in sorted(self._health.failovers.items()):
+            failovers.add_metric([pool, to_pool], float(value))
+        return [healthy, failovers]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from specguard.configfile import Section
+from specguard.exporters import addresses, clientguard, promtext
 
 ENGINES = ("vllm", "sglang", "trtllm", "llamacpp", "tgi", "auto")
 OTHER = "other"  # task type for everything outside the configured set
@@ -31,10 +32,18 @@ class PoolConfig:
     # the server runs vLLM's --enable-force-include-usage (usage sent even when not asked for):
     # the tap then neither adds stream_options.include_usage nor strips the usage chunk
     force_include_usage: bool = False
+    # engine replicas behind ``url`` (a Service, a data-parallel engine): the load bucket is the
+    # pool's in-flight requests per replica, and capacity-matched holdout weighs pools by it
+    replicas: int = 1
 
     @property
     def speculative(self) -> bool:
         return self.num_speculative_tokens > 0
+
+    @property
+    def display_url(self) -> str:
+        """The URL for logs and messages: a password in it is masked."""
+        return addresses.mask_url(self.url)
 
 
 @dataclass(frozen=True)
@@ -76,6 +85,7 @@ class ClassesConfig:
         Bucket("high", math.inf),
     )
     default_temperature: float = 1.0  # the engine's default when a request sets none
+    # in-flight requests per replica of the pool a request goes to (itself included)
     load_buckets: tuple[Bucket, ...] = (Bucket("low", 16), Bucket("medium", 48), Bucket("high", math.inf))
 
     @property
@@ -97,20 +107,46 @@ class TapConfig:
     probe_share: float = 0.05  # share of a class routed off speculation kept on a spec pool
     default_pool: str = ""  # pool for classes without a plan entry (first pool when empty)
     nospec_pool: str | None = None  # the baseline pool (first K=0 pool when empty)
+    max_client_connections: int = 1024  # open client connections (also kept below the open-file limit)
+    client_header_timeout_seconds: float = 30.0  # from a request head's first byte to its end
+    client_body_timeout_seconds: float = 60.0  # to receive a whole request body
+    client_idle_timeout_seconds: float = 75.0  # a connection with no request in flight is closed
+    max_inspect_bytes: int = 1024 * 1024  # response bytes the tap inspects; the rest is only relayed
+    # a pool that cannot be connected to is marked down; its traffic goes to the best healthy pool
+    # and a request whose connect failed is retried there (exporters.health, exporters.routing)
+    failover: bool = True
+
+    @property
+    def client_limits(self) -> clientguard.ClientLimits:
+        return clientguard.ClientLimits(
+            self.max_client_connections,
+            self.client_header_timeout_seconds,
+            self.client_body_timeout_seconds,
+            self.client_idle_timeout_seconds,
+        )
 
     @property
     def host(self) -> str:
-        return self.listen.rpartition(":")[0] or "127.0.0.1"
+        """The address to bind (an IPv6 address without its brackets)."""
+        return (addresses.split_listen(self.listen) or ("127.0.0.1", 0))[0]
 
     @property
     def port(self) -> int:
-        return int(self.listen.rpartition(":")[2])
+        return (addresses.split_listen(self.listen) or ("", 0))[1]
 
 
 @dataclass(frozen=True)
 class ScrapeConfig:
     interval_seconds: float = 15.0  # how often each pool's /metrics is read
     timeout_seconds: float = 5.0  # per scrape
+    max_page_bytes: int = promtext.LIMITS.max_page_bytes  # a larger page is rejected (engine_up 0)
+    max_line_bytes: int = promtext.LIMITS.max_line_bytes  # a page with a longer line is rejected
+    max_samples: int = promtext.LIMITS.max_samples  # a page with more samples is rejected
+    down_interval_seconds: float = 2.0  # how often a pool marked down is re-checked (scraped)
+
+    @property
+    def limits(self) -> promtext.Limits:
+        return promtext.Limits(self.max_page_bytes, self.max_line_bytes, self.max_samples)
 
 
 @dataclass(frozen=True)
@@ -141,6 +177,7 @@ def parse_pools(root: Section) -> tuple[PoolConfig, ...]:
         k = item.get("num_speculative_tokens", int, 0, minimum=0, maximum=64)
         metrics_path = item.get("metrics_path", str, "/metrics")
         force_usage = item.get("force_include_usage", bool, False)
+        replicas = item.get("replicas", int, 1, minimum=1, maximum=100_000)
         item.reject_unknown()
         if name is not None:
             if not item.check(bool(NAME_RE.match(name)), "name", f"({name!r}) must match {NAME_RE.pattern}"):
@@ -149,8 +186,12 @@ def parse_pools(root: Section) -> tuple[PoolConfig, ...]:
                 name = None
         if url is not None:
             parts = urlsplit(url)
-            ok = parts.scheme in ("http", "https") and bool(parts.netloc) and parts.path in ("", "/")
+            ok = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.path in ("", "/")
             if not item.check(ok, "url", f"({url!r}) must be http(s)://host:port with no path"):
+                url = None
+            elif not item.check(
+                addresses.port_ok(parts), "url", f"({addresses.mask_url(url)!r}): port must be 1-65535"
+            ):
                 url = None
         if metrics_path is not None:
             item.check(metrics_path.startswith("/"), "metrics_path", "must start with '/'")
@@ -158,10 +199,26 @@ def parse_pools(root: Section) -> tuple[PoolConfig, ...]:
             continue
         seen.add(name)
         pools.append(
-            PoolConfig(name, url.rstrip("/"), engine, k, metrics_path or "/metrics", force_usage is True)
+            PoolConfig(
+                name,
+                url.rstrip("/"),
+                engine,
+                k,
+                metrics_path or "/metrics",
+                force_usage is True,
+                replicas or 1,
+            )
         )
     if "pools" in root.data and isinstance(root.data["pools"], list) and not root.data["pools"]:
         root.error("pools", "must list at least one pool")
+    elif pools and all(p.speculative for p in pools):
+        names = ", ".join(f"{p.name} (K={p.num_speculative_tokens})" for p in pools)
+        root.error(
+            "pools",
+            f"no pool without speculation: {names}; add one with num_speculative_tokens: 0 "
+            "(it measures the baseline every relative cost is taken against, and it is where the "
+            "guard turns speculation off)",
+        )
     return tuple(pools)
 
 
@@ -262,9 +319,8 @@ def parse_classes(section: Section) -> ClassesConfig:
 def parse_tap(section: Section, pools: tuple[PoolConfig, ...]) -> TapConfig:
     base = TapConfig()
     listen = section.get("listen", str, base.listen)
-    host, _, port = listen.rpartition(":")
-    if not (host and port.isdigit() and 0 <= int(port) <= 65535):
-        section.error("listen", f"({listen!r}) must be host:port")
+    if addresses.split_listen(listen) is None:
+        section.error("listen", f"({listen!r}) must be host:port ([address]:port for IPv6)")
         listen = base.listen
     names = [p.name for p in pools]
     default_pool = section.get("default_pool", str, names[0] if names else "")
@@ -302,6 +358,22 @@ def parse_tap(section: Section, pools: tuple[PoolConfig, ...]) -> TapConfig:
         probe_share=section.get("probe_share", float, base.probe_share, minimum=0.0, maximum=0.5),
         default_pool=default_pool,
         nospec_pool=nospec,
+        max_client_connections=section.get(
+            "max_client_connections", int, base.max_client_connections, minimum=1, maximum=1 << 20
+        ),
+        client_header_timeout_seconds=section.get(
+            "client_header_timeout_seconds", float, base.client_header_timeout_seconds, minimum=0.01
+        ),
+        client_body_timeout_seconds=section.get(
+            "client_body_timeout_seconds", float, base.client_body_timeout_seconds, minimum=0.01
+        ),
+        client_idle_timeout_seconds=section.get(
+            "client_idle_timeout_seconds", float, base.client_idle_timeout_seconds, minimum=0.01
+        ),
+        max_inspect_bytes=section.get(
+            "max_inspect_bytes", int, base.max_inspect_bytes, minimum=4096, maximum=256 << 20
+        ),
+        failover=section.get("failover", bool, base.failover),
     )
     section.reject_unknown()
     return cfg
@@ -311,10 +383,14 @@ def parse_scrape(section: Section) -> ScrapeConfig:
     base = ScrapeConfig()
     interval = section.get("interval_seconds", float, base.interval_seconds, minimum=0.01)
     timeout = section.get("timeout_seconds", float, base.timeout_seconds, minimum=0.01)
+    page = section.get("max_page_bytes", int, base.max_page_bytes, minimum=1024, maximum=256 << 20)
+    line = section.get("max_line_bytes", int, base.max_line_bytes, minimum=256, maximum=16 << 20)
+    samples = section.get("max_samples", int, base.max_samples, minimum=100, maximum=10_000_000)
+    down = section.get("down_interval_seconds", float, base.down_interval_seconds, minimum=0.1)
     section.reject_unknown()
     if interval is not None and timeout is not None and timeout > interval:
         section.error("timeout_seconds", f"({timeout}) must be <= interval_seconds ({interval})")
-    return ScrapeConfig(interval, timeout)
+    return ScrapeConfig(interval, timeout, page, line, samples, down)
 
 
 def parse_exporter(root: Section) -> ExporterConfig:

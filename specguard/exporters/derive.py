@@ -41,6 +41,7 @@ KEYS = (
     "running_requests",
     "waiting_requests",
     "counter_resets",
+    "warnings",
     "models",
 )
 
@@ -71,6 +72,7 @@ class Derived:
     running_requests: float | None = None
     waiting_requests: float | None = None
     counter_resets: tuple[str, ...] | None = None  # None for one page (cumulative): not knowable
+    warnings: tuple[str, ...] = ()  # impossible values and page defects: the numbers are suspect
     models: dict[str, Derived] = field(default_factory=dict)
     breakdown: dict[str, dict[str, Derived]] = field(default_factory=dict)  # SGLang custom labels
 
@@ -124,7 +126,7 @@ def derive(snap: EngineSnapshot) -> Derived:
         accept_length = 1.0 + snap.accepted_tokens / drafts  # type: ignore[operator]
     if accept_length is None and use_gauges and drafts is None:
         accept_length = snap.accept_length_gauge
-    ci_proxy = accept_length / (k + 1) if accept_length is not None and k else None
+    ci_proxy = _ratio(accept_length, k + 1) if k is not None and k > 0 else None
     per_pos = snap.accepted_per_position
     per_position = tuple(a / drafts for a in per_pos) if per_pos and drafts and drafts > 0 else None
     rollback = 1.0 - per_position[0] if per_position else None
@@ -160,12 +162,50 @@ def derive(snap: EngineSnapshot) -> Derived:
         running_requests=snap.running_requests,
         waiting_requests=snap.waiting_requests,
         counter_resets=snap.counter_resets,
+        warnings=snap.warnings + impossible(snap),
         models={name: derive(model) for name, model in snap.models.items()},
         breakdown={
             label: {value: derive(sub) for value, sub in values.items()}
             for label, values in snap.breakdown.items()
         },
     )
+
+
+_COUNTERS = {
+    "drafts": "verify rounds",
+    "draft_tokens": "draft tokens",
+    "accepted_tokens": "accepted tokens",
+    "generation_tokens": "generation tokens",
+    "round_tokens": "round tokens",
+}
+
+
+def impossible(snap: EngineSnapshot) -> tuple[str, ...]:
+    """Values no engine can report: negative or infinite counters, more accepted than drafted
+    tokens, later positions accepted more often than earlier ones. Shown, never silently used."""
+    found: list[str] = []
+    for name, label in _COUNTERS.items():
+        value = getattr(snap, name)
+        if value is not None and (value < 0 or not math.isfinite(value)):
+            found.append(f"{label} ({value:g}): a counter is finite and never negative")
+    accepted, drafted = snap.accepted_tokens, snap.draft_tokens
+    if accepted is not None and drafted is not None and accepted > drafted:
+        found.append(f"accepted tokens ({accepted:g}) exceed draft tokens ({drafted:g})")
+    rounds, k = snap.drafts, snap.num_speculative_tokens
+    if drafted is not None and rounds is not None and k and drafted > rounds * k:
+        found.append(f"draft tokens ({drafted:g}) exceed verify rounds x K ({rounds:g} x {k})")
+    per_pos = snap.accepted_per_position or ()
+    if any(v < 0 or not math.isfinite(v) for v in per_pos):
+        found.append("accepted per position: a counter is finite and never negative")
+    if per_pos and rounds is not None and per_pos[0] > rounds:
+        found.append(f"accepted at position 1 ({per_pos[0]:g}) exceed verify rounds ({rounds:g})")
+    for i in range(len(per_pos) - 1):
+        if per_pos[i + 1] > per_pos[i]:
+            found.append(
+                f"accepted at position {i + 2} ({per_pos[i + 1]:g}) exceed position {i + 1} ({per_pos[i]:g})"
+            )
+            break
+    return tuple(found)
 
 
 def counter_delta(prev: dict[SeriesKey, float], cur: dict[SeriesKey, float]) -> tuple[float, set[str]]:
@@ -216,6 +256,7 @@ def window(prev: EngineSnapshot, cur: EngineSnapshot) -> EngineSnapshot:
     ]:
         resets |= set(sub.counter_resets or ())
     changes["counter_resets"] = tuple(sorted(resets))
+    changes["warnings"] = tuple(dict.fromkeys(prev.warnings + cur.warnings))
     return replace(cur, **changes)
 
 

@@ -3,7 +3,9 @@
 ``PoolWatch`` keeps what the collector exports per pool: up/down, scrape duration, the last
 snapshot, and the engine's own counters accumulated as deltas since start (reset-safe,
 series by series, the way Prometheus ``increase()`` does) for the cross-check against the
-tap's per-class sums.
+tap's per-class sums. The scrape is also the active half of the pool health check
+(``exporters.health``): a scrape that cannot connect marks the pool down, any answer marks it
+up, and a pool that is down is scraped every ``down_interval`` seconds until it answers.
 """
 
 from __future__ import annotations
@@ -12,16 +14,23 @@ import asyncio
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 
-from specguard.errors import SpecguardError
+import aiohttp
+
+from specguard import untrusted
+from specguard.errors import InputError, SpecguardError, UnreachableError
+from specguard.exporters import promtext
 from specguard.exporters.config import PoolConfig
+from specguard.exporters.health import PoolHealth
 from specguard.exporters.snapshot import EngineSnapshot
 
 log = logging.getLogger("specguard.scrape")
 
 # EngineSnapshot counter fields accumulated for the cross-check
 ACCUMULATED = ("drafts", "draft_tokens", "accepted_tokens", "generation_tokens")
+HISTORY = 128  # recent snapshots kept per pool (the model baseline's engine-page intervals)
 
 Fetch = Callable[[PoolConfig, float], Awaitable[EngineSnapshot]]
 
@@ -39,11 +48,13 @@ class PoolWatch:
         self.last_success: float | None = None
         self.last_error: str | None = None
         self.last_error_at: float | None = None
+        self.rejected: dict[str, int] = {}  # pages refused (too large, malformed...) by reason
         self.snapshot: EngineSnapshot | None = None
         self.counter_resets = 0
         self.accumulated: dict[str, float] = {name: 0.0 for name in ACCUMULATED}
         self._previous: dict[str, dict[object, float]] = {}
         self._baseline = False  # a successful scrape happened: later series count from zero
+        self._history: deque[tuple[float, EngineSnapshot]] = deque(maxlen=HISTORY)
 
     def observe(self, snapshot: EngineSnapshot, duration: float) -> None:
         """A successful scrape: add each counter's increase since the previous one."""
@@ -68,6 +79,9 @@ class PoolWatch:
                             self.accumulated[name] += value
                 self._previous[name] = current
             self.counter_resets += int(reset)
+            if reset:
+                self._history.clear()  # an interval across an engine restart means nothing
+            self._history.append((self._clock(), snapshot))
             self._baseline = True
             self.snapshot = snapshot
             self.up = True
@@ -75,13 +89,21 @@ class PoolWatch:
             self.duration_seconds = duration
             self.last_success = self._clock()
 
-    def fail(self, error: str, duration: float) -> None:
+    def fail(self, error: str, duration: float, *, rejected: str | None = None) -> None:
+        """A failed scrape; ``rejected`` names why the page itself was refused (see promtext)."""
         with self._lock:
+            if rejected is not None:
+                self.rejected[rejected] = self.rejected.get(rejected, 0) + 1
             self.up = False
             self.scrapes += 1
             self.duration_seconds = duration
             self.last_error = error
             self.last_error_at = self._clock()
+
+    def history(self, since: float) -> list[tuple[float, EngineSnapshot]]:
+        """The successful scrapes since ``since`` (wall clock), oldest first, none across a reset."""
+        with self._lock:
+            return [(at, snap) for at, snap in self._history if at >= since]
 
     def view(self) -> dict[str, object]:
         """A consistent copy for the collector."""
@@ -95,6 +117,7 @@ class PoolWatch:
                 "has": {n: n in self._previous for n in ACCUMULATED},
                 "last_error_at": self.last_error_at,
                 "last_success": self.last_success,
+                "rejected": dict(self.rejected),
             }
 
 
@@ -119,6 +142,8 @@ class ScrapeLoop:
         timeout: float,
         on_snapshot: Callable[[PoolConfig, EngineSnapshot], None] | None = None,
         monotonic: Callable[[], float] = time.perf_counter,
+        health: PoolHealth | None = None,
+        down_interval: float | None = None,
     ):
         self.watch = watch
         self.name = f"scrape:{watch.pool.name}"
@@ -127,8 +152,13 @@ class ScrapeLoop:
         self.timeout = timeout
         self._on_snapshot = on_snapshot
         self._mono = monotonic
+        self.health = health
+        self.down_interval = min(interval, down_interval) if down_interval else interval
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
+        self._wake = asyncio.Event()  # set by stop() and when the tap marks the pool down
+        if health is not None:
+            health.listeners.append(self._on_health)
 
     async def scrape_once(self) -> bool:
         """One scrape now; True when the pool answered with a page the adapters understood.
@@ -140,12 +170,19 @@ class ScrapeLoop:
         first = self.watch.scrapes == 0
         was_up = self.watch.up
         start = self._mono()
+        rejected = None
+        answered: bool | None = True  # for the health check: None = no verdict (a slow answer)
         try:
             snapshot = await asyncio.wait_for(self._fetch(pool, self.timeout), self.timeout)
         except asyncio.CancelledError:
             raise
+        except (UnreachableError, aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
+            error, answered = str(exc) or type(exc).__name__, False
         except TimeoutError:
-            error = f"{pool.url}{pool.metrics_path}: timed out after {self.timeout}s"
+            error = f"{pool.display_url}{pool.metrics_path}: timed out after {self.timeout}s"
+            answered = None
+        except InputError as exc:  # the engine answered, but with a page that is refused
+            error, rejected = str(exc), promtext.reject_reason(exc)
         except SpecguardError as exc:
             error = str(exc)
         except Exception as exc:  # a bad page or a socket error must not stop the loop
@@ -156,19 +193,52 @@ class ScrapeLoop:
                 log.info("%s: engine answers again", self.name)
             if self._on_snapshot is not None:
                 self._on_snapshot(pool, snapshot)
+            self._health(True, "")
             return True
-        self.watch.fail(error, self._mono() - start)
-        log.log(logging.WARNING if (was_up or first) else logging.DEBUG, "%s: %s", self.name, error)
+        self._health(answered, error)
+        self.watch.fail(error, self._mono() - start, rejected=rejected)
+        level = logging.WARNING if (was_up or first) else logging.DEBUG
+        if rejected is not None:
+            log.log(level, "%s: page rejected (%s): %s", self.name, rejected, untrusted.printable(error, 300))
+        else:
+            log.log(level, "%s: %s", self.name, untrusted.printable(error, 300))
         return False
+
+    def _health(self, answered: bool | None, error: str) -> None:
+        if self.health is None or answered is None:
+            return
+        if answered:
+            self.health.mark_up(self.watch.pool.name, "scrape")
+        else:
+            self.health.mark_down(self.watch.pool.name, error, "scrape")
+
+    def _on_health(self, pool: str, healthy: bool) -> None:
+        if pool == self.watch.pool.name and not healthy:
+            self._wake.set()  # re-check on the short interval from now, not after the long one
+
+    def _pause(self) -> float:
+        healthy = self.health is None or self.health.healthy(self.watch.pool.name)
+        return self.interval if healthy else self.down_interval
+
+    async def _sleep(self) -> None:
+        """Wait for the next scrape: the interval, or the down interval while the pool is down."""
+        deadline = self._mono() + self._pause()
+        while not self._stop.is_set():
+            left = deadline - self._mono()
+            if left <= 0:
+                return
+            try:
+                await asyncio.wait_for(self._wake.wait(), left)
+            except TimeoutError:
+                return
+            self._wake.clear()
+            deadline = min(deadline, self._mono() + self._pause())
 
     async def _run(self) -> None:
         log.info("%s: started (every %ss)", self.name, self.interval)
         while not self._stop.is_set():
             await self.scrape_once()
-            try:
-                await asyncio.wait_for(self._stop.wait(), self.interval)
-            except TimeoutError:
-                pass
+            await self._sleep()
         log.info("%s: stopped", self.name)
 
     def start(self) -> None:
@@ -180,6 +250,7 @@ class ScrapeLoop:
         if self._task is None:
             return
         self._stop.set()
+        self._wake.set()
         task, self._task = self._task, None
         try:
             await asyncio.wait_for(task, self.timeout + 1.0)

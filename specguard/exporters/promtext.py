@@ -32,10 +32,40 @@ SUFFIXES: dict[str, tuple[str, ...]] = {
 _ALL_SUFFIXES = ("_total", "_created", "_bucket", "_count", "_sum", "_gcount", "_gsum", "_info")
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-_LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\\n]|\\.)*)"[ \t]*')
+# possessive: a long label value costs no backtracking state (the plain form took ~170x its size)
+_LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\\n]++|\\.)*+)"[ \t]*')
 _ESCAPE = re.compile(r"\\(.)")
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
 _NUMBER = re.compile(r"[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|[iI]nf(?:inity)?|NaN|nan)")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on one page; a page past any of them is rejected whole (``PageRejected``)."""
+
+    max_page_bytes: int = 8 * 1024 * 1024
+    max_line_bytes: int = 16 * 1024
+    max_samples: int = 100_000
+
+
+LIMITS = Limits()
+REJECT_REASONS = ("page_too_large", "line_too_long", "too_many_samples", "not_utf8", "malformed")
+
+
+class PageRejected(InputError):
+    """A page refused before or while parsing; ``reason`` is one of ``REJECT_REASONS``."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
+
+    def __reduce__(self) -> tuple:  # raised in the page worker process, re-raised in the tap
+        return (type(self), (str(self), self.reason))
+
+
+def reject_reason(exc: BaseException) -> str:
+    """The ``REJECT_REASONS`` value for an error raised by reading or parsing a page."""
+    return exc.reason if isinstance(exc, PageRejected) else "malformed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +108,7 @@ class Page:
     families: dict[str, Family]
     by_name: dict[str, list[Sample]]
     source: str = "<page>"
+    duplicates: tuple[Sample, ...] = ()  # samples repeating an earlier series (same name and labels)
 
     def samples(self, name: str) -> list[Sample]:
         return self.by_name.get(name, [])
@@ -95,8 +126,12 @@ def _unescape(value: str) -> str:
 
 
 class _Parser:
-    def __init__(self, source: str):
+    def __init__(self, source: str, limits: Limits = LIMITS):
         self.source = source
+        self.limits = limits
+        self.count = 0
+        self.seen: set[tuple[str, Labels]] = set()
+        self.duplicates: list[Sample] = []
         self.families: dict[str, Family] = {}
         self.by_name: dict[str, list[Sample]] = {}
         self.current: Family | None = None
@@ -203,7 +238,16 @@ class _Parser:
         family = self.current
         if family is None or not family.owns(name):
             family = self.owner(name)
+        self.count += 1
+        if self.count > self.limits.max_samples:
+            where = f"{self.source}:{self.lineno}"
+            raise PageRejected(f"{where}: more than {self.limits.max_samples} samples", "too_many_samples")
         found = Sample(name, labels, value, timestamp, self.lineno)
+        series = (name, labels)
+        if series in self.seen:
+            self.duplicates.append(found)
+        else:
+            self.seen.add(series)
         family.samples.append(found)
         bucket = self.by_name.get(name)
         if bucket is None:
@@ -225,6 +269,12 @@ class _Parser:
     def run(self, text: str) -> Page:
         done = False
         for self.lineno, line in enumerate(text.split("\n"), start=1):
+            if len(line) > self.limits.max_line_bytes:
+                raise PageRejected(
+                    f"{self.source}:{self.lineno}: line longer than {self.limits.max_line_bytes} bytes "
+                    f"({len(line)})",
+                    "line_too_long",
+                )
             if line.endswith("\r"):
                 line = line[:-1]
             self.line = line
@@ -240,14 +290,40 @@ class _Parser:
                 done = self.comment(line)
             else:
                 self.sample(line)
-        return Page(self.families, self.by_name, self.source)
+        return Page(self.families, self.by_name, self.source, tuple(self.duplicates))
 
 
-def parse(text: str | bytes, source: str = "<page>") -> Page:
-    """Parse one exposition page; ``source`` (a file name or URL) prefixes every error."""
+def parse(text: str | bytes, source: str = "<page>", limits: Limits = LIMITS) -> Page:
+    """Parse one exposition page within ``limits``; ``source`` (a file name or URL) prefixes
+    every error. Memory stays proportional to the page: lines, samples and the page are bounded."""
+    if len(text) > limits.max_page_bytes:
+        raise PageRejected(f"{source}: page larger than {limits.max_page_bytes} bytes", "page_too_large")
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise InputError(f"{source}: metrics page is not UTF-8 (byte {exc.start})") from exc
-    return _Parser(source).run(text)
+            raise PageRejected(f"{source}: metrics page is not UTF-8 (byte {exc.start})", "not_utf8") from exc
+    # an upper bound of the samples, counted in C: a page of tiny lines is refused before parsing
+    lines = text.count("\n") + 1 - text.count("\n#") - text.count("\n\n")
+    if lines > limits.max_samples and lines - text.count("\n ") - text.count("\n\t") > limits.max_samples:
+        raise PageRejected(f"{source}: more than {limits.max_samples} samples", "too_many_samples")
+    return _Parser(source, limits).run(text)
+
+
+def carried_line(data: bytes, carried: int, limit: int) -> int | None:
+    """Checks a page's lines as it arrives: the length of the unfinished line at the end of
+    ``data`` (``carried`` bytes of it came before), or None when a line passes ``limit``.
+
+    Jumps from newline to the last newline within the next ``limit`` bytes, so a chunk costs a
+    few ``rfind`` calls however many short lines it holds.
+    """
+    window = limit - carried
+    pos = data.find(b"\n", 0, window + 1)
+    if pos < 0:
+        return carried + len(data) if len(data) <= window else None
+    end = len(data)
+    while end - pos - 1 > limit:
+        pos = data.rfind(b"\n", pos + 1, pos + limit + 2)
+        if pos < 0:
+            return None
+    return end - data.rfind(b"\n", pos) - 1

@@ -50,7 +50,7 @@ class RequestRecord:
     task_type: str
     temperature_bucket: str
     load_bucket: str
-    route: str  # "plan", "holdout" (sent to no-spec for the baseline) or "probe" (kept on spec)
+    route: str  # "plan", "holdout" (to no-spec for the baseline), "probe" (kept on spec), "failover"
     started_at: float  # wall clock, seconds since the epoch
     status: int  # HTTP status the client got
     streamed: bool
@@ -63,6 +63,8 @@ class RequestRecord:
     spec: SpecStats | None = None  # None: the engine gave no per-request stats (unattributed)
     unattributed_reason: str | None = None  # why spec is None: "no_usage", "n_gt_1", "stop_string", ...
     classified: bool = True  # False when the body was not JSON
+    load: float | None = None  # in-flight requests per replica of the pool when sent (itself included)
+    decode_load: float | None = None  # mean in-flight requests per replica while it decoded
 
     @property
     def tpot_seconds(self) -> float | None:

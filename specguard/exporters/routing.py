@@ -4,10 +4,21 @@ The plan comes from a higher layer as a plain mapping ``{(task_type, temperature
 load_bucket): pool}``; a missing key means the default pool. Two small shares keep the
 evidence flowing both ways:
 
-- *holdout*: a few percent of every class goes to the no-spec pool, so each class has a live
-  non-speculative baseline on this stack;
+- *holdout*: some of every class goes to the no-spec pool, so each load bucket has a live
+  non-speculative baseline on this stack. Either a share (``holdout_share``, or per load bucket
+  from ``set_holdout_shares``), or *capacity matched*: a request planned on a speculative pool goes
+  to the no-spec pool while that pool's in-flight requests per replica are below the planned
+  pool's (at a tie, with probability r0 / (r0 + rp), the no-spec pool's share of the two pools'
+  replicas), so the no-spec replicas run at the same per-replica load as the speculative ones and
+  take their share of the replica capacity. ``holdout_share: 0`` turns holdout off in either mode;
 - *probe*: a class the plan routes away from speculation keeps a small share on a
   speculative pool, so re-enabling is decided on evidence, not on a timer.
+
+A pool that is down (``exporters.health``) gets neither: its holdout and probe draws are
+skipped, and what the plan sends to it goes to the best healthy pool instead (route
+``failover``): first in the class's cost order when the guard has handed one over
+(``set_preferences``), then the pool whose K is nearest the planned pool's. Serving beats
+measuring and beats the cost question; the plan itself is left as it is.
 """
 
 from __future__ import annotations
@@ -18,14 +29,22 @@ from dataclasses import dataclass
 
 from specguard.errors import InputError
 from specguard.exporters.config import PoolConfig
+from specguard.exporters.health import PoolHealth
 
 PlanKey = tuple[str, str, str]
+HOLDOUT_SHARE = "share"
+HOLDOUT_CAPACITY_MATCHED = "capacity_matched"
+HOLDOUT_MODES = (HOLDOUT_SHARE, HOLDOUT_CAPACITY_MATCHED)
+
+
+ROUTE_FAILOVER = "failover"
 
 
 @dataclass(frozen=True)
 class RouteChoice:
     pool: str
-    route: str  # "plan" (plan entry or default pool), "holdout" or "probe"
+    route: str  # "plan" (plan entry or default pool), "holdout", "probe" or "failover"
+    planned: str = ""  # for "failover": the pool the plan chose (down or failed to connect)
 
 
 class Router:
@@ -38,6 +57,8 @@ class Router:
         holdout_share: float = 0.0,
         probe_share: float = 0.0,
         rng: random.Random | None = None,
+        health: PoolHealth | None = None,
+        holdout_mode: str = HOLDOUT_SHARE,
     ):
         self._pools = {p.name: p for p in pools}
         if default_pool not in self._pools:
@@ -51,6 +72,11 @@ class Router:
         self._rng = rng or random.Random()
         self._plan: dict[PlanKey, str] = {}
         self._holdout_by_load: dict[str, float] = {}
+        self.health = health  # None: every pool is taken as serving (no failover)
+        self._preferences: dict[PlanKey, tuple[str, ...]] = {}
+        self._replicas = {p.name: max(1, int(p.replicas)) for p in pools}
+        self.holdout_mode = HOLDOUT_SHARE
+        self.set_holdout_mode(holdout_mode)
         spec = [p.name for p in pools if p.speculative]
         # probe target: the default pool when it speculates, else the first speculative pool
         self.probe_pool = (
@@ -77,6 +103,85 @@ class Router:
     def holdout_shares(self) -> dict[str, float]:
         return dict(self._holdout_by_load)
 
+    def set_preferences(self, preferences: Mapping[PlanKey, Sequence[str]]) -> None:
+        """Per class, its pools cheapest first (the guard's estimates): the failover order."""
+        self._preferences = {
+            key: tuple(p for p in pools if p in self._pools) for key, pools in preferences.items()
+        }
+
+    def serving(self, pool: str) -> bool:
+        return self.health is None or self.health.healthy(pool)
+
+    def fallback(
+        self,
+        task_type: str,
+        temperature_bucket: str,
+        load_bucket: str,
+        planned: str,
+        exclude: Sequence[str] = (),
+    ) -> str | None:
+        """The best serving pool for traffic planned for ``planned``; None when none serves.
+
+        The class's cost order first, then by distance of K from the planned pool's (the lower
+        K first on a tie, then configuration order).
+        """
+        k = self._pools[planned].num_speculative_tokens if planned in self._pools else 0
+        nearest = sorted(
+            self._pools,
+            key=lambda name: (
+                abs(self._pools[name].num_speculative_tokens - k),
+                self._pools[name].num_speculative_tokens,
+            ),
+        )
+        order = (*self._preferences.get((task_type, temperature_bucket, load_bucket), ()), *nearest)
+        for pool in order:
+            if pool != planned and pool not in exclude and self.serving(pool):
+                return pool
+        return None
+
+    def retry(
+        self,
+        task_type: str,
+        temperature_bucket: str,
+        load_bucket_of: Callable[[str], str],
+        failed: RouteChoice,
+        tried: Sequence[str],
+    ) -> RouteChoice | None:
+        """Where a request goes after a connect to every pool in ``tried`` failed; None: nowhere.
+
+        A holdout or probe request goes back to its class's planned pool if that one serves
+        (measuring gives way to serving); anything else to the best serving pool not yet tried.
+        """
+        planned = failed.planned or self.planned(task_type, temperature_bucket, load_bucket_of)
+        if planned not in tried and self.serving(planned):
+            return RouteChoice(planned, "plan")
+        pool = self.fallback(task_type, temperature_bucket, load_bucket_of(planned), planned, tried)
+        return RouteChoice(pool, ROUTE_FAILOVER, planned) if pool is not None else None
+
+    def set_holdout_mode(self, mode: str) -> None:
+        """``share`` (the holdout share, per load bucket where set) or ``capacity_matched``."""
+        if mode not in HOLDOUT_MODES:
+            raise InputError(f"holdout mode ({mode!r}) must be one of {', '.join(HOLDOUT_MODES)}")
+        self.holdout_mode = mode
+
+    def set_replicas(self, replicas: Mapping[str, int]) -> None:
+        """Replica counts of some pools (fleet mode: from the plan or a PromQL count); others keep theirs."""
+        unknown = sorted(name for name in replicas if name not in self._pools)
+        if unknown:
+            raise InputError(f"replicas for pools that are not configured: {', '.join(unknown)}")
+        bad = sorted(name for name, n in replicas.items() if not (isinstance(n, int) and n >= 1))
+        if bad:
+            raise InputError(f"replicas must be whole numbers >= 1: {', '.join(bad)}")
+        self._replicas.update(replicas)
+
+    def replicas(self) -> dict[str, int]:
+        return dict(self._replicas)
+
+    def load(self, pool: str, in_flight: int) -> float:
+        """The load a request joining ``pool`` (``in_flight`` there now) runs at: the in-flight
+        requests of the replica it joins, itself included, the pool's requests spread evenly."""
+        return float(in_flight // self._replicas[pool] + 1)
+
     def planned(self, task_type: str, temperature_bucket: str, load_bucket_of: Callable[[str], str]) -> str:
         """Plan lookup; the load bucket is that of the pool the request would go to.
 
@@ -94,21 +199,65 @@ class Router:
         return target
 
     def choose(
-        self, task_type: str, temperature_bucket: str, load_bucket_of: Callable[[str], str]
+        self,
+        task_type: str,
+        temperature_bucket: str,
+        load_bucket_of: Callable[[str], str],
+        load_of: Callable[[str], float] | None = None,
     ) -> RouteChoice:
-        """Pool for one request. ``load_bucket_of(pool)`` gives the pool's live load bucket."""
+        """Pool for one request. ``load_bucket_of(pool)`` gives the pool's live load bucket and
+        ``load_of(pool)`` its in-flight requests per replica if the request joined it (needed by
+        capacity-matched holdout; without it that mode holds nothing out)."""
         target = self.planned(task_type, temperature_bucket, load_bucket_of)
+        if self.holdout_mode == HOLDOUT_CAPACITY_MATCHED:
+            draw = self._rng.random()
+            if (
+                load_of is not None
+                and self.holdout_share > 0  # holdout_share 0 turns every holdout off
+                and self.nospec_pool is not None
+                and self._pools[target].speculative
+                and self.serving(self.nospec_pool)
+            ):
+                nospec, planned = load_of(self.nospec_pool), load_of(target)
+                r0, rp = self._replicas[self.nospec_pool], self._replicas[target]
+                # less loaded per replica: hold out; equally loaded: by the capacity share (so
+                # one request at a time still splits r0 : rp)
+                if nospec < planned or (nospec == planned and draw < r0 / (r0 + rp)):
+                    return RouteChoice(self.nospec_pool, "holdout")
+            return self._probe(target, draw, task_type, temperature_bucket, load_bucket_of)
         draw = self._rng.random()
         holdout = self.holdout_share
         if self._holdout_by_load and target != self.nospec_pool:
             holdout = self._holdout_by_load.get(load_bucket_of(target), holdout)
-        if self.nospec_pool is not None and target != self.nospec_pool and draw < holdout:
+        if (
+            self.nospec_pool is not None
+            and target != self.nospec_pool
+            and draw < holdout
+            and self.serving(self.nospec_pool)
+        ):
             return RouteChoice(self.nospec_pool, "holdout")
+        return self._probe(target, draw, task_type, temperature_bucket, load_bucket_of)
+
+    def _probe(
+        self,
+        target: str,
+        draw: float,
+        task_type: str,
+        temperature_bucket: str,
+        load_bucket_of: Callable[[str], str],
+    ) -> RouteChoice:
+        """``target``, or the probe pool for a class planned off speculation (``draw < probe_share``);
+        a serving pool in its place when ``target`` is down (failover)."""
         if (
             self.probe_pool is not None
             and not self._pools[target].speculative
             and target != self.probe_pool
             and draw < self.probe_share
+            and self.serving(self.probe_pool)
         ):
             return RouteChoice(self.probe_pool, "probe")
+        if not self.serving(target):
+            pool = self.fallback(task_type, temperature_bucket, load_bucket_of(target), target)
+            if pool is not None:  # (none serving: try the plan's pool, it may be back)
+                return RouteChoice(pool, ROUTE_FAILOVER, target)
         return RouteChoice(target, "plan")

@@ -42,7 +42,8 @@ class EngineSnapshot:
     accept_rate_gauge: float | None = None
     draft_overhead_gauge: float | None = None  # TRT-LLM: draft time / iteration time
     # latency histograms
-    step_latency: HistogramTotals | None = None  # one sample per engine step (vLLM ITL)
+    step_latency: HistogramTotals | None = None  # one sample per request per engine step (vLLM ITL)
+    iteration_tokens: HistogramTotals | None = None  # one sample per engine step (vLLM iteration_tokens)
     token_latency: HistogramTotals | None = None  # one sample per output token (SGLang ITL)
     time_per_output_token: HistogramTotals | None = None  # per-request TPOT histogram
     time_to_first_token: HistogramTotals | None = None
@@ -60,3 +61,5 @@ class EngineSnapshot:
     series: dict[str, dict[SeriesKey, float]] = field(default_factory=dict, repr=False)
     # counter families that went backwards inside the window (set on window snapshots only)
     counter_resets: tuple[str, ...] | None = None
+    # what is wrong with the page itself (a repeated series...), for ``inspect`` to show
+    warnings: tuple[str, ...] = ()

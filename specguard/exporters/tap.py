@@ -5,6 +5,10 @@ through to the default pool. The client receives the engine's status, headers (m
 hop-by-hop), body and stream events byte for byte, except for what the tap itself asked
 the engine for, which it removes again (see ``tapstream``). Each finished tapped request
 becomes one ``RequestRecord`` in the ``WindowedStats``.
+
+A connect that fails marks the pool down (``exporters.health``) and, with ``tap.failover``,
+the request is sent again to the best serving pool: only then, since nothing has reached the
+engine or the client yet. Any answer from a pool marks it up again.
 """
 
 from __future__ import annotations
@@ -15,17 +19,28 @@ import logging
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from specguard.exporters import bodypush, httpbody, readwatch, tapflow, tapstream
+from specguard import untrusted
+from specguard.errors import InputError
+from specguard.exporters import (
+    bodypush,
+    clientguard,
+    httpbody,
+    loadmeter,
+    readwatch,
+    tapflow,
+    taprelay,
+    tapstream,
+)
 from specguard.exporters.classify import Classifier
-from specguard.exporters.config import ExporterConfig
-from specguard.exporters.routing import Router
+from specguard.exporters.config import ExporterConfig, PoolConfig
+from specguard.exporters.health import PoolHealth
+from specguard.exporters.routing import ROUTE_FAILOVER, RouteChoice, Router
 from specguard.exporters.stats import WindowedStats
 
 log = logging.getLogger("specguard.tap")
@@ -54,84 +69,8 @@ _CONTENT = re.compile(rb'"(?:text|content|reasoning_content)"\s*:\s*"(?!")|"tool
 # a choice's terminal chunk (a non-null finish_reason); confirmed by a parse before it is held
 _FINISH = re.compile(rb'"finish_reason"\s*:\s*"')
 _CLIENT_GONE = (ConnectionResetError, aiohttp.ClientConnectionResetError)
-
-
-@dataclass(frozen=True)
-class _Seen:
-    """One inspected stream event: the bytes to forward (None = drop) and what it was."""
-
-    event: bytes | None
-    finish: bool = False  # ends a choice of an n = 1 stream whose usage the tap added
-    usage: bool = False  # the tap's own usage event (dropped)
-    fingerprint: bytes | None = None  # raw JSON value of the usage event's system_fingerprint
-
-
-class _Relay:
-    """Holds the terminal event of a tapped n = 1 stream until the usage event follows it."""
-
-    def __init__(self) -> None:
-        self._held: bytes | None = None
-
-    def feed(self, raw: bytes, seen: _Seen) -> list[bytes]:
-        """The events to forward now, in order, after ``raw`` was inspected as ``seen``."""
-        out: list[bytes] = []
-        if seen.usage:
-            if self._held is not None:
-                held, self._held = self._held, None
-                out.append(_with_fingerprint(held, seen.fingerprint) if seen.fingerprint else held)
-            return out
-        if self._held is not None:  # not the expected usage event: give up, keep the order
-            out.append(self._held)
-            self._held = None
-        if seen.event is None:
-            return out
-        if seen.finish:
-            self._held = seen.event
-        else:
-            out.append(seen.event)
-        return out
-
-    def release(self) -> bytes:
-        """The held event, unchanged (the stream ended or broke without a usage event)."""
-        held, self._held = self._held, None
-        return held or b""
-
-
-def _with_fingerprint(event: bytes, fingerprint: bytes) -> bytes:
-    """``event`` with ``"system_fingerprint":<fingerprint>`` appended to its JSON data."""
-    start = event.find(b"data:")
-    payload = event[start + 5 :].strip()
-    at = event.find(payload, start)
-    patched = tapstream.append_key(payload, "system_fingerprint", fingerprint)
-    return event[:at] + patched + event[at + len(payload) :]
-
-
-class _EventSplitter:
-    """Cuts a byte stream into complete SSE events (blank-line terminated, LF or CRLF)."""
-
-    def __init__(self) -> None:
-        self._buffer = b""
-
-    def feed(self, data: bytes) -> list[bytes]:
-        buffer = self._buffer + data if self._buffer else data
-        events: list[bytes] = []
-        while True:
-            end = buffer.find(b"\n\n")
-            sep = 2
-            crlf = buffer.find(b"\r\n\r\n")
-            if crlf >= 0 and (end < 0 or crlf < end):
-                end, sep = crlf, 4
-            if end < 0:
-                break
-            events.append(buffer[: end + sep])
-            buffer = buffer[end + sep :]
-        self._buffer = buffer
-        return events
-
-    def rest(self) -> bytes:
-        """What came after the last complete event (a stream that ended mid-event)."""
-        rest, self._buffer = self._buffer, b""
-        return rest
+# a connect that failed: nothing reached the pool (aiohttp's connect timeout is also a TimeoutError)
+_CONNECT_FAILED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 
 
 def openai_error(status: int, message: str, kind: str) -> web.Response:
@@ -141,10 +80,11 @@ def openai_error(status: int, message: str, kind: str) -> web.Response:
 
 
 def json_object(data: bytes) -> dict[str, Any] | None:
-    """``data`` parsed as a JSON object; None when it is not JSON or not an object."""
+    """``data`` parsed as a JSON object; None when it is not JSON (or not acceptable: nested too
+    deep, an integer too long to convert) or not an object."""
     try:
-        obj = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
+        obj = untrusted.loads(data)
+    except InputError:
         return None
     return obj if isinstance(obj, dict) else None
 
@@ -177,6 +117,7 @@ class Tap:
         session: aiohttp.ClientSession | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.perf_counter,
+        health: PoolHealth | None = None,
     ):
         self.config = config
         self.stats = stats
@@ -188,7 +129,11 @@ class Tap:
         self._mono = monotonic
         self._pools = {p.name: p for p in config.pools}
         self.engines = {p.name: p.engine for p in config.pools}  # "auto" resolved by the scrape loop
-        self.in_flight = {p.name: 0 for p in config.pools}
+        self.load = loadmeter.LoadMeter(p.name for p in config.pools)
+        self.in_flight = self.load.in_flight
+        self.clients: clientguard.ClientGuard | None = None  # counts body timeouts (set by the app)
+        self.health = health
+        self.failover = config.tap.failover and health is not None
         tap = config.tap
         self._timeout = aiohttp.ClientTimeout(
             total=None, connect=tap.connect_timeout_seconds, sock_read=tap.upstream_timeout_seconds
@@ -219,26 +164,64 @@ class Tap:
         if self._pools[pool].engine == "auto":
             self.engines[pool] = engine
 
+    def _load_of(self, pool: str) -> float:
+        """In-flight requests per replica of ``pool`` if one more request joined it."""
+        return self.router.load(pool, self.in_flight[pool])
+
     def _load_bucket_of(self, pool: str) -> str:
-        return self.classifier.load_bucket(self.in_flight[pool] + 1)
+        return self.classifier.load_bucket(self._load_of(pool))
 
     # -- request handling --------------------------------------------------------------------
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        tap = self.config.tap
         try:
             raw = await httpbody.read_limited(
-                request.content, self.config.tap.max_body_bytes, request.content_length
+                request.content,
+                tap.max_body_bytes,
+                request.content_length,
+                timeout=tap.client_body_timeout_seconds,
             )
         except httpbody.BodyTooLarge:
-            limit = self.config.tap.max_body_bytes
+            limit = tap.max_body_bytes
             return openai_error(413, f"request body exceeds {limit} bytes", "invalid_request_error")
+        except httpbody.BodyTimeout as exc:
+            return self.body_timeout(request, exc)
         if request.method == "POST" and request.path in TAPPED_PATHS:
             return await self._tapped(request, raw)
         return await self._passthrough(request, raw)
 
+    def _connect_failed(self, pool: PoolConfig, exc: Exception) -> None:
+        """Passive health: a connect to ``pool`` failed."""
+        self.stats.count_error(pool.name, "connect")
+        if self.health is not None:
+            reason = str(exc) or type(exc).__name__
+            self.health.mark_down(pool.name, f"connect failed: {reason}", "tap")
+
+    def _answered(self, pool: PoolConfig) -> None:
+        if self.health is not None:
+            self.health.mark_up(pool.name, "tap")
+
     async def _passthrough(self, request: web.Request, raw: bytes) -> web.StreamResponse:
-        pool = self._pools[self.router.default_pool]
+        """Any other path goes to the default pool, or the best serving one while it is down."""
+        name = self.router.default_pool
+        if self.failover and not self.router.serving(name):
+            name = self.router.fallback("", "", "", name) or name
         if request.method == "POST":
-            self.stats.count_unattributed(pool.name, "other_path")
+            self.stats.count_unattributed(name, "other_path")
+        tried: list[str] = []
+        while True:
+            pool = self._pools[name]
+            response = await self._pass(request, raw, pool)
+            if response is not None:
+                return response
+            tried.append(pool.name)
+            later = self.router.fallback("", "", "", pool.name, tried) if self.failover else None
+            if later is None:
+                return openai_error(502, f"pool {pool.name} failed: no pool answers", "upstream_error")
+            name = later
+
+    async def _pass(self, request: web.Request, raw: bytes, pool: PoolConfig) -> web.StreamResponse | None:
+        """One forward of a passed-through request; None when the connect failed (with failover)."""
         headers = forward_headers(request.headers, identity=False)
         out: web.StreamResponse | None = None
         try:
@@ -250,18 +233,27 @@ class Tap:
                 timeout=self._timeout,
                 allow_redirects=False,
             ) as resp:
+                self._answered(pool)
                 reply_headers = forward_headers(resp.headers, identity=False)
                 if not resp.headers.get("Content-Type", "").startswith("text/event-stream"):
-                    data = await resp.read()
-                    return web.Response(
-                        body=data, status=resp.status, reason=resp.reason, headers=reply_headers
-                    )
+                    data, whole = await taprelay.read_window(resp, self.config.tap.max_inspect_bytes)
+                    if whole:
+                        return web.Response(
+                            body=data, status=resp.status, reason=resp.reason, headers=reply_headers
+                        )
+                    out = await taprelay.relay_rest(request, resp, reply_headers, data)
+                    return out
                 out = web.StreamResponse(status=resp.status, reason=resp.reason, headers=reply_headers)
                 await out.prepare(request)
                 async for data in resp.content.iter_any():
                     await out.write(data)
                 await out.write_eof()
                 return out
+        except _CONNECT_FAILED as exc:
+            self._connect_failed(pool, exc)
+            if self.failover:
+                return None
+            return openai_error(502, f"pool {pool.name} failed: {type(exc).__name__}", "upstream_error")
         except TimeoutError:
             self.stats.count_error(pool.name, "timeout")
             if out is not None:
@@ -276,36 +268,75 @@ class Tap:
             return openai_error(502, f"pool {pool.name} failed: {type(exc).__name__}", "upstream_error")
 
     async def _tapped(self, request: web.Request, raw: bytes) -> web.StreamResponse:
+        if untrusted.json_depth_exceeds(raw):  # no engine needs this; a parser's stack might not survive it
+            message = f"request body nested deeper than {untrusted.MAX_JSON_DEPTH} levels"
+            return openai_error(400, message, "invalid_request_error")
         body = json_object(raw)
         cls = self.classifier.classify(request.headers, request.path, body)
-        choice = self.router.choose(cls.task_type, cls.temperature_bucket, self._load_bucket_of)
+        choice = self.router.choose(
+            cls.task_type, cls.temperature_bucket, self._load_bucket_of, self._load_of
+        )
+        headers = forward_headers(request.headers, identity=True)
+        started_at, t0 = self._clock(), self._mono()
+        tried: list[str] = []
+        while True:
+            flow = self._attempt(choice, cls, body, started_at, t0)
+            response = await self._finish(request, flow, raw, headers)
+            if flow.connect_failed and self.failover:
+                tried.append(flow.pool.name)
+                retry = self.router.retry(
+                    cls.task_type, cls.temperature_bucket, self._load_bucket_of, choice, tried
+                )
+                if retry is not None:  # nothing reached the pool nor the client: send it again
+                    self.load.change(flow.pool.name, -1, self._mono())
+                    choice = retry
+                    continue
+            self.load.change(flow.pool.name, -1, self._mono())
+            self.stats.add(tapflow.to_record(flow, self.engines[flow.pool.name], self._mono()))
+            if choice.route == ROUTE_FAILOVER and self.health is not None:
+                self.health.count_failover(choice.planned, choice.pool)
+            return response
+
+    def _attempt(
+        self, choice: RouteChoice, cls: Any, body: dict[str, Any] | None, started_at: float, t0: float
+    ) -> tapflow.Flow:
+        """A request's forward to the pool ``choice`` names, counted in flight until recorded."""
         pool = self._pools[choice.pool]
-        self.in_flight[pool.name] += 1
-        flow = tapflow.Flow(
+        load = self._load_of(pool.name)
+        self.load.change(pool.name, 1, self._mono())
+        return tapflow.Flow(
             pool=pool,
             cls=cls,
             route=choice.route,
-            load_bucket=self.classifier.load_bucket(self.in_flight[pool.name]),
-            started_at=self._clock(),
-            t0=self._mono(),
+            load_bucket=self.classifier.load_bucket(load),
+            load=load,
+            replicas=self.router.replicas().get(pool.name, 1),
+            started_at=started_at,
+            t0=t0,
             body=body,
         )
+
+    async def _finish(
+        self, request: web.Request, flow: tapflow.Flow, raw: bytes, headers: CIMultiDict[str]
+    ) -> web.StreamResponse:
+        """Forward ``flow``'s request; a cancelled one (its client went away) is recorded here."""
+        pool = flow.pool
         payload = raw
-        if body is not None:
+        if flow.body is not None:
             new, flow.additions = tapstream.prepare(
-                self.engines[pool.name], body, force_include_usage=pool.force_include_usage
+                self.engines[pool.name], flow.body, force_include_usage=pool.force_include_usage
             )
             if new is not None:
                 payload = json.dumps(new).encode()
-        headers = forward_headers(request.headers, identity=True)
         try:
             return await self._forward(request, flow, payload, headers)
-        except asyncio.CancelledError:
-            flow.failure = flow.failure or "client_disconnected"
-            raise
-        finally:
-            self.in_flight[pool.name] -= 1
+        except BaseException as exc:
+            # after [DONE] the client has the whole answer: leaving then is no failure
+            if isinstance(exc, asyncio.CancelledError) and not flow.done:
+                flow.failure = flow.failure or "client_disconnected"
+            self.load.change(pool.name, -1, self._mono())
             self.stats.add(tapflow.to_record(flow, self.engines[pool.name], self._mono()))
+            raise
 
     async def _forward(
         self, request: web.Request, flow: tapflow.Flow, payload: bytes, headers: CIMultiDict[str]
@@ -321,6 +352,7 @@ class Tap:
                 timeout=self._timeout,
                 allow_redirects=False,
             ) as resp:
+                self._answered(pool)
                 flow.status = resp.status
                 if resp.status >= 500:
                     self.stats.count_error(pool.name, "status_5xx")
@@ -333,9 +365,21 @@ class Tap:
                     await self._relay_stream(request, resp, flow)
                     await out.write_eof()
                     return out
-                data = await resp.read()
-                data = self._inspect_body(data, flow)
-                return web.Response(body=data, status=resp.status, reason=resp.reason, headers=reply_headers)
+                data, whole = await taprelay.read_window(resp, self.config.tap.max_inspect_bytes)
+                if whole:
+                    data = self._inspect_body(data, flow)
+                    return web.Response(
+                        body=data, status=resp.status, reason=resp.reason, headers=reply_headers
+                    )
+                flow.failure = "response_too_large"  # relayed, not inspected: no per-request numbers
+                out = await taprelay.relay_rest(request, resp, reply_headers, data)
+                return out
+        except _CONNECT_FAILED as exc:
+            self._connect_failed(pool, exc)
+            flow.connect_failed = True
+            flow.failure = "upstream_error"
+            flow.status = 502
+            return openai_error(502, f"pool {pool.name} failed: {type(exc).__name__}", "upstream_error")
         except TimeoutError:
             self.stats.count_error(pool.name, "timeout")
             flow.failure = "upstream_error"
@@ -344,18 +388,26 @@ class Tap:
             flow.status = 504
             return openai_error(504, f"pool {pool.name} did not answer in time", "upstream_timeout")
         except _CLIENT_GONE:
-            flow.failure = "client_disconnected"
+            if not flow.done:
+                flow.failure = "client_disconnected"
             if out is not None:
                 return out
             raise
         except aiohttp.ClientError as exc:
-            kind = "connect" if isinstance(exc, aiohttp.ClientConnectorError) else "broken"
-            self.stats.count_error(pool.name, kind)
+            self.stats.count_error(pool.name, "broken")
             flow.failure = "upstream_error"
             if out is not None:
                 return self._abort(request, out)
             flow.status = 502
             return openai_error(502, f"pool {pool.name} failed: {type(exc).__name__}", "upstream_error")
+
+    def body_timeout(self, request: web.Request, exc: httpbody.BodyTimeout) -> web.StreamResponse:
+        """408 for a body that did not arrive in time; the connection is closed after it."""
+        if self.clients is not None:
+            self.clients.count("body")
+        response = openai_error(408, f"request {exc}", "invalid_request_error")
+        response.force_close()
+        return response
 
     @staticmethod
     def _abort(request: web.Request, out: web.StreamResponse) -> web.StreamResponse:
@@ -393,8 +445,8 @@ class Tap:
         choice is held until the usage event (which follows at once) so the ``system_fingerprint``
         vLLM moved there goes back onto it; at most that one event is ever held.
         """
-        events = _EventSplitter()
-        relay = _Relay()
+        events = taprelay.EventSplitter(self.config.tap.max_inspect_bytes)
+        relay = taprelay.Relay()
         send = bodypush.client_writer(request)
         watch = readwatch.ReadWatch.take_over(resp, self._timeout.sock_read)
 
@@ -402,9 +454,18 @@ class Tap:
             if watch is not None:
                 watch.read()
             out: list[bytes] = []
-            for event in events.feed(data):
-                out += relay.feed(event, self._inspect_event(event, flow))
-            return send(b"".join(out)) if out else False
+            done = False
+            for inspect, event in events.feed(data):
+                if inspect:
+                    seen = self._inspect_event(event, flow)
+                    done = done or seen.done
+                    out += relay.feed(event, seen)
+                else:  # an event past the inspection window: relayed as it comes, never parsed
+                    done = done or taprelay.is_done(event)
+                    out += relay.raw(event)
+            full = send(b"".join(out)) if out else False
+            flow.done = flow.done or done  # (only once the client has it: send raises otherwise)
+            return full
 
         try:
             await bodypush.deliver(resp, on_data, request.writer.drain)
@@ -424,43 +485,43 @@ class Tap:
         tail.append(relay.release())
         send(b"".join(tail))
 
-    def _inspect_event(self, event: bytes, flow: tapflow.Flow) -> _Seen:
+    def _inspect_event(self, event: bytes, flow: tapflow.Flow) -> taprelay.Seen:
         start = event.find(b"data:")
         if start < 0:
-            return _Seen(event)
+            return taprelay.Seen(event)
         payload = event[start + 5 :].strip()
         if not payload.startswith(b"{"):
-            return _Seen(event)
+            return taprelay.Seen(event, done=payload == b"[DONE]")
         now = self._mono()
         hold = flow.additions.hold_finish
         marked = _MARKERS.search(payload) is not None
         if not marked:
             # fast path: an ordinary token chunk (no usage, metrics or extensions): no JSON parse
             if _CONTENT.search(payload) is not None:
-                self._saw_content(flow, now)
+                self._saw_content(flow, now, self.load.area(flow.pool.name, now))
             if not (hold and _FINISH.search(payload)):
-                return _Seen(event)
+                return taprelay.Seen(event)
         obj = json_object(payload)
         if obj is None:
-            return _Seen(event)
+            return taprelay.Seen(event)
         if marked and tapstream.has_content(obj):  # (unmarked chunks were counted above)
-            self._saw_content(flow, now)
+            self._saw_content(flow, now, self.load.area(flow.pool.name, now))
         self._absorb(obj, flow)
         if flow.additions.usage and tapstream.is_usage_only(obj):
             fingerprint = tapstream.raw_value(payload, "system_fingerprint") if hold else None
-            return _Seen(None, usage=True, fingerprint=fingerprint)
+            return taprelay.Seen(None, usage=True, fingerprint=fingerprint)
         if flow.additions.spec_details and "sglext" in obj:
             trimmed = tapstream.remove_key(payload, "sglext")
             at = event.find(payload, start)
             event = event[:at] + trimmed + event[at + len(payload) :]
-        return _Seen(event, finish=hold and tapstream.has_finish(obj))
+        return taprelay.Seen(event, finish=hold and tapstream.has_finish(obj))
 
     @staticmethod
-    def _saw_content(flow: tapflow.Flow, now: float) -> None:
+    def _saw_content(flow: tapflow.Flow, now: float, area: float) -> None:
         flow.chunks += 1
         if flow.first_at is None:
-            flow.first_at = now
-        flow.last_at = now
+            flow.first_at, flow.first_area = now, area
+        flow.last_at, flow.last_area = now, area
 
     def routes(self) -> list[web.RouteDef]:
         """Catch-all route; mount after the app's own endpoints (/metrics, /healthz)."""

@@ -28,6 +28,10 @@ class Flow:
     started_at: float
     t0: float
     body: dict[str, Any] | None
+    load: float | None = None  # in-flight requests per replica of the pool, this one included
+    replicas: int = 1  # of the pool when the request was sent
+    first_area: float = 0.0  # the pool's in-flight integral (LoadMeter.area) at the first content chunk
+    last_area: float = 0.0  # ... and at the last one
     additions: tapstream.Additions = field(default_factory=tapstream.Additions)
     status: int = 0
     streamed: bool = False
@@ -37,6 +41,8 @@ class Flow:
     usage_tokens: int | None = None
     spec: SpecStats | None = None
     failure: str | None = None  # unattributed reason forced by an error
+    connect_failed: bool = False  # the pool could not be connected to: nothing was sent anywhere
+    done: bool = False  # the stream's ``data: [DONE]`` went to the client: it has the whole answer
 
 
 def unattributed_reason(flow: Flow) -> str | None:
@@ -99,6 +105,9 @@ def to_record(flow: Flow, engine: str, end: float) -> RequestRecord:
     # output queue under load) that sends the whole answer in one chunk gives no per-token time.
     timed = flow.first_at is not None and flow.last_at is not None and flow.chunks >= 2
     decode = flow.last_at - flow.first_at if timed else None  # type: ignore[operator]
+    decode_load = None
+    if decode:  # mean in-flight requests per replica while the request decoded
+        decode_load = (flow.last_area - flow.first_area) / decode / max(1, flow.replicas)
     return RequestRecord(
         pool=flow.pool.name,
         task_type=flow.cls.task_type,
@@ -117,4 +126,6 @@ def to_record(flow: Flow, engine: str, end: float) -> RequestRecord:
         spec=spec,
         unattributed_reason=None if spec is not None else unattributed_reason(flow),
         classified=flow.cls.classified,
+        load=flow.load,
+        decode_load=decode_load,
     )

@@ -62,6 +62,10 @@ def prepare(
     stream = body.get("stream") is True
     options = body.get("stream_options")
     asked_usage = isinstance(options, Mapping) and options.get("include_usage") is True
+    if not _plain_options(options):
+        # not a shape the tap understands (stream_options: "x", include_usage: "no"): the engine
+        # must judge the request as the client sent it, so the tap adds nothing to it
+        return None, Additions()
     single = single_choice(body)
     wanted = engine == "sglang" or (engine == "vllm" and single)
     if wanted and stream and not asked_usage and not force_include_usage:
@@ -79,6 +83,16 @@ def prepare(
     return new, Additions(usage, details, hold_finish=usage and single)
 
 
+def _plain_options(options: Any) -> bool:
+    """``stream_options`` absent, or an object whose usage flags are absent, null or booleans."""
+    if options is None:
+        return True
+    if not isinstance(options, Mapping):
+        return False
+    return all(options.get(k) is None or isinstance(options[k], bool) for k in _USAGE_FLAGS)
+
+
+_USAGE_FLAGS = ("include_usage", "continuous_usage_stats")
 _WS = re.compile(rb"\s*")
 
 

@@ -153,7 +153,7 @@ def calibrate(
         progress=progress,
     )
     frame = sweep.to_frame(samples, pools, setup.buckets.temperature_bucket)
-    return sweep.to_profile(frame, stack={"engine": "specguard-simulator", "source": "specguard demo"})
+    return sweep.to_profile(frame, stack=sweep.simulator_stack(setup.sim, "specguard demo"))
 
 
 def smaller_gpu(sim: SimConfig, factor: float) -> SimConfig:
@@ -204,7 +204,12 @@ def run_specguard(
     guard = rp.SpecguardPolicy(setup.exporter, policy, setup.settings, profile=profile, seed=setup.seed)
     guard.on_tick = on_tick
     result = replay.Replay(
-        setup.sim, setup.scenario, guard, setup.buckets, seed=setup.seed, fleet=setup.fleet
+        setup.sim,
+        setup.scenario,
+        guard,
+        setup.buckets,
+        seed=setup.seed,
+        fleet=setup.fleet,
     ).run()
     return result, guard
 

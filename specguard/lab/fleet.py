@@ -14,6 +14,10 @@ pool above its allocation is *drained* for it: it admits nothing new and changes
 last request finishes (a quarter-engine of hysteresis keeps demand that swings by a request or two
 from moving engines). A pool with no engine at all waits for one; its waiting requests then move
 over, spread over the engines on their way. Deterministic: ties go to the lowest index.
+
+A *fixed* fleet (``fixed={pool: engines}``) has exactly that many engines per pool for the whole
+run, never moved (a Deployment of fixed replicas behind a Service): a request joins the least
+loaded engine of its pool.
 """
 
 from __future__ import annotations
@@ -80,18 +84,37 @@ class FleetStats:
 class Fleet:
     """N engine slots; ``place`` picks (or waits for) an engine, ``release`` frees a request's place."""
 
-    def __init__(self, sim: SimConfig, pools: Sequence[str], size: int, *, seed: int):
+    def __init__(
+        self,
+        sim: SimConfig,
+        pools: Sequence[str],
+        size: int,
+        *,
+        seed: int,
+        fixed: Mapping[str, int] | None = None,
+    ):
+        if fixed is not None:
+            missing = sorted(set(pools) - {p for p, n in fixed.items() if n >= 1})
+            if missing:
+                raise ValueError(f"a fixed fleet needs an engine for every pool: {', '.join(missing)}")
+            size = sum(fixed[p] for p in pools)
         if size < 1:
             raise ValueError(f"fleet size ({size}) must be >= 1")
         self.sim = sim
         self.pools = tuple(pools)
         self.size = size
         self.seed = seed
+        self.fixed = fixed is not None
         self.slots = [Slot(i) for i in range(size)]
         self.in_flight = 0
         self.waiting: dict[str, list[SimRequest]] = {}
         self.stats = FleetStats()
         self._cores: dict[tuple[int, str], EngineCore] = {}  # (slot index or -1, pool)
+        if fixed is not None:
+            slots = iter(self.slots)
+            for pool in self.pools:
+                for _ in range(fixed[pool]):
+                    self._assign(next(slots), pool)
 
     # ---- queries --------------------------------------------------------------------------------
     def engines_of(self, pool: str) -> list[Slot]:
@@ -124,6 +147,10 @@ class Fleet:
     def place(self, pool: str, request: SimRequest, now: float) -> Slot | None:
         """Put ``request`` on an engine of ``pool`` (returned), or queue it (None) until one is free."""
         self.in_flight += 1
+        if self.fixed:
+            slot = min(self.engines_of(pool), key=lambda s: (s.load, s.index))
+            self._add(slot, request, now)
+            return slot
         demand = self.demand(extra=pool)
         target = allocation(demand, self.size)
         mine = self.engines_of(pool)

@@ -120,11 +120,13 @@ async def run_load(
     include_usage: bool = True,
     keep_body: bool = False,
     extra_body: Mapping[str, Any] | None = None,
+    stop: asyncio.Event | None = None,
 ) -> list[LoadResult]:
     """Run the mix; returns one result per request sent, in send order.
 
     ``extra_body`` is merged into every request body (e.g. ``{"return_spec_tokens_details": True}``
-    for SGLang); ``keep_body`` keeps each non-streamed response JSON on its result.
+    for SGLang); ``keep_body`` keeps each non-streamed response JSON on its result. ``stop``, once
+    set, ends the load early (requests in flight finish; none is started after).
     """
     if concurrency < 1:
         raise ConfigError(f"concurrency ({concurrency}) must be >= 1")
@@ -147,6 +149,8 @@ async def run_load(
         if requests is not None and sent >= requests:
             return None
         if deadline is not None and time.monotonic() >= deadline:
+            return None
+        if stop is not None and stop.is_set():
             return None
         index = sent
         sent += 1

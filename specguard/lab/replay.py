@@ -17,10 +17,11 @@ import itertools
 import math
 import random
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from specguard.exporters.loadmeter import LoadMeter
 from specguard.exporters.records import RequestRecord
 from specguard.lab import fleet as fleet_mod
 from specguard.lab.scenario import ClassLoad, Scenario
@@ -28,15 +29,22 @@ from specguard.sim.config import SimConfig
 from specguard.sim.engine import SimRequest, StepOutcome
 
 LoadBucketOf = Callable[[str], str]
+LoadOf = Callable[[str], float]
 
 
 class Policy(Protocol):
     name: str
 
     def choose(
-        self, task_type: str, temperature_bucket: str, load_bucket_of: LoadBucketOf
+        self,
+        task_type: str,
+        temperature_bucket: str,
+        load_bucket_of: LoadBucketOf,
+        load_of: LoadOf | None = None,
     ) -> tuple[str, str]:
-        """(pool, route) for one request; route is "plan", "holdout" or "probe"."""
+        """(pool, route) for one request; route is "plan", "holdout" or "probe".
+
+        ``load_of(pool)``: in-flight requests per replica of the pool if the request joined it."""
 
     def observe(self, record: RequestRecord) -> None: ...
 
@@ -145,6 +153,8 @@ class Replay:
         pools: Sequence[str] | None = None,
         fleet: int = 3,
         engine_seed: int | None = None,
+        replicas: Mapping[str, int] | None = None,
+        fixed: bool = False,
     ):
         self.sim = sim
         self.scenario = scenario
@@ -155,7 +165,18 @@ class Replay:
         # Capacity model (lab.fleet): every policy gets the same ``fleet`` engines, whichever pools it
         # uses; an engine runs one pool at a time and an empty one can be given to any pool.
         # ``engine_seed`` (default: ``seed``) draws acceptance; the traffic depends on ``seed`` only.
-        self.fleet = fleet_mod.Fleet(sim, names, fleet, seed=seed if engine_seed is None else engine_seed)
+        # With ``fixed``, each pool has exactly ``replicas[pool]`` engines instead, never moved (a
+        # Deployment of fixed replicas behind a Service; ``fleet`` is then their sum).
+        self.fleet = fleet_mod.Fleet(
+            sim,
+            names,
+            fleet,
+            seed=seed if engine_seed is None else engine_seed,
+            fixed=(replicas or {}) if fixed else None,
+        )
+        # each engine's load integral over virtual time (a request's mean load while it decodes,
+        # for the model baseline's step-cost fit)
+        self._meter = LoadMeter(range(self.fleet.size))
         self._events: list[tuple[float, int, str, object]] = []
         self._seq = itertools.count()
         self._clients: dict[str, list[_Client]] = defaultdict(list)
@@ -164,6 +185,16 @@ class Replay:
         self.now = 0.0
         self.phase = 0
         self.result = ReplayResult(policy.name, scenario)
+
+    def mean_loads(self) -> dict[str, list[float]]:
+        """Each engine's in-flight requests averaged over the run so far (virtual time), per pool
+        it serves now (a fixed fleet's engines never change pools)."""
+        now = max(self.now, 1e-9)
+        out: dict[str, list[float]] = {}
+        for slot in self.fleet.slots:
+            if slot.pool is not None:
+                out.setdefault(slot.pool, []).append(self._meter.area(slot.index, self.now) / now)
+        return out
 
     # ---- events ---------------------------------------------------------------------------------
     def _push(self, at: float, kind: str, payload: object = None) -> None:
@@ -247,7 +278,11 @@ class Replay:
             # the tap's load bucket: live concurrency of the engine the request would join
             return self.buckets.load_bucket(self.fleet.peek_load(pool))
 
-        pool, route = self.policy.choose(client.task, tbucket, load_bucket_of)
+        def load_of(pool: str) -> float:
+            # as the tap's router: the load of the replica it joins (the pool's engines now)
+            return float(self.fleet.peek_load(pool))
+
+        pool, route = self.policy.choose(client.task, tbucket, load_bucket_of, load_of)
         template = self.fleet.engine_for(pool)
         request = template.new_request(
             task=client.task,
@@ -268,6 +303,8 @@ class Replay:
 
     def _placed(self, slot: fleet_mod.Slot, request: SimRequest) -> None:
         self._slot_of[id(request)] = slot
+        self._meter.change(slot.index, 1, self.now)
+        request.meta["load"] = float(slot.load)
         request.meta["load_bucket"] = self.buckets.load_bucket(slot.load)
 
     def _start_step(self, slot: fleet_mod.Slot) -> None:
@@ -287,6 +324,7 @@ class Replay:
             self.result.tokens[(self.phase, request.task)] += emission.new_tokens
             if emission.prefill:
                 request.times["first_token"] = self.now
+                request.meta["first_area"] = self._meter.area(slot.index, self.now)
             if emission.finished:
                 client = self._finish(request)
                 if client is not None:
@@ -298,9 +336,14 @@ class Replay:
     def _finish(self, request: SimRequest) -> _Client | None:
         client, pool, route, temperature = self._meta.pop(id(request))
         slot = self._slot_of.pop(id(request))
+        area = self._meter.area(slot.index, self.now)
+        self._meter.change(slot.index, -1, self.now)
         for moved in self.fleet.release(slot, self.now):
             self._placed(slot, moved)
         started = request.times["arrival"]
+        if self.now > request.times.get("first_token", self.now):
+            decode = self.now - request.times["first_token"]
+            request.meta["decode_load"] = (area - request.meta["first_area"]) / decode
         first = request.times.get("first_token", self.now)
         done = Finished(
             task_type=request.task,
@@ -314,12 +357,26 @@ class Replay:
             output_tokens=request.generated,
         )
         self.result.finished.append(done)
-        self.policy.observe(to_record(request, done, request.meta["load_bucket"]))
+        self.policy.observe(
+            to_record(
+                request,
+                done,
+                request.meta["load_bucket"],
+                request.meta["load"],
+                request.meta.get("decode_load"),
+            )
+        )
         client.busy = False
         return None if client.retiring else client
 
 
-def to_record(request: SimRequest, done: Finished, load_bucket: str) -> RequestRecord:
+def to_record(
+    request: SimRequest,
+    done: Finished,
+    load_bucket: str,
+    load: float | None = None,
+    decode_load: float | None = None,
+) -> RequestRecord:
     """What the tap would have recorded for this request (vLLM per-request summary fields)."""
     spec = request.spec_stats()
     return RequestRecord(
@@ -337,4 +394,6 @@ def to_record(request: SimRequest, done: Finished, load_bucket: str) -> RequestR
         decode_seconds=done.ended - done.first_token,
         e2e_seconds=done.ended - done.started,
         spec=spec,
+        load=load,
+        decode_load=decode_load,
     )

@@ -18,7 +18,7 @@ from dataclasses import replace
 from specguard.exporters import routing, stats
 from specguard.exporters.config import ExporterConfig
 from specguard.exporters.records import RequestRecord
-from specguard.lab.replay import LoadBucketOf
+from specguard.lab.replay import LoadBucketOf, LoadOf
 from specguard.rules import cost as cost_mod
 from specguard.rules import evidence as evidence_mod
 from specguard.rules import guard as guard_mod
@@ -41,7 +41,11 @@ class StaticPolicy:
         self.plan = dict(plan or {})
 
     def choose(
-        self, task_type: str, temperature_bucket: str, load_bucket_of: LoadBucketOf
+        self,
+        task_type: str,
+        temperature_bucket: str,
+        load_bucket_of: LoadBucketOf,
+        load_of: LoadOf | None = None,
     ) -> tuple[str, str]:
         return self.plan.get((task_type, temperature_bucket), self.pool), "plan"
 
@@ -125,6 +129,7 @@ class SpecguardPolicy:
             holdout_share=tap.holdout_share,
             probe_share=tap.probe_share,
             rng=random.Random(seed),
+            holdout_mode=holdout_mod.router_mode(self.policy),
         )
         self.stats = stats.WindowedStats(
             window_seconds=max(tap.window_seconds, self.policy.window_seconds),
@@ -142,9 +147,13 @@ class SpecguardPolicy:
         return self.policy.interval_seconds
 
     def choose(
-        self, task_type: str, temperature_bucket: str, load_bucket_of: LoadBucketOf
+        self,
+        task_type: str,
+        temperature_bucket: str,
+        load_bucket_of: LoadBucketOf,
+        load_of: LoadOf | None = None,
     ) -> tuple[str, str]:
-        choice = self.router.choose(task_type, temperature_bucket, load_bucket_of)
+        choice = self.router.choose(task_type, temperature_bucket, load_bucket_of, load_of)
         return choice.pool, choice.route
 
     def observe(self, record: RequestRecord) -> None:

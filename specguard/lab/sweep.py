@@ -115,6 +115,36 @@ class Sample:
 Driver = Callable[[PoolSpec, int, Sequence[MixEntry], int], list[Sample]]
 
 
+def simulator_stack(sim, source: str) -> dict[str, str]:
+    """The profile header of a sweep on the simulator: what its HTTP surface reports as engine
+    version and model, so the profile is fresh against the simulator (and stale against anything else)."""
+    from specguard.sim.sglang_http import SGLANG_VERSION
+    from specguard.sim.vllm_http import VLLM_VERSION
+
+    version = VLLM_VERSION if sim.dialect == "vllm" else SGLANG_VERSION
+    return {
+        "engine": "specguard-simulator",
+        "engine_version": version,
+        "model": sim.model_name,
+        "source": source,
+    }
+
+
+async def http_stack(pools: Sequence[PoolSpec], engine: str, timeout: float = 5.0) -> dict[str, str]:
+    """The profile header of an HTTP sweep: engine version and model as the no-spec pool reports them
+    (``exporters.stackinfo``; the first pool without a no-spec one)."""
+    import aiohttp
+
+    from specguard.exporters import stackinfo
+
+    target = next((p for p in pools if p.num_speculative_tokens == 0 and p.url), None)
+    target = target or next((p for p in pools if p.url), None)
+    if target is None:
+        return {}
+    async with aiohttp.ClientSession() as session:
+        return await stackinfo.fetch(session, target.url or "", engine, timeout)
+
+
 def levels_up_to(maximum: int) -> tuple[int, ...]:
     """1, 2, 4, ... up to ``maximum`` (inclusive when it is a power of two)."""
     out, c = [], 1

@@ -48,6 +48,9 @@ class RouterActuator:
     async def apply(self, plan: state_mod.PlanDocument, decisions: Sequence[Decision]) -> None:
         try:
             self._router.set_plan(plan.routing())
+            if plan.replicas:  # fleet: replica counts travel with the plan
+                known = self._router.replicas()
+                self._router.set_replicas({p: n for p, n in plan.replicas.items() if p in known})
         except Exception as exc:  # the router rejects a plan naming unknown pools
             raise SourceError(f"router refused the plan: {exc}") from exc
 
@@ -156,8 +159,8 @@ class ConfigMapActuator:
         stored = None
         if stored_text is not None:
             try:
-                stored = state_mod.decode(json.loads(stored_text), f"configmap key {self.key}")
-            except (ValueError, InputError) as exc:
+                stored = state_mod.parse(stored_text, f"configmap key {self.key}")
+            except InputError as exc:
                 log.warning(
                     "configmap %s/%s: stored plan unreadable (%s); writing ours whole",
                     self.namespace,
@@ -227,10 +230,7 @@ class ConfigMapActuator:
         text = (current.data or {}).get(self.key)
         if text is None:
             return None
-        try:
-            return state_mod.decode(json.loads(text), f"{where} key {self.key}")
-        except json.JSONDecodeError as exc:
-            raise SourceError(f"{where} key {self.key}: not JSON ({exc})") from exc
+        return state_mod.parse(text, f"{where} key {self.key}")  # (InputError when malformed)
 
 
 def core_api(*, kubeconfig: str | None = None, api_server: str | None = None) -> Any:

@@ -12,8 +12,10 @@ cleanup contexts. Other components join before ``build_app()``:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -23,13 +25,26 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from specguard.exporters import collector, poolwatch, routing, stats, tap
+from specguard.exporters import (
+    clientguard,
+    collector,
+    health,
+    offload,
+    poolwatch,
+    promtext,
+    routing,
+    stackinfo,
+    stats,
+    tap,
+)
+from specguard.exporters.addresses import join_listen
 from specguard.exporters.classify import Classifier
 from specguard.exporters.config import ExporterConfig, PoolConfig
 from specguard.exporters.snapshot import EngineSnapshot
 from specguard.monitor.config import SpecguardConfig
 
 log = logging.getLogger("specguard.app")
+STACK_PROBE_SECONDS = 600.0  # how often a pool's engine version and model are read again
 
 
 @dataclass
@@ -39,11 +54,17 @@ class Component:
     stop: Callable[[], Awaitable[None]]
 
 
-async def default_fetch(pool: PoolConfig, timeout: float) -> EngineSnapshot:
-    """Scrape one pool's page through the adapters (``exporters.scrape``)."""
-    from specguard.exporters import scrape  # the adapters' module; imported late on purpose
+def page_fetch(limits: promtext.Limits = promtext.LIMITS) -> poolwatch.Fetch:
+    """A fetch that scrapes one pool's page through the adapters (``exporters.scrape``), within
+    ``limits`` (the config's ``scrape.max_*``)."""
 
-    return await scrape.fetch_snapshot(pool.url + pool.metrics_path, engine=pool.engine, timeout=timeout)
+    async def fetch(pool: PoolConfig, timeout: float) -> EngineSnapshot:
+        from specguard.exporters import scrape  # the adapters' module; imported late on purpose
+
+        url = pool.url + pool.metrics_path
+        return await scrape.fetch_snapshot(url, engine=pool.engine, timeout=timeout, limits=limits)
+
+    return fetch
 
 
 class Monitor:
@@ -78,6 +99,7 @@ class Monitor:
             clock=clock,
             keys=keys,
         )
+        self.health = health.PoolHealth(ex.pool_names, clock=clock)
         self.router = routing.Router(
             ex.pools,
             default_pool=ex.tap.default_pool or ex.pools[0].name,
@@ -85,30 +107,71 @@ class Monitor:
             holdout_share=ex.tap.holdout_share,
             probe_share=ex.tap.probe_share,
             rng=rng,
+            health=self.health if ex.tap.failover else None,
         )
         self.tap = tap.Tap(
-            ex, stats=self.stats, router=self.router, classifier=self.classifier, session=session, clock=clock
+            ex,
+            stats=self.stats,
+            router=self.router,
+            classifier=self.classifier,
+            session=session,
+            clock=clock,
+            health=self.health,
         )
         self.watches = {pool.name: poolwatch.PoolWatch(pool, clock=clock) for pool in ex.pools}
         self.loops = [
             poolwatch.ScrapeLoop(
                 self.watches[pool.name],
-                fetch or default_fetch,
+                fetch or page_fetch(ex.scrape.limits),
                 interval=ex.scrape.interval_seconds,
                 timeout=ex.scrape.timeout_seconds,
                 on_snapshot=self._on_snapshot,
+                health=self.health,
+                down_interval=ex.scrape.down_interval_seconds,
             )
             for pool in ex.pools
         ]
+        self.clients = clientguard.ClientGuard(ex.tap.client_limits)
+        self.tap.clients = self.clients
+        self.registry.register(self.clients.collector())
         self.registry.register(collector.TapCollector(self.stats, self.tap.in_flight))
         self.registry.register(collector.EngineCollector(self.watches.values()))
+        self.registry.register(collector.HealthCollector(self.health))
+        self.stacks: dict[str, dict[str, str]] = {}  # pool -> engine, engine_version, model it serves
+        self._stack_probed: dict[str, float] = {}
+        self._probes: set[asyncio.Task[None]] = set()
+        self._clock = clock
         self._components: list[Component] = []
         self._routes: list[web.RouteDef] = []
         self.app: web.Application | None = None
         self._runner: web.AppRunner | None = None
+        self._server: asyncio.Server | None = None
 
     def _on_snapshot(self, pool: PoolConfig, snapshot: EngineSnapshot) -> None:
         self.tap.set_engine(pool.name, snapshot.engine)
+        now = self._clock()
+        if now - self._stack_probed.get(pool.name, -math.inf) >= STACK_PROBE_SECONDS:
+            self._stack_probed[pool.name] = now
+            task = asyncio.get_running_loop().create_task(self._probe_stack(pool, snapshot.engine))
+            self._probes.add(task)
+            task.add_done_callback(self._probes.discard)
+
+    async def _probe_stack(self, pool: PoolConfig, engine: str) -> None:
+        """Read what the pool serves (engine version, model) for the profile's freshness check."""
+        try:
+            async with aiohttp.ClientSession() as session:
+                found = await stackinfo.fetch(
+                    session, pool.url, engine, self.exporter_config.scrape.timeout_seconds
+                )
+        except Exception:  # a probe must never take anything down; the stack stays unknown
+            log.debug("stack probe of %s failed", pool.name, exc_info=True)
+            return
+        if found:
+            self.stacks[pool.name] = found
+
+    def stack_of(self, pool: str | None) -> dict[str, str]:
+        """What ``pool`` serves, as far as known ({} before the first probe answered)."""
+        return dict(self.stacks.get(pool or "", {}))
 
     # -- extension points --------------------------------------------------------------------
     def attach(
@@ -130,11 +193,16 @@ class Monitor:
 
     async def healthz(self, request: web.Request) -> web.Response:
         pools = {name: watch.up for name, watch in self.watches.items()}
-        return web.Response(
-            text=json.dumps({"status": "ok", "pools_up": pools}), content_type="application/json"
-        )
+        # why a pool is down (unreachable, or its page refused: too large, a line too long...)
+        errors = {
+            name: (watch.last_error or "")[:300] for name, watch in self.watches.items() if not watch.up
+        }
+        serving = {name: state.healthy for name, state in self.health.view().items()}
+        body = {"status": "ok", "pools_up": pools, "pools_serving": serving, "pools_error": errors}
+        return web.Response(text=json.dumps(body), content_type="application/json")
 
     async def _lifecycle(self, app: web.Application):
+        offload.acquire()
         await self.tap.start()
         for loop in self.loops:
             loop.start()
@@ -154,12 +222,17 @@ class Monitor:
                     log.exception("stopping %s failed", component.name)
             for loop in self.loops:
                 await loop.stop()
+            for task in list(self._probes):
+                task.cancel()
+            offload.release()
             await self.tap.close()
 
     def build_app(self) -> web.Application:
         """The aiohttp app: own endpoints, attached routes, then the tap's catch-all proxy."""
         if self.app is None:
-            app = web.Application(client_max_size=self.exporter_config.tap.max_body_bytes)
+            app = web.Application(
+                client_max_size=self.exporter_config.tap.max_body_bytes, middlewares=[self.clients.middleware]
+            )
             app.router.add_get("/metrics", self.metrics)
             app.router.add_get("/healthz", self.healthz)
             app.router.add_routes(self._routes)
@@ -172,19 +245,39 @@ class Monitor:
         """Serve on host:port (the config's ``tap.listen`` by default); returns the base URL."""
         app = self.build_app()
         listen = self.exporter_config.tap
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        self._runner = web.AppRunner(
+            app,
+            handler_cancellation=True,
+            access_log=None,
+            # a backstop only: the client guard closes idle connections first, and counts them
+            keepalive_timeout=listen.client_idle_timeout_seconds + 5.0,
+            logger=clientguard.ServerLog(logging.getLogger("specguard.http")),
+        )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host or listen.host, listen.port if port is None else port)
-        await site.start()
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
-        bound = sockets[0].getsockname()[1] if sockets else (port or listen.port)
-        return f"http://{host or listen.host}:{bound}"
+        host = host or listen.host
+        server = self._runner.server
+        assert server is not None
+        try:
+            self._server = await asyncio.get_running_loop().create_server(
+                self.clients.factory(server),
+                host,
+                listen.port if port is None else port,
+                reuse_address=True,
+                backlog=self.clients.backlog,
+            )
+        except BaseException:  # e.g. the port is taken: close what setup() opened (the tap's session)
+            await self.stop()
+            raise
+        bound = self._server.sockets[0].getsockname()[1]
+        return f"http://{join_listen(host, bound)}"
 
     async def stop(self) -> None:
+        if self._server is not None:  # stop accepting; the runner then closes the connections
+            self._server.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        self._server = None
 
     async def __aenter__(self) -> Monitor:
         return self

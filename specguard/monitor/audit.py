@@ -16,7 +16,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from specguard import untrusted
+from specguard.errors import InputError
+
 log = logging.getLogger("specguard.audit")
+
+MAX_PENDING = 10_000
+"""Audit lines kept in memory while the disk refuses them."""
 
 
 def read(path: str | Path) -> tuple[list[dict[str, Any]], list[int]]:
@@ -29,8 +35,8 @@ def read(path: str | Path) -> tuple[list[dict[str, Any]], list[int]]:
                 if not line.strip():
                     continue
                 try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
+                    record = untrusted.loads(line, f"{path}:{number}")
+                except InputError:  # torn, not JSON, nested too deep...
                     skipped.append(number)
                     continue
                 if isinstance(record, dict):
@@ -54,6 +60,7 @@ class AuditLog:
         self.torn_lines: list[int] = []
         self._fsync = fsync
         self._needs_newline = False
+        self.pending: list[str] = []  # lines a failed write left to write
         if self.path is not None:
             records, self.torn_lines = read(self.path)
             self.recent.extend(records[-keep:])
@@ -62,30 +69,66 @@ class AuditLog:
             self._needs_newline = _ends_without_newline(self.path)
 
     def append(self, records: Iterable[dict[str, Any]]) -> bool:
-        """Append records; False (and one more write error counted) if the disk refused them."""
+        """Append records; False (and one more write error counted) if the disk refused them.
+
+        Refused lines are kept (``pending``) and written first by the next ``append`` or ``retry``,
+        so an outage delays audit lines but never loses them.
+        """
         batch = list(records)
         if not batch:
             return True
         self.recent.extend(batch)
         if self.path is None:
             return True
-        text = "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in batch)
+        self.pending.extend(json.dumps(r, sort_keys=True, default=str) + "\n" for r in batch)
+        if len(self.pending) > MAX_PENDING:  # a disk full for days: keep the newest lines
+            del self.pending[: len(self.pending) - MAX_PENDING]
+        return self.retry()
+
+    def retry(self) -> bool:
+        """Write the pending lines; True when none are left."""
+        if not self.pending or self.path is None:
+            return True
+        text = "".join(self.pending)
         if self._needs_newline:
             text = "\n" + text
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "a", encoding="utf-8") as handle:
-                handle.write(text)
-                handle.flush()
-                if self._fsync:
-                    os.fsync(handle.fileno())
+            _append_whole(self.path, text.encode("utf-8"), fsync=self._fsync)
         except OSError as exc:
             self.write_errors += 1
-            self._needs_newline = True  # a partial write may have left a torn line
-            log.error("audit log %s: write failed (%s); the guard keeps routing", self.path, exc.strerror)
+            self._needs_newline = _ends_without_newline(self.path)
+            log.error(
+                "audit log %s: write failed (%s); %d line(s) kept for the next write; routing goes on",
+                self.path,
+                exc.strerror,
+                len(self.pending),
+            )
             return False
+        self.pending.clear()
         self._needs_newline = False
         return True
+
+
+def _append_whole(path: Path, data: bytes, *, fsync: bool) -> None:
+    """Append ``data`` entirely or not at all (a failed write is cut off again), then fsync."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.lseek(fd, 0, os.SEEK_END)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if fsync:
+                os.fsync(fd)
+        except OSError:
+            try:
+                os.ftruncate(fd, size)
+            except OSError:
+                pass
+            raise
+    finally:
+        os.close(fd)
 
 
 def _ends_without_newline(path: Path) -> bool:

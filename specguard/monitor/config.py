@@ -16,6 +16,7 @@ from typing import Any
 from specguard import configfile
 from specguard.configfile import Document, Section
 from specguard.errors import ConfigError
+from specguard.exporters import addresses
 from specguard.exporters import config as exporter_config
 from specguard.monitor import guard_wiring
 from specguard.rules import cost_config
@@ -69,9 +70,8 @@ def with_listen(cfg: SpecguardConfig, listen: str) -> SpecguardConfig:
     Applied before anything is built from the config, so every check of the listen address
     (e.g. ``server.insecure_loopback`` needs loopback) sees the address actually bound.
     """
-    host, _, port = listen.rpartition(":")
-    if not (host and port.isdigit() and 0 <= int(port) <= 65535):
-        raise ConfigError(f"--listen ({listen!r}) must be host:port")
+    if addresses.split_listen(listen) is None:
+        raise ConfigError(f"--listen ({listen!r}) must be host:port ([address]:port for IPv6)")
     tap = replace(cfg.exporter.tap, listen=listen)
     return replace(cfg, exporter=replace(cfg.exporter, tap=tap))
 

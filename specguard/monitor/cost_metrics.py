@@ -3,7 +3,10 @@
 ``collect()`` renders whatever ``update()`` stored last (the daemon calls it after each
 evaluation); it never computes, waits or raises. An unknown RC (no samples or no baseline) is
 left out of the ratio families rather than exported as a made-up number; its sample counts and
-``baseline_info{source="none"}`` are still exported so dashboards can show why.
+``baseline_info{source="none"}`` are still exported so dashboards can show why. Per load bucket,
+``specguard_baseline_available{load_bucket, source}`` says which baseline sources could serve it
+(1) and which not (0); ``source="none"`` is 1 where none can. ``baseline_report()`` is the same for
+``/status``, with the (pool, load bucket) cells that have no baseline and how to get one.
 """
 
 from __future__ import annotations
@@ -11,11 +14,12 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from specguard.rules import baseline as baseline_mod
 from specguard.rules.cost import ClassCost
 
 log = logging.getLogger("specguard.cost_metrics")
@@ -28,6 +32,7 @@ UPPER = "specguard_relative_cost_per_token_upper_ratio"
 SAMPLES = "specguard_relative_cost_samples"
 BASELINE = "specguard_relative_cost_baseline_info"
 PREDICTED = "specguard_predicted_relative_cost_per_token_ratio"
+AVAILABLE = "specguard_baseline_available"
 
 _HELP = {
     RATIO: "Relative cost per token: TPOT with speculation on this pool / TPOT without, same load bucket "
@@ -35,7 +40,11 @@ _HELP = {
     LOWER: "Lower bound of the RC confidence interval (cost.confidence, per-request samples).",
     UPPER: "Upper bound of the RC confidence interval (cost.confidence, per-request samples).",
     SAMPLES: "Requests behind the RC: side=spec (class on this pool), side=baseline (no-spec or profile).",
-    BASELINE: "Where the RC's baseline TPOT came from: live no-spec traffic, a calibration profile, or none.",
+    BASELINE: "Where the RC's baseline TPOT came from: live no-spec traffic, a (fresh) calibration profile, "
+    "the step-cost model, or none.",
+    AVAILABLE: "1 for each baseline source that could give the load bucket's no-spec TPOT now (live, "
+    "profile, "
+    "model), 0 otherwise; source=none is 1 when none can.",
     PREDICTED: "What-if RC of the class on pool (another K), from its acceptance measured on source_pool.",
 }
 
@@ -43,14 +52,46 @@ _HELP = {
 class CostCollector(Collector):
     """Exports the cost metric families of the last ``update()``; register it on any registry."""
 
-    def __init__(self) -> None:
+    def __init__(self, spec_pools: Iterable[str] = ()) -> None:
         self._lock = threading.Lock()
         self._costs: tuple[ClassCost, ...] = ()
+        self._baselines: dict[str, baseline_mod.Baseline] = {}
+        self._spec_pools = tuple(spec_pools)
 
-    def update(self, costs: Iterable[ClassCost]) -> None:
+    def update(
+        self, costs: Iterable[ClassCost], baselines: Mapping[str, baseline_mod.Baseline] | None = None
+    ) -> None:
         snapshot = tuple(costs)
         with self._lock:
             self._costs = snapshot
+            if baselines is not None:
+                self._baselines = dict(baselines)
+
+    def baselines(self) -> dict[str, baseline_mod.Baseline]:
+        with self._lock:
+            return dict(self._baselines)
+
+    def baseline_report(self) -> dict[str, object]:
+        """Per load bucket: the baseline in use, every source available, and the cells without one."""
+        baselines = self.baselines()
+        rows = [
+            {
+                "load_bucket": bucket,
+                "source": base.source,
+                "available": [s for s in base.available if s != baseline_mod.SOURCE_NONE],
+                "tpot_seconds": base.tpot_seconds,
+                "samples": base.samples,
+                "detail": base.detail,
+            }
+            for bucket, base in baselines.items()
+        ]
+        missing = [
+            {"pool": pool, "load_bucket": bucket, "how_to_get_one": baseline_mod.HOW_TO_GET_ONE}
+            for bucket, base in baselines.items()
+            if base.source == baseline_mod.SOURCE_NONE
+            for pool in self._spec_pools
+        ]
+        return {"load_buckets": rows, "missing": missing}
 
     @property
     def costs(self) -> tuple[ClassCost, ...]:
@@ -65,6 +106,9 @@ class CostCollector(Collector):
         try:
             for cost in self.costs:
                 _add(families, cost)
+            for bucket, base in sorted(self.baselines().items()):
+                for source in baseline_mod.SOURCES:
+                    families[AVAILABLE].add_metric([bucket, source], 1.0 if source in base.available else 0.0)
         except Exception:  # never break a scrape; the previous families are still valid
             log.exception("cost metrics: could not render the latest evaluation")
             families = _families()
@@ -79,6 +123,7 @@ def _families() -> dict[str, GaugeMetricFamily]:
         SAMPLES: GaugeMetricFamily(SAMPLES, _HELP[SAMPLES], labels=(*LABELS, "side")),
         BASELINE: GaugeMetricFamily(BASELINE, _HELP[BASELINE], labels=(*LABELS, "source")),
         PREDICTED: GaugeMetricFamily(PREDICTED, _HELP[PREDICTED], labels=(*LABELS, "source_pool")),
+        AVAILABLE: GaugeMetricFamily(AVAILABLE, _HELP[AVAILABLE], labels=("load_bucket", "source")),
     }
 
 

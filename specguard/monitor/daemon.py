@@ -16,26 +16,38 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from specguard.errors import InputError, SourceError
 from specguard.monitor import audit as audit_mod
-from specguard.monitor import guard_status
+from specguard.monitor import guard_status, persist
 from specguard.monitor import state as state_mod
 from specguard.monitor.actuators import Actuator
 from specguard.monitor.fleet import FleetRoles, NotLeader, Takeover
 from specguard.monitor.guard_metrics import GuardCounters, GuardView
 from specguard.monitor.sources import EvidenceSource, LocalSource, PromQLSource, merge
-from specguard.rules import guard
+from specguard.rules import bestpool, evaluation, guard
 from specguard.rules import policy as policy_mod
-from specguard.rules.evidence import AlertBook, ClassKey, Evidence
+from specguard.rules.evidence import AlertBook, AlertRecord, ClassKey, Evidence, alerts_by_class
 
 log = logging.getLogger("specguard.guard")
 
 __all__ = ["EvidenceSource", "Guard", "LocalSource", "NotLeader", "PromQLSource", "merge"]
+
+EXECUTOR = "guard"
+"""The APScheduler executor of the guard's jobs; it logs as ``apscheduler.executors.guard``."""
+
+
+def _quiet_job_log() -> None:
+    """APScheduler logs two INFO lines per job run ("Running job ...", "... executed successfully"):
+    at the default level they were 90% of ``specguard run``'s log. They are shown at DEBUG only
+    (unless that logger is configured explicitly); errors and missed runs still come through."""
+    jobs = logging.getLogger(f"apscheduler.executors.{EXECUTOR}")
+    if jobs.level == logging.NOTSET and not log.isEnabledFor(logging.DEBUG):
+        jobs.setLevel(logging.WARNING)
 
 
 class Guard(FleetRoles):
@@ -66,6 +78,10 @@ class Guard(FleetRoles):
         takeover: Takeover | None = None,
         reloader: Callable[[], policy_mod.Policy | None] | None = None,
         reload_interval: float = 10.0,
+        preferences: Callable[[dict[ClassKey, tuple[str, ...]]], None] | None = None,
+        routing_status: Callable[[], list[dict[str, Any]]] | None = None,
+        restore_alerts: Callable[[], Awaitable[list[AlertRecord]]] | None = None,
+        replica_counts: Any = None,
     ):
         self.policy = policy
         self.sources = list(sources)
@@ -73,7 +89,7 @@ class Guard(FleetRoles):
         self.store = store
         self.audit = audit or audit_mod.AuditLog(None)
         self.counters = counters or GuardCounters()
-        self.alerts = alerts or AlertBook()
+        self.alerts = alerts if alerts is not None else AlertBook()  # (an empty book is falsy)
         self.clock = clock
         self.configured_keys = list(keys)
         self.temperature_buckets = list(temperature_buckets)
@@ -82,7 +98,15 @@ class Guard(FleetRoles):
         self.follow = follow  # a plan source to follow (ConfigMap or HTTP; fleet replica), or None
         self.reloader = reloader  # returns a new policy when the config file changed (ConfigError if bad)
         self.reload_interval = reload_interval
+        self.preferences = preferences  # the router's failover order per class (cheapest first)
+        self.routing_status = routing_status  # pool health and failovers, for /status
+        self.restore_alerts = restore_alerts  # Alertmanager's active alerts, read at start-up
+        self.readback: asyncio.Task[None] | None = None  # that read, running in the background
         self.reload_error: str | None = None
+        self.replica_counts = replica_counts  # fleet: replicas.PromQLReplicas (counts go into the plan)
+        self.replicas: dict[str, int] = {}
+        self.baseline_report: Callable[[], dict[str, Any]] | None = None  # per load bucket, for /status
+        self.cost_view: Callable[[], Sequence[Any]] | None = None  # the latest RCs, for /status
         self.states: dict[ClassKey, guard.ClassState] = {}
         self.last_decisions: dict[ClassKey, guard.Decision] = {}
         self.decisions: deque[dict[str, Any]] = deque(maxlen=keep_decisions)
@@ -92,7 +116,9 @@ class Guard(FleetRoles):
         self.adopted_updated_at: float | None = None  # updated_at of the last plan taken from a file/source
         self.running = False
         self._applied: dict[str, int] = {}
+        self._reporting: set[tuple[ClassKey, str]] = set()  # report-only rules now breached
         self._lock = asyncio.Lock()
+        self.persistence = persist.Persistence(self.store, self.audit, self.counters)
         self._scheduler: Any = None
         self.decisions.extend(self.audit.recent)
         self._load()
@@ -104,6 +130,11 @@ class Guard(FleetRoles):
             return
         doc = self.store.load()
         if doc is None:
+            if self.store.recovered is not None:
+                # the plan was unusable: go on from above every version it or the audit log had,
+                # and write the default plan at once (versions never go back)
+                self.version = self.persistence.version_after_recovery()
+                self.persistence.plan_behind = True
             return
         dropped = sorted({s.pool for s in doc.states.values() if s.pool not in self.policy.pools})
         if dropped:
@@ -113,8 +144,14 @@ class Guard(FleetRoles):
                 ", ".join(dropped),
             )
         self._adopt(doc)
+        for alert in doc.alerts:  # what Alertmanager sent before the restart (it re-sends hourly only)
+            self.alerts.ingest(alert)
         log.info(
-            "loaded plan version %d (%d classes) from %s", doc.version, len(self.states), self.store.path
+            "loaded plan version %d (%d classes, %d alerts) from %s",
+            doc.version,
+            len(self.states),
+            len(doc.alerts),
+            self.store.path,
         )
 
     def _adopt(self, doc: state_mod.PlanDocument) -> None:
@@ -122,23 +159,37 @@ class Guard(FleetRoles):
         self.states = {k: s for k, s in doc.states.items() if s.pool in self.policy.pools}
         self.version = doc.version
         self.adopted_updated_at = doc.updated_at
+        self.replicas = {p: n for p, n in doc.replicas.items() if p in self.policy.pools}
 
     def _state(self, key: ClassKey) -> guard.ClassState:
         return self.states.get(key) or guard.initial_state(key, self.policy)
 
-    def document(self) -> state_mod.PlanDocument:
-        return state_mod.PlanDocument(self.version, self.clock(), dict(self.states), dict(self.policy.pools))
-
     def _persist(self) -> None:
-        if self.store is None:
-            return
-        try:
-            self.store.save(self.document())
-        except OSError as exc:
-            self.counters.plan_write_errors += 1
-            log.error(
-                "plan file %s: write failed (%s); routing goes on from memory", self.store.path, exc.strerror
-            )
+        """Write the plan we hold (a plan adopted from a source or a takeover); failures are retried."""
+        self.persistence.save_now(self.stored())
+
+    def document(self) -> state_mod.PlanDocument:
+        """The plan as actuators, followers and /api/v1/plan see it (no alerts: they stay here)."""
+        return state_mod.PlanDocument(
+            self.version,
+            self.clock(),
+            dict(self.states),
+            dict(self.policy.pools),
+            replicas=dict(self.replicas),
+        )
+
+    def stored(self) -> state_mod.PlanDocument:
+        """The plan as the plan file keeps it: with the alerts received, so a restart keeps them."""
+        return replace(self.document(), alerts=tuple(self.alerts.records()))
+
+    def save_alerts(self) -> None:
+        """Persist the alert book with the plan (same file, same version): the receiver calls it."""
+        self._persist()
+
+    def known_labels(self) -> dict[str, set[str]]:
+        """The configured values of each class label (an alert naming another is refused)."""
+        names = ("task_type", "temperature_bucket", "load_bucket")
+        return {name: {k[i] for k in self.configured_keys} for i, name in enumerate(names)}
 
     # -- one round -----------------------------------------------------------------------------
     async def evaluate(self, now: float | None = None) -> list[guard.Decision]:
@@ -150,29 +201,65 @@ class Guard(FleetRoles):
                     await self._follow(now)
                 self.last_evaluation = now  # a follower or a standby: its round is done
                 return []
+            await self.persistence.retry(self.stored())
             alerts_policy = self.policy.alerts
             self.alerts.expire(now, alerts_policy.firing_ttl_seconds, alerts_policy.resolved_ttl_seconds)
+            alerts = self.alerts.snapshot()
+            # the work that grows with alerts and classes runs in a worker thread, so traffic on
+            # the event loop never waits for it
+            alerted = await asyncio.to_thread(alerts_by_class, alerts, self.configured_keys)
             keys = set(self.states) | set(self.configured_keys if not self.policy.local else ())
-            keys |= {
-                k for k in self.configured_keys if self.alerts.for_class(k)
-            }  # alerts name unseen classes too
-            keys = sorted(keys)
-            evidence, error = await self._collect(now, keys)
+            keys |= set(alerted)  # alerts name unseen classes too
+            evidence, error = await self._collect(now, sorted(keys))
+            stepped = await asyncio.to_thread(
+                evaluation.step_all, self.policy, dict(self.states), keys, evidence, alerts, error, now
+            )
             decisions: list[guard.Decision] = []
-            for key in sorted(set(keys) | set(evidence)):
-                prior = self._state(key)
-                found = evidence.get(key, Evidence())
-                found = replace(found, alerts=self.alerts.for_class(key), error=error)
-                new, decision = guard.step(prior, found, now, self.policy)
+            for key, new, decision in stepped:
                 self.states[key] = new
                 if decision.reason != "no rule due":  # a tick between two rule intervals is no evaluation
                     self.last_decisions[key] = decision
                     self.counters.evaluations[decision.phase.value] += 1
+                    self._report(key, decision)
                 decisions.append(decision)
-            await self._record(decisions)
+            if self.preferences is not None and error is None:
+                self.preferences(await asyncio.to_thread(self._rankings, stepped, evidence, now))
+            await self._count_replicas()
+            await asyncio.shield(self._record(decisions))  # a timeout must not lose a taken decision
             self.last_evaluation = now
             self.last_evaluation_seconds = time.monotonic() - started
             return decisions
+
+    def _rankings(
+        self, stepped: Sequence[tuple[ClassKey, guard.ClassState, guard.Decision]], evidence, now: float
+    ) -> dict[ClassKey, tuple[str, ...]]:
+        """Each class's pools, cheapest first: where the router sends it while its pool is down."""
+        return {
+            key: bestpool.ranking(new.pool, evidence.get(key, Evidence()), new.memory, now, self.policy)
+            for key, new, _ in stepped
+        }
+
+    def _report(self, key: ClassKey, decision: guard.Decision) -> None:
+        """Report-only rules: a breach is logged and counted once when it starts, and said to end."""
+        now = {(key, rule) for rule in decision.reports}
+        was = {(k, rule) for k, rule in self._reporting if k == key}
+        for _, rule in sorted(now - was):
+            self.counters.actions[(key[0], key[1], "report", f"report_only:{rule}")] += 1
+            log.warning("%s report: %s", "/".join(key), decision.reports[rule])
+        for _, rule in sorted(was - now):
+            log.info("%s report: %s is no longer breached", "/".join(key), rule)
+        self._reporting = (self._reporting - was) | now
+
+    async def _count_replicas(self) -> None:
+        """Fleet mode: the pools' replica counts; a change is a new plan version for the followers."""
+        if self.replica_counts is None:
+            return
+        counts = {**self.replicas, **await self.replica_counts.counts()}
+        if counts != self.replicas:
+            log.info("replicas %s", ", ".join(f"{p}={n}" for p, n in sorted(counts.items())))
+            self.replicas = counts
+            self.version += 1
+            self._persist()
 
     async def _collect(
         self, now: float, keys: Sequence[ClassKey]
@@ -193,9 +280,13 @@ class Guard(FleetRoles):
         return merged, None
 
     async def _record(self, decisions: Sequence[guard.Decision]) -> None:
+        """Count, log and audit every action; a real one (not dry-run) bumps the plan version and
+        is persisted. A dry-run decision is a record of what would have happened, nothing more."""
         acted = [d for d in decisions if d.action != "none"]
+        real = [d for d in acted if not d.dry_run]
         if acted:
-            self.version += 1
+            if real:
+                self.version += 1
             for d in acted:
                 reason = ("dry_run:" if d.dry_run else "") + (d.cause or "none")
                 self.counters.count_action((d.key[0], d.key[1], d.action, reason), d.at)
@@ -210,8 +301,7 @@ class Guard(FleetRoles):
                 )
             records = [{**d.to_json(), "plan_version": self.version} for d in acted]
             self.decisions.extend(records)
-            self.audit.append(records)
-            self._persist()
+            await self.persistence.record(records, self.stored(), save=bool(real))
         await self._actuate(acted)
 
     async def _actuate(self, acted: Sequence[guard.Decision]) -> None:
@@ -261,8 +351,9 @@ class Guard(FleetRoles):
             for key in keys:
                 prior = self._state(key)
                 new, decision = guard.override(prior, action, now, pool=pool, reason=reason)
-                self.states[key] = new
-                self.last_decisions[key] = decision
+                if decision.action != "none":  # a no-op (unpin of a class not pinned...) changes nothing
+                    self.states[key] = new
+                    self.last_decisions[key] = decision
                 decisions.append(decision)
             await self._record(decisions)
             return decisions
@@ -320,18 +411,26 @@ class Guard(FleetRoles):
     async def start(self) -> None:
         """Apply the loaded plan, then evaluate every interval under APScheduler."""
         from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED
+        from apscheduler.executors.asyncio import AsyncIOExecutor
         from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-        await self.elector.start()
+        await self.start_elector()
         if self.follow is None:
             await self._lead()  # a new leader first takes the shared plan over
+        await self.persistence.retry(self.stored())  # what a refused write left behind
         await self._actuate([])  # the plan we hold (a follower: until its source answers)
+        if self.restore_alerts is not None:  # in the background: the tap must not wait for Alertmanager
+            self.readback = asyncio.get_running_loop().create_task(
+                self._restore_alerts(), name="alert read-back"
+            )
         interval = self.policy.interval_seconds
-        self._scheduler = AsyncIOScheduler(timezone=UTC)
+        _quiet_job_log()
+        self._scheduler = AsyncIOScheduler(timezone=UTC, executors={EXECUTOR: AsyncIOExecutor()})
         self._scheduler.add_job(
             self._tick,
             "interval",
             seconds=interval,
+            executor=EXECUTOR,
             id="guard-evaluation",
             name="guard evaluation",
             coalesce=True,
@@ -344,6 +443,7 @@ class Guard(FleetRoles):
                 self._reload,
                 "interval",
                 seconds=self.reload_interval,
+                executor=EXECUTOR,
                 id="policy-reload",
                 name="policy reload",
                 coalesce=True,
@@ -357,22 +457,52 @@ class Guard(FleetRoles):
         self.running = True
         log.info("guard evaluation every %g s (%s)", interval, "dry-run" if self.policy.dry_run else "acting")
 
+    async def _restore_alerts(self) -> None:
+        """Take Alertmanager's active alerts as if its webhook had just delivered them."""
+        try:
+            records = await asyncio.wait_for(self.restore_alerts(), self.evaluation_timeout)  # type: ignore[misc]
+        except (SourceError, TimeoutError) as exc:
+            log.warning("reading the active alerts back from Alertmanager failed (%s): waiting for it", exc)
+            return
+        new = 0
+        for record in records:
+            outcome = self.alerts.ingest(record)
+            new += outcome in ("new", "updated")
+            self.counters.webhook_alerts[(record.status, "restored" if outcome == "new" else outcome)] += 1
+        log.info("read %d active alerts back from Alertmanager (%d not known yet)", len(records), new)
+        if new:
+            self._persist()
+
     async def stop(self) -> None:
         self.running = False
+        if self.readback is not None and not self.readback.done():
+            self.readback.cancel()
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=False)
             self._scheduler = None
         async with self._lock:  # let an evaluation in flight finish its writes
             pass
         await self.elector.stop()
+        self._elector_started = False
         if self.follow is not None and hasattr(self.follow, "close"):
             await self.follow.close()
 
     async def _tick(self) -> None:
         try:
             await asyncio.wait_for(self.evaluate(), self.evaluation_timeout * 2)
+        except asyncio.CancelledError:
+            if self.running:
+                raise
+            log.info("guard evaluation: cancelled (shutting down)")  # not an error to report
         except TimeoutError:
-            log.error("guard evaluation: timed out after %g s", self.evaluation_timeout * 2)
+            # no class was evaluated this round: each counts as an error evaluation
+            classes = len(set(self.states) | set(self.configured_keys)) or 1
+            self.counters.evaluations["error"] += classes
+            log.error(
+                "guard evaluation: timed out after %g s (%d class evaluations counted as errors)",
+                self.evaluation_timeout * 2,
+                classes,
+            )
         except Exception:
             log.exception("guard evaluation has failed")
 

@@ -51,6 +51,7 @@ class FleetRoles:
         self.elector = elector if elector is not None else leader.Single()
         self.takeover = takeover
         self._leading = False
+        self._elector_started = False
         self.plan_confirmed_at: float | None = None
         if self.follow is not None:
             # a plan from our own file (``_load``) was confirmed at the latest when we wrote it
@@ -102,8 +103,15 @@ class FleetRoles:
                 log.exception("cost model evaluation failed")
 
     # -- leader --------------------------------------------------------------------------------
+    async def start_elector(self) -> None:
+        """Join the election once (``start``, or the first evaluation of a guard embedded unstarted)."""
+        if not self._elector_started:
+            self._elector_started = True
+            await self.elector.start()
+
     async def _lead(self) -> bool:
         """Whether this round decides; on becoming leader, take the shared plan over first."""
+        await self.start_elector()
         if not self.elector.is_leader:
             if self._leading:
                 log.warning("no longer the leader (holder: %s): standing by", self.elector.holder)

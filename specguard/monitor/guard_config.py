@@ -19,6 +19,11 @@ Example::
       leader_election: {mode: auto}      # deciders: auto = a Lease with configmap, else a lock on plan_file
     alertmanager:
       enabled: true                      # mount POST /api/v1/alerts
+      max_alerts: 10000                  # alerts kept at most (oldest received dropped first)
+      max_alerts_per_class: 16           # per class, pool and alert name
+      url: http://alertmanager:9093      # at start-up, read the active alerts back (API v2); optional
+      receiver: specguard                # ... only those routed to this receiver (a regex); optional
+      timeout_seconds: 10
 """
 
 from __future__ import annotations
@@ -26,10 +31,12 @@ from __future__ import annotations
 import ipaddress
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from specguard import configfile
-from specguard.errors import ConfigError
+from specguard import configfile, untrusted
+from specguard.errors import ConfigError, InputError
+
+TOKEN_FILE_LIMIT = 4096
+"""Largest token file read, bytes (a token is tens of bytes; /dev/zero must not be read for ever)."""
 
 
 @dataclass(frozen=True)
@@ -49,11 +56,15 @@ class ServerSettings:
         """The configured token, or None. Raises ConfigError when the file cannot be read."""
         if self.token_file:
             try:
-                value = Path(self.token_file).read_text(encoding="utf-8").strip()
+                raw = untrusted.read_bytes(self.token_file, TOKEN_FILE_LIMIT, "token file")
+                value = raw.decode("utf-8").strip()
             except OSError as exc:
                 raise ConfigError(
                     f"server.token_file: cannot read {self.token_file}: {exc.strerror}"
                 ) from exc
+            except (InputError, UnicodeDecodeError) as exc:
+                reason = exc if isinstance(exc, InputError) else "not UTF-8 text"
+                raise ConfigError(f"server.token_file: {reason}") from exc
             if not value:
                 raise ConfigError(f"server.token_file: {self.token_file} is empty")
             return value
@@ -130,6 +141,15 @@ class ActuatorSettings:
 @dataclass(frozen=True)
 class AlertmanagerSettings:
     enabled: bool = True
+    max_alerts: int = 10_000
+    """Alerts kept at most (the oldest received go first)."""
+    max_alerts_per_class: int = 16
+    """Alerts kept at most per class, pool and alert name (a flood of one kind dedupes to this)."""
+    url: str | None = None
+    """Alertmanager base URL: the active alerts are read back from its API at start-up."""
+    receiver: str | None = None
+    """Only alerts routed to this receiver (Alertmanager's ``receiver`` filter, a regex)."""
+    timeout_seconds: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -265,7 +285,18 @@ def _leader_election(s: configfile.Section) -> LeaderElectionSettings:
 
 def parse_alertmanager(root: configfile.Section) -> AlertmanagerSettings:
     s = root.section("alertmanager")
-    out = AlertmanagerSettings(enabled=s.get("enabled", bool, True))
+    url = s.get("url", str, None, nullable=True)
+    if url is not None and not url.startswith(("http://", "https://")):
+        s.error("url", f"({url!r}) must be an http(s) URL")
+        url = None
+    out = AlertmanagerSettings(
+        enabled=s.get("enabled", bool, True),
+        max_alerts=s.get("max_alerts", int, 10_000, minimum=1, maximum=1_000_000),
+        max_alerts_per_class=s.get("max_alerts_per_class", int, 16, minimum=1, maximum=10_000),
+        url=url.rstrip("/") if url else None,
+        receiver=s.get("receiver", str, None, nullable=True),
+        timeout_seconds=s.get("timeout_seconds", float, 10.0, minimum=0.1, maximum=120),
+    )
     s.reject_unknown()
     return out
 

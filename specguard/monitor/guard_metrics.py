@@ -33,6 +33,7 @@ class GuardCounters:
     actuation_errors: Counter[str] = field(default_factory=Counter)  # actuator
     plan_write_errors: int = 0
     reloads: Counter[str] = field(default_factory=Counter)  # result: ok | error
+    api_auth_failures: Counter[tuple[str, str]] = field(default_factory=Counter)  # (endpoint, code)
 
     def count_action(self, labels: tuple[str, str, str, str], at: float) -> None:
         self.actions[labels] += 1
@@ -115,6 +116,10 @@ class GuardCollector(Collector):
         yield GaugeMetricFamily("specguard_guard_leader", LEADER_HELP)
         yield GaugeMetricFamily("specguard_last_evaluation_duration_seconds", DURATION_HELP)
         yield CounterMetricFamily("specguard_policy_reloads", "Policy reloads from the config file by result")
+        yield CounterMetricFamily(
+            "specguard_api_auth_failures",
+            "Requests to /api/v1/alerts and /api/v1/overrides refused (401, 403)",
+        )
         yield InfoMetricFamily("specguard_config", "Digest of the guard policy in use")
 
     def collect(self) -> Iterator:
@@ -203,6 +208,14 @@ class GuardCollector(Collector):
         for result in ("ok", "error"):
             reloads.add_metric([result], counters.reloads.get(result, 0))
         yield reloads
+        refused = CounterMetricFamily(
+            "specguard_api_auth_failures",
+            "Requests to /api/v1/alerts and /api/v1/overrides refused (401, 403)",
+            labels=["endpoint", "code"],
+        )
+        for labels, value in sorted(counters.api_auth_failures.items()):
+            refused.add_metric(list(labels), value)
+        yield refused
         yield InfoMetricFamily(
             "specguard_config", "Digest of the guard policy in use", value={"version": view.config_version}
         )

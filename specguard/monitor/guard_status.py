@@ -1,9 +1,10 @@
 """The guard's status document, as ``GET /status`` and ``specguard status`` show it: each class's
-pool, phase and last reason, pins, freezes and pending shorten-K moves; alerts; recent decisions."""
+pool, phase and last reason, pins, freezes and pending shorten-K moves; alerts; recent decisions;
+each load bucket's baseline source and the (pool, load bucket) cells that have none."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from specguard.rules import guard
@@ -27,6 +28,9 @@ class StatusSource(Protocol):
     version: int
     last_evaluation: float | None
     reload_error: str | None
+    routing_status: Any
+    baseline_report: Any
+    cost_view: Any
     elector: Any
     is_leader: bool
     clock: Any
@@ -35,9 +39,17 @@ class StatusSource(Protocol):
 
 
 def class_row(
-    key: ClassKey, st: guard.ClassState, last: guard.Decision | None, pools: Mapping[str, int]
+    key: ClassKey,
+    st: guard.ClassState,
+    last: guard.Decision | None,
+    pools: Mapping[str, int],
+    down: frozenset[str] = frozenset(),
+    costs: Sequence[Any] = (),
 ) -> dict[str, Any]:
-    """One class: where it routes, why, and what holds it there."""
+    """One class: where it routes, why, what holds it there, and its latest RC with the baseline
+    source it used (on its pool, or on the speculative pool with the most samples when it is off)."""
+    mine = [c for c in costs if (c.task_type, c.temperature_bucket, c.load_bucket) == key]
+    rc = next((c for c in mine if c.pool == st.pool), None) or max(mine, key=lambda c: c.n_spec, default=None)
     return {
         "task_type": key[0],
         "temperature_bucket": key[1],
@@ -54,13 +66,35 @@ def class_row(
         "pending": None
         if st.pending is None
         else {"from": st.pending.from_pool, "predicted_rc": st.pending.predicted_rc},
+        # the planned pool is marked down: the tap serves the class from another pool meanwhile
+        "failover": st.pool in down,
+        # report-only rules whose limits are breached (never acted on): rule -> why
+        "reports": dict(last.reports) if last else {},
+        "rc": None
+        if rc is None
+        else {
+            "pool": rc.pool,
+            "rc": rc.rc,
+            "lower": rc.lower,
+            "upper": rc.upper,
+            "baseline_source": rc.baseline_source,
+            "samples": rc.n_spec,
+        },
     }
+
+
+STATUS_ALERTS = 100
+"""Alerts /status lists at most (``alerts_total`` says how many are stored)."""
 
 
 def document(g: StatusSource, decisions: int = 50) -> dict[str, Any]:
     """The status of guard ``g`` with its last ``decisions`` decisions (0: none)."""
+    health = g.routing_status() if g.routing_status is not None else []
+    down = frozenset(p["pool"] for p in health if not p["healthy"])
+    costs = g.cost_view() if g.cost_view is not None else ()
     classes = [
-        class_row(key, st, g.last_decisions.get(key), g.policy.pools) for key, st in sorted(g.states.items())
+        class_row(key, st, g.last_decisions.get(key), g.policy.pools, down=down, costs=costs)
+        for key, st in sorted(g.states.items())
     ]
     return {
         "mode": "follow" if g.follow is not None else "guard",
@@ -75,6 +109,7 @@ def document(g: StatusSource, decisions: int = 50) -> dict[str, Any]:
         "last_evaluation": g.last_evaluation,
         "interval_seconds": g.policy.interval_seconds,
         "frozen": any(s.frozen for s in g.states.values()),
+        "pools": health,
         "classes": classes,
         "alerts": [
             {
@@ -83,11 +118,13 @@ def document(g: StatusSource, decisions: int = 50) -> dict[str, Any]:
                 "status": a.status,
                 "labels": dict(a.labels),
             }
-            for a in g.alerts.records()
+            for a in g.alerts.snapshot()[-STATUS_ALERTS:]  # the most recently received
         ],
+        "alerts_total": len(g.alerts),
         "decisions": list(g.decisions)[-decisions:] if decisions else [],
         "audit_write_errors": g.audit.write_errors,
         "audit_torn_lines": g.audit.torn_lines,
         "plan_file_recovered": g.store.recovered if g.store else None,
         "policy_reload_error": g.reload_error,
+        "baselines": g.baseline_report() if g.baseline_report is not None else None,
     }

@@ -9,6 +9,7 @@ hook) builds the Guard over the Monitor's statistics and router, mounts ``/statu
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 from collections.abc import MutableMapping
@@ -19,11 +20,15 @@ from specguard import configfile
 from specguard.monitor import actuators as actuators_mod
 from specguard.monitor import audit as audit_mod
 from specguard.monitor import daemon, guard_config, leader, planhttp, receiver
+from specguard.monitor import replicas as replicas_mod
 from specguard.monitor import state as state_mod
 from specguard.monitor.cost_metrics import CostCollector
 from specguard.monitor.guard_metrics import GuardCollector
 from specguard.monitor.promql import PromQL
+from specguard.rules import baseline as baseline_mod
+from specguard.rules import holdout
 from specguard.rules import policy as policy_mod
+from specguard.rules.evidence import AlertBook
 
 log = logging.getLogger("specguard.guard")
 
@@ -52,9 +57,17 @@ class PolicyReloader:
     raises ConfigError (with every issue) when the new section is invalid, so the old policy stays.
     """
 
-    def __init__(self, path: str | Path, pools: dict[str, int], default_pool: str, nospec_pool: str | None):
+    def __init__(
+        self,
+        path: str | Path,
+        pools: dict[str, int],
+        default_pool: str,
+        nospec_pool: str | None,
+        on_policy: Any = None,
+    ):
         self.path = Path(path)
         self._pools, self._default, self._nospec = pools, default_pool, nospec_pool
+        self._on_policy = on_policy  # called with each new policy (e.g. the router's holdout mode)
         self._seen = self._stamp()
 
     def _stamp(self) -> tuple[int, int] | None:
@@ -72,7 +85,10 @@ class PolicyReloader:
         policy = parse_guard(doc.root())
         doc.raise_if_issues()
         self._seen = stamp
-        return policy.with_pools(self._pools, self._default, self._nospec)
+        policy = policy.with_pools(self._pools, self._default, self._nospec)
+        if self._on_policy is not None:
+            self._on_policy(policy)
+        return policy
 
 
 def register_sections(sections: MutableMapping[str, Any]) -> None:
@@ -95,6 +111,13 @@ def build(
     )
     server = sections.get("server") or guard_config.ServerSettings()
     acts = sections.get("actuators") or guard_config.ActuatorSettings()
+
+    def holdout_mode(new: policy_mod.Policy) -> None:
+        """The router's holdout follows ``guard.holdout`` (followers route too, and never collect)."""
+        if acts.router:
+            monitor.router.set_holdout_mode(holdout.router_mode(new))
+
+    holdout_mode(policy)
     alertmanager = sections.get("alertmanager") or guard_config.AlertmanagerSettings()
 
     sources: list[Any] = []
@@ -110,11 +133,19 @@ def build(
                 policy=policy,
                 on_holdout=monitor.router.set_holdout_shares if acts.router else None,
                 max_holdout_share=ex.tap.holdout_share,
+                model_window_seconds=ex.tap.window_seconds,
+                watches=getattr(monitor, "watches", None),
+                stack=lambda: monitor.stack_of(ex.tap.nospec_pool) if hasattr(monitor, "stack_of") else {},
             )
         )
-    if policy.prometheus_url and any(r.query for r in policy.rules):
+    promql = None
+    if policy.prometheus_url:
         promql = PromQL(policy.prometheus_url, timeout=policy.prometheus_timeout_seconds)
+    if promql is not None and any(r.query for r in policy.rules):
         sources.append(daemon.PromQLSource(promql, policy))
+    counts = None
+    if promql is not None and policy.replicas_query:
+        counts = replicas_mod.PromQLReplicas(promql, pools, policy.replicas_query)
 
     actuators: list[Any] = []
     if acts.router:
@@ -155,16 +186,22 @@ def build(
         actuators=actuators,
         store=store,
         audit=audit_mod.AuditLog(acts.audit_log),
+        alerts=AlertBook(max_alerts=alertmanager.max_alerts, max_per_class=alertmanager.max_alerts_per_class),
         keys=list(itertools.product(classes.task_labels, temps, loads)),
         temperature_buckets=temps,
         load_buckets=loads,
         follow=follow,
         elector=elector,
         takeover=takeover,
-        reloader=PolicyReloader(cfg.file, pools, default_pool, ex.tap.nospec_pool)
+        reloader=PolicyReloader(cfg.file, pools, default_pool, ex.tap.nospec_pool, holdout_mode)
         if Path(cfg.file).is_file()
         else None,
+        preferences=monitor.router.set_preferences if acts.router else None,
+        routing_status=getattr(getattr(monitor, "health", None), "status", None),
+        replica_counts=counts,
     )
+    if alertmanager.enabled and alertmanager.url:
+        guard.restore_alerts = functools.partial(_active_alerts, guard, alertmanager)
     token = server.token()
     guard_config.check_listen(server, ex.tap.host)
     api = receiver.Api(
@@ -174,6 +211,8 @@ def build(
         max_body_bytes=server.max_body_bytes,
         status_decisions=server.status_decisions,
         alerts_enabled=alertmanager.enabled,
+        body_timeout=ex.tap.client_body_timeout_seconds,
+        clients=getattr(monitor, "clients", None),
     )
     if token is None and not server.insecure_loopback:
         log.warning("no server token configured: /api/v1/alerts and /api/v1/overrides answer 403")
@@ -221,19 +260,31 @@ def election(
 
 def configure(monitor: Any, cfg: Any) -> daemon.Guard:
     """``run.CONFIGURERS`` hook: mount the guard on a Monitor before it starts."""
-    cost_collector = CostCollector()
+    cost_collector = CostCollector(p.name for p in cfg.exporter.pools if p.speculative)
+    notice = start_baselines(cost_collector, cfg)
     guard, api = build(monitor, cfg, cost_collector)
+    guard.baseline_report = cost_collector.baseline_report
+    guard.cost_view = lambda: cost_collector.costs
+
+    async def say_where_no_baseline() -> None:
+        if notice:
+            log.warning("%s", notice)
+
+    async def nothing_to_stop() -> None:
+        return None
+
     monitor.add_routes(api.routes(healthz=False))
     monitor.add_routes(planhttp.PlanEndpoint(guard).routes())
     monitor.registry.register(GuardCollector(guard.counters, guard.view))
     monitor.registry.register(cost_collector)
     if guard.policy.enabled:
+        monitor.attach("baseline notice", say_where_no_baseline, nothing_to_stop)
         monitor.attach("guard", guard.start, guard.stop)
     else:
         log.warning("guard.enabled is false: no evaluations; the persisted plan is still applied")
 
         async def apply_only() -> None:
-            await guard.elector.start()
+            await guard.start_elector()
             if guard.follow is None:
                 await guard._lead()
             await guard._actuate([])
@@ -241,6 +292,42 @@ def configure(monitor: Any, cfg: Any) -> daemon.Guard:
         monitor.attach("guard (disabled)", apply_only, guard.elector.stop)
     monitor.guard = guard
     return guard
+
+
+async def _active_alerts(guard: daemon.Guard, settings: guard_config.AlertmanagerSettings) -> list:
+    from specguard.monitor import alertsync
+
+    return await alertsync.active_alerts(
+        settings.url or "",
+        now=guard.clock(),
+        known=guard.known_labels(),
+        receiver_name=settings.receiver,
+        timeout=settings.timeout_seconds,
+    )
+
+
+def start_baselines(collector: CostCollector, cfg: Any) -> str | None:
+    """Before any traffic: which load buckets have a baseline (a calibration profile at most), into
+    ``/metrics`` and ``/status``; returns the notice naming the (pool, load bucket) cells without one."""
+    from specguard.rules import cost
+
+    settings = _cost_settings(cfg)
+    try:
+        profile = _profile(cfg)
+    except Exception:  # the run itself reports a bad profile; this is only the start-up notice
+        profile = None
+    pools = {p.name: p.num_speculative_tokens for p in cfg.exporter.pools}
+    _, baselines = cost.evaluate_all([], pools, profile, 0.0, settings)
+    collector.update((), baselines)
+    missing = [b for b, base in baselines.items() if base.source == baseline_mod.SOURCE_NONE]
+    spec = [p.name for p in cfg.exporter.pools if p.speculative]
+    if not missing or not spec:
+        return None
+    cells = ", ".join(f"{pool}/{bucket}" for pool in spec for bucket in missing)
+    return (
+        f"no baseline yet for (pool/load bucket) {cells}: RC is unknown there until one exists; "
+        f"to get one: {baseline_mod.HOW_TO_GET_ONE}"
+    )
 
 
 def _cost_settings(cfg: Any) -> Any:

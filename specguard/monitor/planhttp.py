@@ -21,6 +21,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from specguard import untrusted
 from specguard.errors import InputError, SourceError
 from specguard.exporters import httpbody
 from specguard.monitor import state as state_mod
@@ -128,8 +129,8 @@ class HttpPlanSource:
         except httpbody.BodyTooLarge as exc:
             raise SourceError(f"{url}: plan {exc}") from exc
         try:
-            doc = state_mod.decode(json.loads(body), url)
-        except (ValueError, InputError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            doc = state_mod.parse(body, url)
+        except InputError as exc:  # not JSON, nested too deep, wrong types...
             raise SourceError(f"{url}: not a specguard plan ({exc})") from exc
         self.etag = etag
         return doc
@@ -150,7 +151,8 @@ def _reason(body: bytes) -> str:
     """The ``error`` of a JSON error body, else its first 200 characters."""
     text = body.decode(errors="replace")
     try:
-        data = json.loads(text)
-    except ValueError:
-        return text[:200]
-    return str(data.get("error", text))[:200] if isinstance(data, dict) else text[:200]
+        data = untrusted.loads(body)
+    except InputError:
+        return untrusted.printable(text, 200)
+    shown = data.get("error", text) if isinstance(data, dict) else text
+    return untrusted.printable(shown, 200)

@@ -18,25 +18,35 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from specguard import untrusted
 from specguard.errors import InputError
 from specguard.exporters import httpbody
 from specguard.monitor.daemon import Guard, NotLeader
-from specguard.rules.evidence import AlertRecord
+from specguard.rules import evidence
+from specguard.rules.evidence import AlertRecord, ClassKey, alert_time
 
 log = logging.getLogger("specguard.receiver")
 
 STATUSES = ("firing", "resolved")
 
 
-def parse_alertmanager(payload: Any, now: float) -> list[AlertRecord]:
-    """Alert records from a decoded webhook payload; InputError names the first bad field."""
+def parse_alertmanager(
+    payload: Any, now: float, known: Mapping[str, Collection[str]] | None = None
+) -> list[AlertRecord]:
+    """Alert records from a decoded webhook payload; InputError names the first bad field.
+
+    ``known``: label name -> the configured values (task_type, temperature_bucket, load_bucket);
+    an alert naming another value is refused, since it could never be evidence about a class.
+    """
     if not isinstance(payload, dict):
         raise InputError(f"payload must be a JSON object, got {type(payload).__name__}")
     version = payload.get("version")
@@ -63,7 +73,16 @@ def parse_alertmanager(payload: Any, now: float) -> list[AlertRecord]:
             raise InputError(f"{where}.fingerprint: must be a string")
         if not fingerprint:  # Alertmanager always sends one; a hand-made payload may not
             fingerprint = hashlib.sha256(json.dumps(labels, sort_keys=True).encode()).hexdigest()[:16]
+        for name, values in (known or {}).items():
+            value = labels.get(name)
+            if value is not None and values and value not in values:
+                known_values = ", ".join(sorted(values))
+                raise InputError(
+                    f"{where}.labels.{name} ({value!r}) is not configured (known: {known_values})"
+                )
         starts_at = alert.get("startsAt", "")
+        if not isinstance(starts_at, str) or (starts_at and alert_time(starts_at) is None):
+            raise InputError(f"{where}.startsAt ({starts_at!r}) must be an RFC 3339 time")
         out.append(
             AlertRecord(
                 fingerprint=fingerprint,
@@ -75,6 +94,18 @@ def parse_alertmanager(payload: Any, now: float) -> list[AlertRecord]:
             )
         )
     return out
+
+
+def known_class(labels: Mapping[str, str], keys: Iterable[ClassKey]) -> bool:
+    """True when every class label an alert gives (task_type, temperature_bucket, load_bucket) is a
+    configured value; with no configured classes (a bare guard) every class is known."""
+    known = [set(values) for values in zip(*keys, strict=False)]
+    if not known:
+        return True
+    return all(
+        not labels.get(name) or labels[name] in values
+        for name, values in zip(evidence.CLASS_LABELS, known, strict=True)
+    )
 
 
 class Api:
@@ -90,6 +121,8 @@ class Api:
         status_decisions: int = 50,
         alerts_enabled: bool = True,
         clock: Callable[[], float] | None = None,
+        body_timeout: float | None = None,
+        clients: Any = None,
     ):
         self.guard = guard
         self._token = token.encode() if token else None
@@ -98,6 +131,8 @@ class Api:
         self.status_decisions = status_decisions
         self.alerts_enabled = alerts_enabled
         self._clock = clock or guard.clock
+        self.body_timeout = body_timeout  # seconds to receive a whole body (None: no limit)
+        self.clients = clients  # the tap's ClientGuard, which counts body timeouts
 
     def __repr__(self) -> str:
         return f"Api(token={'*****' if self._token else None}, insecure={self._insecure})"
@@ -115,44 +150,77 @@ class Api:
         return routes
 
     # -- the framework-free core -------------------------------------------------------------
-    def authorize(self, header: str | None) -> tuple[int, str] | None:
-        """None when allowed, else (status, message)."""
+    def authorize(
+        self, header: str | None, host: str | None = None, origin: str | None = None
+    ) -> tuple[int, str] | None:
+        """None when allowed, else (status, message).
+
+        Without a token (``insecure_loopback``) the request must also name a loopback ``Host``
+        and, if a browser sent an ``Origin``, a loopback origin: a web page the operator has open
+        can then neither post to the API (a cross-origin simple request) nor reach it through a
+        name that resolves to 127.0.0.1 (DNS rebinding).
+        """
         if self._token is None:
             if self._insecure:
+                if not _loopback_host(host) or (origin is not None and not _loopback_origin(origin)):
+                    return 403, "insecure_loopback: only requests to and from a loopback address"
                 return None
             return 403, "disabled: no token configured (set server.token_file or server.token_env)"
         scheme, _, given = (header or "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self._token):
+        try:
+            offered = given.strip().encode("utf-8")
+        except UnicodeEncodeError:  # a byte that is not UTF-8 in the header: no token has it
+            return 401, "missing or wrong bearer token"
+        if scheme.lower() != "bearer" or not hmac.compare_digest(offered, self._token):
             return 401, "missing or wrong bearer token"
         return None
 
     def ingest(self, payload: Any) -> dict[str, Any]:
         now = self._clock()
+        # an alert about a class that is not configured is answered per alert (``unknown_class``), not
+        # by refusing the batch: Alertmanager would resend the whole batch, good alerts included
         records = parse_alertmanager(payload, now)
         outcomes: dict[str, int] = {}
         for record in records:
             # an alert that names no class (no task_type label) is no evidence about any class
-            outcome = self.guard.alerts.ingest(record) if record.labels.get("task_type") else "ignored"
+            if not record.labels.get("task_type"):
+                outcome = "ignored"
+            elif not known_class(record.labels, self.guard.configured_keys):
+                outcome = "unknown_class"  # not stored: the store only holds alerts about real classes
+            else:
+                outcome = self.guard.alerts.ingest(record)
             outcomes[outcome] = outcomes.get(outcome, 0) + 1
             self.guard.counters.webhook_alerts[(record.status, outcome)] += 1
+        if outcomes.keys() & {"new", "updated"}:
+            self.guard.save_alerts()  # kept with the plan: a restart does not forget a firing alert
         return {"accepted": len(records), "outcomes": outcomes}
 
     # -- handlers ----------------------------------------------------------------------------
     async def _body(self, request: web.Request) -> Any:
         try:
-            raw = await httpbody.read_limited(request.content, self.max_body_bytes, request.content_length)
+            raw = await httpbody.read_limited(
+                request.content, self.max_body_bytes, request.content_length, timeout=self.body_timeout
+            )
         except httpbody.BodyTooLarge as exc:
             raise _error(413, str(exc)) from exc
+        except httpbody.BodyTimeout as exc:
+            if self.clients is not None:
+                self.clients.count("body")
+            raise _error(408, f"request {exc}", close=True) from exc
         try:
-            return json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise _error(400, f"body is not JSON: {exc}") from exc
+            return untrusted.loads(raw, "body")
+        except InputError as exc:
+            raise _error(400, str(exc)) from exc
 
     def _check(self, request: web.Request) -> None:
-        denied = self.authorize(request.headers.get("Authorization"))
+        headers = request.headers
+        denied = self.authorize(headers.get("Authorization"), headers.get("Host"), headers.get("Origin"))
         if denied is not None:
             status, message = denied
-            log.warning("%s %s from %s: %s", request.method, request.path, request.remote, message)
+            endpoint = request.path.rsplit("/", 1)[-1]
+            self.guard.counters.api_auth_failures[(endpoint, str(status))] += 1
+            path = untrusted.printable(request.path, 100)
+            log.warning("%s %s from %s: %s", request.method, path, request.remote, message)
             headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
             raise _error(status, message, headers)
 
@@ -176,14 +244,16 @@ class Api:
         body = await self._body(request)
         if not isinstance(body, dict):
             raise _error(400, "body must be a JSON object")
-        unknown = sorted(
-            set(body) - {"action", "task_type", "temperature_bucket", "load_bucket", "pool", "reason"}
-        )
+        unknown = sorted(set(body) - OVERRIDE_FIELDS)
         if unknown:
-            raise _error(400, f"unknown field(s): {', '.join(unknown)}")
+            shown = ", ".join(untrusted.printable(name, 40) for name in unknown[:10])
+            raise _error(400, f"unknown field(s): {shown}")
         for field in ("action", "task_type"):
             if not isinstance(body.get(field), str) or not body[field]:
                 raise _error(400, f"{field}: is required (a string)")
+        for field in ("temperature_bucket", "load_bucket", "pool", "reason"):
+            if body.get(field) is not None and not isinstance(body[field], str):
+                raise _error(400, f"{field}: must be a string or null, got {_json_type(body[field])}")
         try:
             decisions = await self.guard.override(
                 body["action"],
@@ -191,7 +261,7 @@ class Api:
                 body.get("temperature_bucket"),
                 body.get("load_bucket"),
                 pool=body.get("pool"),
-                reason=str(body.get("reason", ""))[:200],
+                reason=untrusted.printable(body.get("reason") or "", 200),  # one log line, no escapes
             )
         except InputError as exc:
             raise _error(400, str(exc)) from exc
@@ -220,16 +290,50 @@ class Api:
         return web.json_response({"status": "ok", "guard_running": self.guard.running})
 
 
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.HTTPException:
+OVERRIDE_FIELDS = frozenset({"action", "task_type", "temperature_bucket", "load_bucket", "pool", "reason"})
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "a list", bool: "a boolean", int: "a number", float: "a number"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _loopback_host(host: str | None) -> bool:
+    """A ``Host`` header (``name``, ``name:port``, ``[v6]`` or ``[v6]:port``) naming a loopback address."""
+    if not host:
+        return False
+    if host.startswith("["):
+        name = host[1 : host.find("]")] if "]" in host else ""
+    else:
+        name = host.rpartition(":")[0] if ":" in host else host
+    if name.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def _loopback_origin(origin: str) -> bool:
+    parts = urlsplit(origin)
+    return parts.scheme in ("http", "https") and bool(parts.netloc) and _loopback_host(parts.netloc)
+
+
+def _error(
+    status: int, message: str, headers: dict[str, str] | None = None, *, close: bool = False
+) -> web.HTTPException:
     body = json.dumps({"error": message})
     kinds = {
         400: web.HTTPBadRequest,
         401: web.HTTPUnauthorized,
         403: web.HTTPForbidden,
         404: web.HTTPNotFound,
+        408: web.HTTPRequestTimeout,
         413: web.HTTPRequestEntityTooLarge,
         503: web.HTTPServiceUnavailable,
     }
+    if close:
+        headers = {**(headers or {}), "Connection": "close"}
     if status == 413:
         return web.HTTPRequestEntityTooLarge(
             max_size=0, actual_size=0, text=body, content_type="application/json", headers=headers

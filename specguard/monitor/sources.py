@@ -35,7 +35,10 @@ class LocalSource:
 
     With ``guard.prior: profile`` the calibration profile's rc per class and pool joins the
     evidence (``rules.prior``); with ``guard.holdout: on_demand`` each collection also hands the
-    router its per-load-bucket holdout shares (``rules.holdout``) through ``on_holdout``.
+    router its per-load-bucket holdout shares (``rules.holdout``) through ``on_holdout``. The model
+    baseline (``rules.modelbase``) is fitted on the tap's whole window (``model_window_seconds``)
+    and the engines' pages between scrapes (``watches``: pool -> ``PoolWatch``); ``stack()`` says
+    what the no-spec pool serves now (the profile's freshness).
     """
 
     def __init__(
@@ -46,10 +49,13 @@ class LocalSource:
         *,
         profile: Any = None,
         window_seconds: float = 300,
-        on_costs: Callable[[Sequence[Any]], None] | None = None,
+        on_costs: Callable[[Sequence[Any], Mapping[str, Any]], None] | None = None,
         policy: policy_mod.Policy | None = None,
         on_holdout: Callable[[dict[str, float]], None] | None = None,
         max_holdout_share: float = 0.0,
+        model_window_seconds: float | None = None,
+        watches: Mapping[str, Any] | None = None,
+        stack: Callable[[], Mapping[str, str]] | None = None,
     ):
         self._stats, self._pools, self._settings = stats, pools, settings
         self._on_holdout, self._max_holdout = on_holdout, max_holdout_share
@@ -58,16 +64,45 @@ class LocalSource:
         self._profile = profile
         self._window = window_seconds
         self._on_costs = on_costs  # e.g. CostCollector.update, so /metrics shows what the guard saw
+        self._model_window = max(model_window_seconds or window_seconds, window_seconds)
+        self._watches = dict(watches or {})
+        self._stack = stack
+
+    def engine_steps(self, since: float) -> list[tuple[str, Any, float]]:
+        """The engines' page intervals since ``since``: (pool, step observation, request-steps)."""
+        from specguard.rules import cost, modelbase
+
+        ks = cost.pool_ks(self._pools)
+        replicas = {p.name: getattr(p, "replicas", 1) for p in self._pools if hasattr(p, "name")}
+        out = []
+        for name, watch in self._watches.items():
+            history = watch.history(since)
+            for (_, before), (_, after) in zip(history, history[1:], strict=False):
+                found = modelbase.observation_from_engine(
+                    before, after, ks.get(name, 0), replicas.get(name, 1)
+                )
+                if found is not None and name in ks:
+                    out.append((name, *found))
+        return out
 
     async def collect(self, now: float, keys: Sequence[ClassKey]) -> dict[ClassKey, Evidence]:
         from specguard.rules import cost
 
-        records = self._stats.records(since=now - self._window)
-        costs = await asyncio.to_thread(
-            cost.evaluate, records, self._pools, self._profile, now, self._settings
+        model_records = self._stats.records(since=now - self._model_window)
+        records = [r for r in model_records if r.started_at >= now - self._window]
+        costs, baselines = await asyncio.to_thread(
+            cost.evaluate_all,
+            records,
+            self._pools,
+            self._profile,
+            now,
+            self._settings,
+            model_records=model_records,
+            engine_steps=self.engine_steps(now - self._model_window),
+            stack=self._stack() if self._stack is not None else None,
         )
         if self._on_costs is not None:
-            self._on_costs(costs)
+            self._on_costs(costs, baselines)
         if self._on_holdout is not None and self.policy is not None:  # {} after a reload to `fixed`
             self._on_holdout(
                 holdout.for_policy(

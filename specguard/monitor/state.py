@@ -5,7 +5,8 @@ so a crash leaves either the old or the new file, never a torn one (a SIGKILL mi
 a ``.plan.json.XXXXXXXX.tmp``; the daemon's ``load`` at startup removes such leftovers).
 What survives a restart: the plan itself, operator pins and pauses, the frozen flag, pending
 shorten-K confirmations and the action times (so the cooldown and the cap per hour hold across
-restarts). Evaluation counters are not kept: after a restart the guard needs fresh evidence,
+restarts), and the Alertmanager alerts received (Alertmanager re-sends a firing alert only every
+``repeat_interval``). Evaluation counters are not kept: after a restart the guard needs fresh evidence,
 which is the safe side.
 
 The same JSON is what an external router reads (the "plan file" actuator) and what the
@@ -16,17 +17,19 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specguard import configfile, untrusted
 from specguard.errors import InputError
-from specguard.rules.evidence import ClassKey
+from specguard.rules.evidence import AlertRecord, ClassKey
 from specguard.rules.guard import ClassState, Pending
 
 log = logging.getLogger("specguard.state")
@@ -42,6 +45,9 @@ class PlanDocument:
     updated_at: float
     states: Mapping[ClassKey, ClassState]
     pools: Mapping[str, int]
+    replicas: Mapping[str, int] = field(default_factory=dict)  # pool -> replicas (fleet: a PromQL count)
+    alerts: tuple[AlertRecord, ...] = ()
+    """Alerts received from Alertmanager (the plan file only; never sent to other stores)."""
 
     def routing(self) -> dict[ClassKey, str]:
         """The plan the tap's router takes: ``{(task_type, temperature_bucket, load_bucket): pool}``."""
@@ -77,51 +83,171 @@ def encode(doc: PlanDocument) -> dict[str, Any]:
                 "at": p.at,
             }
         entries.append(entry)
-    return {"format": FORMAT, "version": doc.version, "updated_at": doc.updated_at, "entries": entries}
+    out: dict[str, Any] = {
+        "format": FORMAT,
+        "version": doc.version,
+        "updated_at": doc.updated_at,
+        "entries": entries,
+    }
+    if doc.alerts:
+        out["alerts"] = [
+            {
+                "fingerprint": a.fingerprint,
+                "alertname": a.alertname,
+                "status": a.status,
+                "labels": dict(a.labels),
+                "starts_at": a.starts_at,
+                "received_at": a.received_at,
+            }
+            for a in doc.alerts
+        ]
+    if doc.replicas:
+        out["replicas"] = dict(sorted(doc.replicas.items()))
+    return out
 
 
 def decode(data: Any, where: str) -> PlanDocument:
-    """Parse a stored plan; a malformed one raises InputError naming the file and the entry."""
+    """Parse a stored plan; anything malformed raises InputError naming the file and the field.
+
+    Strict about types (a ``version`` of NaN, 1e400, "abc" or a list is malformed, not a crash):
+    this is what the guard trusts with routing after a restart.
+    """
     if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
         raise InputError(f"{where}: not a specguard plan (expected an object with 'entries')")
-    if data.get("format", FORMAT) != FORMAT:
+    if data.get("format", FORMAT) != FORMAT or isinstance(data.get("format"), bool):
         raise InputError(f"{where}: plan format {data.get('format')!r} is not supported (expected {FORMAT})")
+    version = _whole(data.get("version", 0), f"{where}: version")
+    updated_at = _number(data.get("updated_at", 0.0), f"{where}: updated_at")
     states: dict[ClassKey, ClassState] = {}
     pools: dict[str, int] = {}
     for index, entry in enumerate(data["entries"]):
-        try:
-            key = (str(entry["task_type"]), str(entry["temperature_bucket"]), str(entry["load_bucket"]))
-            pending = entry.get("pending")
-            states[key] = ClassState(
-                key=key,
-                pool=str(entry["pool"]),
-                pin=entry.get("pin"),
-                paused=bool(entry.get("paused", False)),
-                frozen=bool(entry.get("frozen", False)),
-                last_action_at=_float(entry.get("last_action_at")),
-                action_times=tuple(float(t) for t in entry.get("action_times", ())),
-                pending=Pending(
-                    str(pending["from"]),
-                    str(pending["to"]),
-                    float(pending["predicted_rc"]),
-                    float(pending["at"]),
-                )
-                if pending
-                else None,
-            )
-            pools[str(entry["pool"])] = int(entry.get("num_speculative_tokens", 0))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InputError(f"{where}: entries[{index}]: malformed entry ({exc!r})") from exc
+        at = f"{where}: entries[{index}]"
+        if not isinstance(entry, dict):
+            raise InputError(f"{at}: must be an object")
+        key = (
+            _text(entry.get("task_type"), f"{at}.task_type"),
+            _text(entry.get("temperature_bucket"), f"{at}.temperature_bucket"),
+            _text(entry.get("load_bucket"), f"{at}.load_bucket"),
+        )
+        pool = _text(entry.get("pool"), f"{at}.pool")
+        pin = entry.get("pin")
+        times = entry.get("action_times", [])
+        if not isinstance(times, list):
+            raise InputError(f"{at}.action_times: must be a list of times")
+        states[key] = ClassState(
+            key=key,
+            pool=pool,
+            pin=None if pin is None else _text(pin, f"{at}.pin"),
+            paused=_flag(entry.get("paused", False), f"{at}.paused"),
+            frozen=_flag(entry.get("frozen", False), f"{at}.frozen"),
+            last_action_at=_optional(entry.get("last_action_at"), f"{at}.last_action_at"),
+            action_times=tuple(_number(t, f"{at}.action_times[{i}]") for i, t in enumerate(times)),
+            pending=_pending(entry.get("pending"), f"{at}.pending"),
+        )
+        k = _whole(entry.get("num_speculative_tokens", 0), f"{at}.num_speculative_tokens")
+        pools[pool] = k
+    replicas = data.get("replicas", {})
+    if not isinstance(replicas, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 1
+        for k, v in replicas.items()
+    ):
+        raise InputError(f"{where}: replicas must map pool names to whole numbers >= 1")
     return PlanDocument(
-        version=int(data.get("version", 0)),
-        updated_at=float(data.get("updated_at", 0.0)),
+        version=version,
+        updated_at=updated_at,
         states=states,
         pools=pools,
+        replicas=dict(replicas),
+        alerts=_alerts(data.get("alerts", []), where),
     )
 
 
-def _float(value: Any) -> float | None:
-    return None if value is None else float(value)
+MAX_VERSION = 2**53
+"""Plan versions stay exact in every JSON reader (and in a float)."""
+
+
+def _whole(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_VERSION:
+        raise InputError(f"{where} ({_shown(value)}) must be a whole number from 0 to 2**53")
+    return value
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InputError(f"{where} ({_shown(value)}) must be a finite number")
+    return float(value)
+
+
+def _optional(value: Any, where: str) -> float | None:
+    return None if value is None else _number(value, where)
+
+
+def _text(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value or len(value) > 256:
+        raise InputError(f"{where} ({_shown(value)}) must be a non-empty string")
+    return value
+
+
+def _flag(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise InputError(f"{where} ({_shown(value)}) must be true or false")
+    return value
+
+
+def _pending(value: Any, where: str) -> Pending | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InputError(f"{where}: must be an object")
+    return Pending(
+        _text(value.get("from"), f"{where}.from"),
+        _text(value.get("to"), f"{where}.to"),
+        _number(value.get("predicted_rc"), f"{where}.predicted_rc"),
+        _number(value.get("at"), f"{where}.at"),
+    )
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, list | dict):
+        return f"a {type(value).__name__}"
+    return untrusted.printable(repr(value), 40)
+
+
+def salvage_version(data: Any) -> int | None:
+    """The version of a plan that is otherwise unusable, when that one field is still sound."""
+    if isinstance(data, dict):
+        try:
+            return _whole(data.get("version"), "version")
+        except InputError:
+            return None
+    return None
+
+
+def _alerts(data: Any, where: str) -> tuple[AlertRecord, ...]:
+    """The received alerts persisted with the plan (restored at start-up)."""
+    if not isinstance(data, list):
+        raise InputError(f"{where}: alerts: must be a list")
+    out = []
+    for index, item in enumerate(data):
+        at = f"{where}: alerts[{index}]"
+        if not isinstance(item, dict):
+            raise InputError(f"{at}: must be an object")
+        labels = item.get("labels")
+        if not isinstance(labels, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
+        ):
+            raise InputError(f"{at}.labels: must be an object of strings")
+        out.append(
+            AlertRecord(
+                fingerprint=_text(item.get("fingerprint"), f"{at}.fingerprint"),
+                alertname=_text(item.get("alertname"), f"{at}.alertname"),
+                status=_text(item.get("status"), f"{at}.status"),
+                labels=dict(labels),
+                starts_at=_text(item.get("starts_at"), f"{at}.starts_at"),
+                received_at=_number(item.get("received_at"), f"{at}.received_at"),
+            )
+        )
+    return tuple(out)
 
 
 def atomic_write(path: Path, text: str) -> None:
@@ -190,51 +316,74 @@ def remove_stale_temp_files(
     return removed
 
 
+class _Unreadable(InputError):
+    """The file is there but cannot be read (permissions): not a malformed plan, never moved."""
+
+
+def _parse(raw: bytes | str, where: str) -> Any:
+    return untrusted.loads(raw, where, max_depth=configfile.LIMITS.max_depth)
+
+
+def parse(raw: bytes | str, where: str) -> PlanDocument:
+    """A stored plan's text (a file, a ConfigMap key, a decider's answer) within the JSON limits;
+    InputError for anything malformed, never RecursionError or ValueError."""
+    return decode(_parse(raw, where), where)
+
+
 class PlanStore:
     """Load and save the plan file. ``save`` raises OSError (disk full...) for the caller to count."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.recovered: str | None = None  # why the file on disk could not be used, if so
+        self.salvaged_version: int | None = None  # the unusable file's version, if it was sound
 
     def load(self) -> PlanDocument | None:
-        """The stored plan, or None when there is none. A corrupt file is moved aside and reported.
+        """The stored plan, or None when there is none. A malformed file (any way at all: not JSON,
+        too large, nested too deep, wrong types) is moved aside to ``.corrupt`` and reported.
 
         Called once at startup by the daemon: also removes temp files a killed writer left behind.
         """
         remove_stale_temp_files(self.path)
-        text = self._read()
-        if text is None:
-            return None
+        data: Any = None
         try:
-            return decode(json.loads(text), str(self.path))
-        except (json.JSONDecodeError, InputError) as exc:
-            aside = self.path.with_name(self.path.name + ".corrupt")
-            os.replace(self.path, aside)
-            self.recovered = (
-                f"{self.path}: unreadable ({exc}); moved to {aside}, starting from the default plan"
-            )
-            log.error("%s", self.recovered)
+            raw = self._read()
+            if raw is None:
+                return None
+            data = _parse(raw, str(self.path))
+            return decode(data, str(self.path))
+        except _Unreadable:
+            raise
+        except InputError as exc:
+            self._set_aside(exc, data)
             return None
+
+    def _set_aside(self, exc: InputError, data: Any) -> None:
+        self.salvaged_version = salvage_version(data)
+        aside = self.path.with_name(self.path.name + ".corrupt")
+        try:
+            os.replace(self.path, aside)
+            moved = f"moved to {aside}"
+        except OSError as move_exc:
+            moved = f"could not be moved aside ({move_exc.strerror})"
+        self.recovered = (
+            f"unreadable ({untrusted.printable(exc, 300)}); {moved}, starting from the default plan"
+        )
+        log.error("plan file unusable: %s", self.recovered)
 
     def load_readonly(self) -> PlanDocument | None:
-        """Like ``load`` but never touches the file: a corrupt plan raises InputError (for the CLI)."""
-        text = self._read()
-        if text is None:
-            return None
-        try:
-            return decode(json.loads(text), str(self.path))
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{self.path}: not JSON ({exc})") from exc
+        """Like ``load`` but never touches the file: a malformed plan raises InputError (for the CLI)."""
+        raw = self._read()
+        return None if raw is None else decode(_parse(raw, str(self.path)), str(self.path))
 
-    def _read(self) -> str | None:
-        """The file's text, or None when there is no file."""
+    def _read(self) -> bytes | None:
+        """The file's bytes, or None when absent; InputError when larger than any plan can be."""
         try:
-            return self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
+            return untrusted.read_bytes(self.path, configfile.LIMITS.max_bytes, "plan file")
+        except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as exc:
-            raise InputError(f"cannot read plan file {self.path}: {exc.strerror}") from exc
+            raise _Unreadable(f"cannot read plan file {self.path}: {exc.strerror}") from exc
 
     def save(self, doc: PlanDocument) -> None:
         atomic_write(self.path, json.dumps(encode(doc), indent=1, sort_keys=True) + "\n")

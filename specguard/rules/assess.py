@@ -57,6 +57,32 @@ class Assessment:
         return out
 
 
+ALERT_NAMES_SHOWN = 5
+"""A reason names at most this many alerts (a flood of alerts must not make every reason huge)."""
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(names[:ALERT_NAMES_SHOWN])
+    more = len(names) - ALERT_NAMES_SHOWN
+    return f"{shown} and {more} more" if more > 0 else shown
+
+
+MODEL = "model"
+RC_MEASURES = ("rc", "rc_lower", "rc_upper")
+
+
+def _bound_for_model(rule: policy_mod.Rule, restoring: bool) -> tuple[str, str]:
+    """The RC measure a rule reads when the baseline is the step-cost model, and why.
+
+    The model baseline is a prediction: a move is made only when the RC interval's bound (which
+    carries the model's uncertainty) is past the threshold, never on its point estimate. Bad for
+    ``above`` means the lower bound is above; good (restoring) means the upper bound is below.
+    """
+    above = rule.direction == "above"
+    bound = ("rc_upper" if above else "rc_lower") if restoring else ("rc_lower" if above else "rc_upper")
+    return bound, f"baseline is the model (no live or profile one): judged on the interval bound {bound}"
+
+
 def assess(
     rule: policy_mod.Rule,
     pool: str,
@@ -64,17 +90,20 @@ def assess(
     policy: policy_mod.Policy,
     *,
     restoring: bool,
+    load_bucket: str = "",
 ) -> Assessment | None:
-    """A rule's verdict on ``pool``; None when the rule has no opinion (no alert applies)."""
+    """A rule's verdict on ``pool`` for a class at ``load_bucket``; None when the rule has no
+    opinion (no alert applies)."""
     if rule.name == "alertmanager":
         relevant = [a for a in evidence.alerts if a.pool in (None, pool)]
         if not relevant:
             return None
-        firing = sorted(a.alertname for a in relevant if a.firing)
+        firing = sorted({a.alertname for a in relevant if a.firing})
         if firing:
-            return Assessment(rule, pool, Phase.ACT, f"alert {', '.join(firing)} firing")
-        names = ", ".join(sorted({a.alertname for a in relevant}))
-        return Assessment(rule, pool, Phase.OK, f"alert {names} resolved")
+            return Assessment(rule, pool, Phase.ACT, f"alert {_names(firing)} firing")
+        return Assessment(
+            rule, pool, Phase.OK, f"alert {_names(sorted({a.alertname for a in relevant}))} resolved"
+        )
     if evidence.error is not None:
         return Assessment(rule, pool, Phase.ERROR, f"data source error: {evidence.error}")
     found: PoolEvidence | None = evidence.pools.get(pool)
@@ -99,13 +128,15 @@ def assess(
             samples=found.samples,
             predicted=found.predicted,
         )
-    value = found.values.get(measure or rule.name)
+    name = measure or rule.name
+    note = ""
+    if found.baseline_source == MODEL and name in RC_MEASURES:
+        name, note = _bound_for_model(rule, restoring)
+    value = found.values.get(name)
     if value is None or math.isnan(value):
         why = " (no baseline yet)" if found.baseline_source == "none" else ""
-        return Assessment(
-            rule, pool, Phase.HOLD, f"no value for {measure or rule.name}{why}", samples=found.samples
-        )
-    name = measure or rule.name
+        why = why or (" (model baseline: no interval bound)" if note else "")
+        return Assessment(rule, pool, Phase.HOLD, f"no value for {name}{why}", samples=found.samples)
     side = "<" if rule.direction == "above" else ">"
     if restoring:
         if rule.is_good(value):
@@ -122,6 +153,12 @@ def assess(
     else:
         reason = f"{name} ({value:.3f}) within threshold ({rule.threshold})"
         phase = Phase.OK
+    if rule.query is not None:
+        reason = f"{reason} [PromQL for {pool} at load {load_bucket}, now]"
+    else:  # every number says which measurement, when, at which load bucket, on which pool
+        reason = f"{reason} [{found.provenance(load_bucket, policy.window_seconds)}]"
+    if note:
+        reason = f"{reason}; {note}"
     if found.note:  # e.g. a loss inherited from a lower load bucket: say where the number came from
         reason = f"{reason}; {found.note}"
     return Assessment(

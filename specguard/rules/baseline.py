@@ -1,12 +1,17 @@
-"""Where T_base comes from: a real non-speculative path, never a guess.
+"""Where T_base comes from, in order of trust; every RC says which one it used.
 
 Order, per load bucket (RC compares the same operating point, CONCEPTS.md section 2):
 
 1. ``live``: requests served by a no-speculation pool (K = 0) in the same load bucket, if at
    least ``cost.baseline_min_samples`` of them are in the window. With ``baseline_scope:
    class_then_load`` the class's own no-spec requests are used first when there are enough.
-2. ``profile``: the K = 0 pool of the calibration profile at the bucket's concurrency.
-3. ``none``: RC is unknown (``None``), never 1.0; the guard holds.
+2. ``profile``: the K = 0 pool of the calibration profile at the bucket's concurrency, when the
+   profile is fresh: its header's engine version and model match what the no-spec pool serves
+   now (``profile.staleness``) and its no-spec pool has K = 0.
+3. ``model``: the step-cost fit over both kinds of pool (``rules.modelbase``) at the bucket's
+   load, with the fit's interval (``cost.model_baseline``). The guard acts on it only through
+   interval bounds (``rules.assess``).
+4. ``none``: RC is unknown (``None``), never 1.0; the guard holds.
 
 Route labels (set by the tap's router; the shares are tap config, this module only reads them):
 
@@ -23,8 +28,8 @@ the spec side of a (class, pool) is every request of that class on that pool (pl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -40,7 +45,13 @@ ROUTES = (ROUTE_PLAN, ROUTE_HOLDOUT, ROUTE_PROBE)
 
 SOURCE_LIVE = "live"
 SOURCE_PROFILE = "profile"
+SOURCE_MODEL = "model"
 SOURCE_NONE = "none"
+SOURCES = (SOURCE_LIVE, SOURCE_PROFILE, SOURCE_MODEL, SOURCE_NONE)
+HOW_TO_GET_ONE = (
+    "traffic on the no-spec pool at this load (guard.holdout: capacity_matched, the default, sends "
+    "it there), or a calibration profile: `specguard sweep --http` and cost.calibration_profile"
+)
 
 
 def usable_for_tpot(record: RequestRecord) -> bool:
@@ -64,7 +75,7 @@ def tpot_arrays(records: Sequence[RequestRecord]) -> tuple[np.ndarray, np.ndarra
 class Baseline:
     """T_base for one load bucket (and class, with class scope), and what stands behind it."""
 
-    source: str  # "live" | "profile" | "none"
+    source: str  # "live" | "profile" | "model" | "none"
     tpot_seconds: float | None
     samples: int  # requests behind tpot_seconds (live or the profile's count); 0 for none
     detail: str  # human-readable provenance, e.g. "pool nospec, 412 requests in load bucket low"
@@ -72,6 +83,7 @@ class Baseline:
     live_samples: int = 0  # live no-spec requests seen in the bucket, even when too few to use
     seconds: tuple[float, ...] = ()  # per-request samples (live only), for the bootstrap
     tokens: tuple[float, ...] = ()
+    available: tuple[str, ...] = ()  # every source that could give T_base here (trust order)
 
 
 def choose(
@@ -83,50 +95,90 @@ def choose(
     profile: profile_mod.Profile | None,
     nospec_pools: Sequence[str],
     settings: CostSettings,
+    model: Callable[[], tuple[float, float, str] | str] | None = None,
+    stale: str | None = None,
 ) -> Baseline:
-    """Pick the baseline for one (class, load bucket) from usable no-spec records of that bucket."""
+    """Pick the baseline for one (class, load bucket) from usable no-spec records of that bucket.
+
+    ``model()`` gives the model baseline's ``(TPOT_base, Var(log TPOT_base), detail)`` at the
+    bucket's load, or why there is none; ``stale`` is why the profile may not be used (None: fresh).
+    """
     candidates: list[tuple[str, list[RequestRecord]]] = []
     if settings.baseline_scope == "class_then_load":
         own = [r for r in live if r.task_type == task_type and r.temperature_bucket == temperature_bucket]
         candidates.append((f"class {task_type}/{temperature_bucket}", own))
     candidates.append(("all classes", list(live)))
     pools = ",".join(sorted({r.pool for r in live})) or ",".join(nospec_pools) or "-"
+    found: list[Baseline] = []
     for scope, records in candidates:
         if len(records) >= settings.baseline_min_samples:
             seconds, tokens = tpot_arrays(records)
             estimate = confidence.ratio_of_sums(seconds, tokens)
             if estimate is not None and estimate.value > 0:
-                return Baseline(
-                    source=SOURCE_LIVE,
-                    tpot_seconds=estimate.value,
-                    samples=estimate.n,
-                    detail=f"pool {pools}, {estimate.n} requests ({scope}) in load bucket {load_bucket}",
-                    log_variance=estimate.variance(settings.interval_method),
-                    live_samples=len(live),
-                    seconds=tuple(seconds.tolist()),
-                    tokens=tuple(tokens.tolist()),
+                found.append(
+                    Baseline(
+                        source=SOURCE_LIVE,
+                        tpot_seconds=estimate.value,
+                        samples=estimate.n,
+                        detail=f"pool {pools}, {estimate.n} requests ({scope}) in load bucket {load_bucket}",
+                        log_variance=estimate.variance(settings.interval_method),
+                        live_samples=len(live),
+                        seconds=tuple(seconds.tolist()),
+                        tokens=tuple(tokens.tolist()),
+                    )
                 )
-    why_not_live = (
-        f"{len(live)} live no-spec requests in load bucket {load_bucket} "
-        f"(< baseline_min_samples {settings.baseline_min_samples})"
-    )
+                break
+    why_not: list[str] = []
+    if not found:
+        why_not.append(
+            f"{len(live)} live no-spec requests in load bucket {load_bucket} "
+            f"(< baseline_min_samples {settings.baseline_min_samples})"
+        )
     from_profile = profile_baseline(profile, load_bucket, nospec_pools, settings)
+    if isinstance(from_profile, profile_mod.LevelValue) and stale is not None:
+        from_profile = f"calibration profile {profile.source if profile else ''} is stale: {stale}"
     if isinstance(from_profile, profile_mod.LevelValue):
         sd = (from_profile.stderr / from_profile.value) if from_profile.stderr else 0.0
-        return Baseline(
-            source=SOURCE_PROFILE,
-            tpot_seconds=from_profile.value,
-            samples=from_profile.samples,
-            detail=f"{from_profile.detail}; {why_not_live}",
-            log_variance=sd**2,
-            live_samples=len(live),
+        found.append(
+            Baseline(
+                source=SOURCE_PROFILE,
+                tpot_seconds=from_profile.value,
+                samples=from_profile.samples,
+                detail=f"{from_profile.detail}; {'; '.join(why_not)}".rstrip("; "),
+                log_variance=sd**2,
+                live_samples=len(live),
+            )
         )
+    else:
+        why_not.append(from_profile)
+    if model is not None and settings.model_baseline:
+        predicted = model()
+        if isinstance(predicted, str):
+            why_not.append(predicted)
+        else:
+            value, log_variance, detail = predicted
+            found.append(
+                Baseline(
+                    source=SOURCE_MODEL,
+                    tpot_seconds=value,
+                    samples=0,
+                    detail=f"{detail}; {'; '.join(why_not)}",
+                    log_variance=log_variance,
+                    live_samples=len(live),
+                )
+            )
+    elif not settings.model_baseline:
+        why_not.append("model baseline off (cost.model_baseline: false)")
+    available = tuple(b.source for b in found)
+    if found:
+        return replace(found[0], available=available)
     return Baseline(
         source=SOURCE_NONE,
         tpot_seconds=None,
         samples=0,
-        detail=f"{why_not_live}; {from_profile}",
+        detail=f"{'; '.join(why_not)}; to get one: {HOW_TO_GET_ONE}",
         live_samples=len(live),
+        available=(SOURCE_NONE,),
     )
 
 

@@ -17,11 +17,16 @@ token (CONCEPTS.md section 2). For each pool the best evidence at hand is its es
    ``guard.restore_on_prediction``; by default a longer K needs a measurement, memory or profile).
 
 The no-spec pool costs exactly 1.0 by definition. A pool is *cheaper* when its rc is below the
-current pool's times ``1 - best_pool_margin``; moving needs that for more than
+current pool's times ``1 - best_pool_margin``; against the no-spec pool, a current rc measured on
+the ``model`` baseline counts only with its interval's lower bound (a prediction never moves a
+class off speculation on its point estimate; between speculative pools the baseline cancels out).
+Moving needs that for more than
 ``best_pool_consecutive_limit`` evaluations in a row (the guard counts), except for a class with no
 live evidence of its own yet, which starts on the profile's choice at once (the warm start). A move
 back to the pool the class left at its last move waits for the stabilization window, doubled per
 recent reversal (``reversal_wait``), so a class does not follow a load that swings across the knee.
+The pool the class is on must have been measured in this window: its memory alone never moves it.
+Every estimate says where its number comes from (which measurement, when, at which load bucket).
 Pure: no clock, no I/O.
 """
 
@@ -43,6 +48,7 @@ MEASURED, MEMORY, WHATIF, PROFILE, EXTRAPOLATED, DEFINITION = (
     "definition",
 )
 LIVE = (MEASURED, MEMORY)
+MODEL_BASELINE = "model"
 
 
 @dataclass(frozen=True)
@@ -53,9 +59,17 @@ class Estimate:
     rc: float
     basis: str
     samples: int = 0
+    detail: str = ""
+    """Where the number comes from: which measurement, when, at which load bucket (issue 18)."""
+    lower: float | None = None  # the interval's lower bound, set when the baseline is the model
+    model_baseline: bool = False
 
     def text(self) -> str:
-        return f"{self.pool} {self.rc:.3f} ({self.basis})"
+        where = f": {self.detail}" if self.detail else ""
+        if self.model_baseline:
+            bound = "no lower bound" if self.lower is None else f"lower bound {self.lower:.3f}"
+            return f"{self.pool} {self.rc:.3f} ({self.basis}{where}; model baseline: {bound})"
+        return f"{self.pool} {self.rc:.3f} ({self.basis}{where})"
 
 
 @dataclass(frozen=True)
@@ -82,7 +96,7 @@ def min_samples(policy: policy_mod.Policy) -> int:
 
 
 def measured(evidence: Evidence, policy: policy_mod.Policy) -> dict[str, tuple[float, int]]:
-    """Pools measured this window with enough samples: ``{pool: (rc, samples)}``."""
+    """Pools measured this window with enough samples: ``{pool: (rc, samples)}`` (any baseline)."""
     needed = min_samples(policy)
     out = {}
     for name, found in evidence.pools.items():
@@ -98,14 +112,24 @@ def estimates(
     memory: Mapping[str, tuple[float, float]],
     now: float,
     policy: policy_mod.Policy,
+    load_bucket: str = "",
 ) -> dict[str, Estimate]:
-    """Every pool's best estimate for a class currently on ``pool`` (see the module docstring)."""
+    """Every pool's best estimate for a class currently on ``pool`` at ``load_bucket`` (see the
+    module docstring); each says where its number comes from."""
+    at_load = f" at load {load_bucket}" if load_bucket else ""
     out: dict[str, Estimate] = {}
     for name, (rc, samples) in measured(evidence, policy).items():
-        out[name] = Estimate(name, rc, MEASURED, samples)
+        found = evidence.pools[name]
+        base = found.baseline_source
+        detail = f"last {policy.window_seconds:.0f} s{at_load}, n={samples}" + (
+            f", baseline {base}" if base else ""
+        )
+        model = base == MODEL_BASELINE
+        lower = found.values.get("rc_lower") if model else None
+        out[name] = Estimate(name, rc, MEASURED, samples, detail, lower, model)
     for name, (rc, at) in memory.items():
         if name not in out and now - at < policy.memory_seconds and _finite(rc):
-            out[name] = Estimate(name, rc, MEMORY)
+            out[name] = Estimate(name, rc, MEMORY, detail=f"measured {now - at:.0f} s ago{at_load}")
     current_k = policy.pools.get(pool, 0)
     late: dict[str, Estimate] = {}
     thin: dict[str, Estimate] = {}
@@ -115,25 +139,28 @@ def estimates(
         if name in out or not found.predicted or not _finite(rc):
             continue
         exact = found.method == "histogram" and policy.pools.get(name, 0) <= current_k
-        estimate = Estimate(name, float(rc), WHATIF if exact else EXTRAPOLATED, found.samples)  # type: ignore[arg-type]
+        made = f" on {found.made_from}" if found.made_from else ""
+        detail = f"from {found.samples} requests measured{made}{at_load}"
+        basis = WHATIF if exact else EXTRAPOLATED
         # a what-if from fewer than min_samples requests stands only where the profile has nothing
         target = (out if found.samples >= needed else thin) if exact else late
-        target[name] = estimate
+        target[name] = Estimate(name, float(rc), basis, found.samples, detail)  # type: ignore[arg-type]
     prior = evidence.prior if policy.prior == "profile" else {}
     here = out.get(pool)
     scale = 1.0
     if here is not None and here.basis in LIVE and _finite(prior.get(pool)):
         scale = here.rc / prior[pool]
+    scaled = f", x{scale:.3f} for {pool}'s live/profile" if scale != 1.0 else ""
     for name, rc in prior.items():
         if name not in out and name in policy.pools and _finite(rc):
-            out[name] = Estimate(name, rc * scale, PROFILE)
+            out[name] = Estimate(name, rc * scale, PROFILE, detail=f"calibration profile{at_load}{scaled}")
     for name, estimate in thin.items():
         out.setdefault(name, estimate)
     if policy.restore_on_prediction:
         for name, estimate in late.items():
             out.setdefault(name, estimate)
     if policy.nospec_pool:
-        out[policy.nospec_pool] = Estimate(policy.nospec_pool, 1.0, DEFINITION)
+        out[policy.nospec_pool] = Estimate(policy.nospec_pool, 1.0, DEFINITION, detail="no speculation")
     return out
 
 
@@ -144,6 +171,7 @@ def choose(
     now: float,
     policy: policy_mod.Policy,
     came_from: str | None = None,
+    load_bucket: str = "",
 ) -> Choice | None:
     """The cheaper pool the evidence favours for a speculating class on ``pool``, or None.
 
@@ -156,12 +184,15 @@ def choose(
     """
     if not policy.best_pool or policy.pools.get(pool, 0) <= 0:
         return None
-    found = estimates(pool, evidence, memory, now, policy)
+    found = estimates(pool, evidence, memory, now, policy, load_bucket)
     current = found.get(pool)
     if current is None:
         return None
     warm = current.basis == PROFILE and not any(e.basis in LIVE for e in found.values())
-    if current.basis not in LIVE and not warm:
+    # the pool the class is on needs this window's measurement: an older one (memory) may be from
+    # other traffic than now, and a move must never rest on it (issue 18: "spec-k4 1.040 (memory)"
+    # moved a class whose few requests this window measured 0.49)
+    if current.basis != MEASURED and not warm:
         return None
     candidates = [
         e
@@ -173,7 +204,10 @@ def choose(
     if not candidates:
         return None
     best = min(candidates, key=lambda e: (e.rc, -policy.pools.get(e.pool, 0), e.pool))
-    if not best.rc < current.rc * (1.0 - policy.best_pool_margin):
+    here = current.rc
+    if best.basis == DEFINITION and current.model_baseline:
+        here = current.lower if current.lower is not None else 0.0
+    if not best.rc < here * (1.0 - policy.best_pool_margin):
         return None
     return Choice(current, best, warm)
 
@@ -207,6 +241,20 @@ def reversal_wait(
         f"back to {target}, the pool it left at its last move: consecutive evaluations ({streak}) < "
         f"{needed} (stabilization window {window:.0f} s{doubled})"
     ), recent
+
+
+def ranking(
+    pool: str,
+    evidence: Evidence,
+    memory: Mapping[str, tuple[float, float]],
+    now: float,
+    policy: policy_mod.Policy,
+) -> tuple[str, ...]:
+    """The pools with an estimate for a class on ``pool``, cheapest first: the order in which the
+    tap fails the class over when its pool is down (pools without an estimate come after)."""
+    found = estimates(pool, evidence, memory, now, policy)
+    ordered = sorted(found.values(), key=lambda e: (e.rc, -policy.pools.get(e.pool, 0), e.pool))
+    return tuple(e.pool for e in ordered)
 
 
 def remember(

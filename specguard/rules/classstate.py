@@ -75,6 +75,8 @@ class Decision:
     dry_run: bool = False
     cause: str = ""
     """Bounded code for metrics: the rule that breached, "recovered", "source_errors", "operator"..."""
+    reports: Mapping[str, str] = field(default_factory=dict)
+    """Report-only (``dry_run``) rules whose failure limits are breached: rule name -> why."""
 
     @property
     def changes_plan(self) -> bool:
@@ -96,4 +98,5 @@ class Decision:
             "reason": self.reason,
             "dry_run": self.dry_run,
             "numbers": dict(self.numbers),
+            **({"reports": dict(self.reports)} if self.reports else {}),
         }

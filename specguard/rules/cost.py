@@ -2,8 +2,9 @@
 
 ``RC = TPOT_spec(class, load, pool) / TPOT_base(load)`` (CONCEPTS.md section 2), each TPOT a
 ratio of sums (``sum decode seconds / sum (output tokens - 1)``), never an average of
-per-request ratios. The baseline comes from ``rules.baseline`` (live no-spec traffic, else the
-calibration profile, else none: RC unknown, never 1.0). The interval is ``rules.confidence``
+per-request ratios. The baseline comes from ``rules.baseline`` (live no-spec traffic, else a fresh
+calibration profile, else the step-cost model of ``rules.modelbase``, else none: RC unknown, never
+1.0). The interval is ``rules.confidence``
 (delta method on the log scale by default, or a seeded bootstrap). Each result also carries the
 class's acceptance on that pool and the what-if RC on the other speculative pools
 (``rules.whatif``); moving a class to a no-spec pool costs RC 1.0 by definition.
@@ -22,10 +23,10 @@ import numpy as np
 
 from specguard.exporters.records import RequestRecord
 from specguard.rules import baseline as baseline_mod
-from specguard.rules import confidence, whatif
+from specguard.rules import confidence, modelbase, whatif
 from specguard.rules import profile as profile_mod
 from specguard.rules.cost_config import CostSettings
-from specguard.rules.stepfit import StepFit
+from specguard.rules.stepfit import StepFit, StepObservation
 
 STATUS_OK = "ok"  # enough spec samples and a baseline
 STATUS_FEW_SAMPLES = "few_samples"  # an RC exists but rests on fewer than min_samples requests
@@ -54,7 +55,7 @@ class ClassCost:
     n_base: int  # requests behind the baseline (live count, or the profile's sample count)
     spec_tpot_seconds: float | None
     base_tpot_seconds: float | None
-    baseline_source: str  # "live" | "profile" | "none"
+    baseline_source: str  # "live" | "profile" | "model" | "none"
     baseline_detail: str
     n_probe: int = 0  # of n_spec, requests sent here as probes
     spec_stats_requests: int = 0  # requests that reported per-request speculative stats
@@ -67,6 +68,7 @@ class ClassCost:
     step_seconds: float | None = None  # live verify-round time: sum decode s / sum rounds
     predictions: tuple[whatif.WhatIf, ...] = ()  # what-if RC on the other speculative pools
     evaluated_at: float = 0.0
+    baselines_available: tuple[str, ...] = ()  # every baseline source that could serve this bucket
 
     @property
     def enough(self) -> bool:
@@ -104,20 +106,37 @@ def pool_ks(pools: Any) -> dict[str, int]:
     return out
 
 
-def evaluate(
+def evaluate(*args: Any, **kwargs: Any) -> list[ClassCost]:
+    """``evaluate_all`` (same arguments) without the per-bucket baselines: one ClassCost per
+    (class, load bucket, speculative pool) seen in the records."""
+    return evaluate_all(*args, **kwargs)[0]
+
+
+def evaluate_all(
     records: Iterable[RequestRecord],
     pools: Any,
     profile: profile_mod.Profile | None,
     now: float,
     settings: CostSettings,
     stepfit: StepFit | None = None,
-) -> list[ClassCost]:
-    """One ClassCost per (class, load bucket, speculative pool) seen in ``records``.
+    *,
+    model_records: Sequence[RequestRecord] | None = None,
+    engine_steps: Sequence[tuple[str, StepObservation, float]] = (),
+    stack: Mapping[str, str] | None = None,
+) -> tuple[list[ClassCost], dict[str, baseline_mod.Baseline]]:
+    """One ClassCost per (class, load bucket, speculative pool) seen in ``records``, and the
+    baseline of every load bucket (configured or seen; all classes pooled).
 
     A class seen only off speculation gets one ``no_samples`` entry per speculative pool, so the
     guard sees "unknown" rather than nothing. Records of pools not in ``pools`` are ignored.
+    The model baseline is fitted on ``model_records`` (default: ``records``; e.g. the tap's longer
+    window) and the engines' page intervals ``engine_steps``; ``stack`` (``engine_version``,
+    ``model`` of the pools now) decides whether the profile is fresh.
     """
+    records = list(records)
     ks = pool_ks(pools)
+    stale = profile_mod.staleness(profile, stack, ks)
+    model = modelbase.Cache(records if model_records is None else model_records, ks, engine_steps)
     nospec = sorted(name for name, k in ks.items() if k == 0)
     spec_pools = sorted(name for name, k in ks.items() if k > 0)
     since = now - settings.window_seconds if settings.window_seconds else None
@@ -125,6 +144,7 @@ def evaluate(
     by_cell: dict[tuple[ClassKey, str], list[RequestRecord]] = defaultdict(list)
     base_by_load: dict[str, list[RequestRecord]] = defaultdict(list)
     by_pool_load: dict[tuple[str, str], list[RequestRecord]] = defaultdict(list)
+    by_load_spec: dict[str, list[RequestRecord]] = defaultdict(list)
     for record in records:
         if record.pool not in ks or (since is not None and record.started_at < since):
             continue
@@ -138,8 +158,23 @@ def evaluate(
         else:
             by_cell[(key, record.pool)].append(record)
             by_pool_load[(record.pool, record.load_bucket)].append(record)
+            by_load_spec[record.load_bucket].append(record)
     step_cache: dict[tuple[str, str], whatif.StepTime | None] = {}
     base_cache: dict[tuple[str, ...], baseline_mod.Baseline] = {}
+
+    def choose(task_type: str, temperature_bucket: str, load_bucket: str) -> baseline_mod.Baseline:
+        return baseline_mod.choose(
+            base_by_load.get(load_bucket, []),
+            task_type=task_type,
+            temperature_bucket=temperature_bucket,
+            load_bucket=load_bucket,
+            profile=profile,
+            nospec_pools=nospec,
+            settings=settings,
+            model=lambda: model.at(load_bucket, by_load_spec.get(load_bucket, ()), settings),
+            stale=stale,
+        )
+
     boot_cache: dict[int, np.ndarray | None] = {}  # id(baseline) -> its bootstrap resamples
     results: list[ClassCost] = []
     for key in sorted(keys):
@@ -147,15 +182,7 @@ def evaluate(
         base_key = key if settings.baseline_scope == "class_then_load" else (load_bucket,)
         base = base_cache.get(base_key)
         if base is None:
-            base = base_cache[base_key] = baseline_mod.choose(
-                base_by_load.get(load_bucket, []),
-                task_type=task_type,
-                temperature_bucket=temperature_bucket,
-                load_bucket=load_bucket,
-                profile=profile,
-                nospec_pools=nospec,
-                settings=settings,
-            )
+            base = base_cache[base_key] = choose(task_type, temperature_bucket, load_bucket)
         present = [p for p in spec_pools if by_cell.get((key, p))]
         for pool in present or spec_pools:
             steps = {
@@ -167,7 +194,10 @@ def evaluate(
             }
             cell = by_cell.get((key, pool), [])
             results.append(_class_cost(key, pool, ks[pool], cell, base, steps, ks, settings, now, boot_cache))
-    return results
+    buckets = [b.name for b in settings.load_buckets] or []
+    buckets += sorted({k[2] for k in keys} - set(buckets))
+    per_bucket = {lb: base_cache.get((lb,)) or choose("", "", lb) for lb in buckets}
+    return results, per_bucket
 
 
 def _class_cost(
@@ -235,6 +265,7 @@ def _class_cost(
         step_seconds=accept["step"],
         predictions=predictions,
         evaluated_at=now,
+        baselines_available=base.available,
     )
 
 

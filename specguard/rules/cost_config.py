@@ -17,6 +17,7 @@ Example::
       seed: 0
       baseline_scope: load         # load: pool every class's no-spec traffic | class_then_load
       calibration_profile: null    # path to a profile written by `specguard sweep` (fallback baseline)
+      model_baseline: true         # no live or fresh profile baseline: T_base from the step-cost fit
       window_seconds: null         # only records newer than now - window (null: all records given)
 """
 
@@ -53,6 +54,7 @@ class CostSettings:
     seed: int = 0  # bootstrap seed: the same records give the same interval
     baseline_scope: str = "load"  # "load" or "class_then_load"
     calibration_profile: str | None = None  # path of the calibration profile (fallback baseline)
+    model_baseline: bool = True  # the step-cost fit's T_base where no live or fresh profile one exists
     window_seconds: float | None = None  # ignore records older than now - window_seconds
     # filled from the tap's sections by monitor.config (not keys of `cost:`)
     load_buckets: tuple[LoadBucket, ...] = field(default_factory=tuple)
@@ -112,6 +114,7 @@ def parse_cost_section(section: configfile.Section) -> CostSettings:
         seed=section.get("seed", int, defaults.seed, minimum=0),
         baseline_scope=section.get("baseline_scope", str, defaults.baseline_scope, choices=BASELINE_SCOPES),
         calibration_profile=section.get("calibration_profile", str, None, nullable=True),
+        model_baseline=section.get("model_baseline", bool, defaults.model_baseline),
         window_seconds=section.get("window_seconds", float, None, minimum=1.0, nullable=True),
     )
     if settings.calibration_profile is not None:

@@ -49,6 +49,21 @@ class PoolEvidence:
     """Why the numbers are what they are, for decisions and the audit log (e.g. an inheritance)."""
     method: str = ""
     """For a prediction: how the accept length was obtained (``histogram``, ``extrapolated``, ``iid``)."""
+    made_from: str | None = None
+    """For a prediction: the pool whose measurement it was made from."""
+
+    def provenance(self, load_bucket: str, window_seconds: float) -> str:
+        """Where this pool's numbers come from, for the reasons decisions give (issue 18)."""
+        if self.inherited_from is not None:
+            return f"bound inherited from load {self.inherited_from}, n={self.samples}"
+        window = f"over the last {window_seconds:.0f} s"
+        if self.predicted:
+            made = f" on {self.made_from}" if self.made_from else ""
+            return f"what-if from {self.samples} requests measured{made} at load {load_bucket} {window}"
+        if self.samples == 0 and not self.baseline_source:  # numbers of a PromQL query, not a window
+            return f"PromQL for {self.pool} at load {load_bucket}, now"
+        baseline = f", baseline {self.baseline_source}" if self.baseline_source else ""
+        return f"measured on {self.pool} at load {load_bucket} {window}, n={self.samples}{baseline}"
 
 
 @dataclass(frozen=True)
@@ -150,6 +165,7 @@ def _group(costs: Iterable[ClassCost], needed: int | None = None) -> dict[ClassK
                     baseline_source=cost.baseline_source,
                     method=prediction.acceptance_method or "",
                     note=f"what-if from {cost.pool} ({cost.n_spec} requests)" if over_thin else "",
+                    made_from=cost.pool,
                 )
     return {key: Evidence(pools=value) for key, value in pools.items()}
 
@@ -294,14 +310,29 @@ class AlertRecord:
     received_at: float
 
 
+ALERT_LABELS = ("alertname", "task_type", "temperature_bucket", "load_bucket", "pool")
+"""The only labels an alert is kept with: its name, the class it names and the pool."""
+MAX_LABEL_VALUE = 128
+"""A longer value names no configured class or pool (label values are short names)."""
+
+
 class AlertBook:
     """Alerts by fingerprint. Repeats and HA duplicates change nothing; resolved alerts are kept a while.
 
-    Not thread-safe; the daemon touches it from its event loop only.
+    Bounded: at most ``max_alerts`` in all and ``max_per_class`` per class slot (the class labels,
+    the pool and the alert name); past either, the oldest received goes first (resolved ones
+    before firing ones), so a sender with the token can not grow the store or the evaluation.
+    Not thread-safe; the daemon touches it from its event loop only (``snapshot`` hands the
+    evaluation a copy).
     """
 
-    def __init__(self) -> None:
-        self._alerts: dict[str, AlertRecord] = {}
+    def __init__(self, *, max_alerts: int = 10_000, max_per_class: int = 16) -> None:
+        self.max_alerts = max_alerts
+        self.max_per_class = max_per_class
+        self._alerts: dict[str, AlertRecord] = {}  # oldest received first
+        self._slots: dict[tuple[str, ...], dict[str, None]] = {}  # slot -> fingerprints, oldest first
+        self._resolved: dict[str, None] = {}  # resolved fingerprints, oldest received first
+        self.evicted = 0
 
     def __len__(self) -> int:
         return len(self._alerts)
@@ -315,17 +346,48 @@ class AlertBook:
         for an older episode than the one recorded. Only a firing with a newer startsAt (a new
         episode) re-opens a resolved alert. A duplicate refreshes the time it was last received.
         """
+        alert = _trimmed(alert)
         previous = self._alerts.get(alert.fingerprint)
         if previous is None:
-            self._alerts[alert.fingerprint] = alert
+            self._make_room(_slot(alert))
+            self._put(alert)
             return "new"
         order = _compare_instants(alert.starts_at, previous.starts_at)
         if order < 0 or (order == 0 and previous.status == "resolved" and alert.status == "firing"):
             return "stale"
-        self._alerts[alert.fingerprint] = alert
+        self._drop(alert.fingerprint)
+        self._put(alert)
         if order == 0 and previous.status == alert.status:
             return "duplicate"
         return "updated"
+
+    def _put(self, alert: AlertRecord) -> None:
+        self._alerts[alert.fingerprint] = alert
+        self._slots.setdefault(_slot(alert), {})[alert.fingerprint] = None
+        if alert.status == "resolved":
+            self._resolved[alert.fingerprint] = None
+
+    def _drop(self, fingerprint: str) -> None:
+        alert = self._alerts.pop(fingerprint)
+        self._resolved.pop(fingerprint, None)
+        slot = _slot(alert)
+        members = self._slots.get(slot, {})
+        members.pop(fingerprint, None)
+        if not members:
+            self._slots.pop(slot, None)
+
+    def _make_room(self, slot: tuple[str, ...]) -> None:
+        """Drop the oldest received alert of a full slot, then of a full book; resolved ones first."""
+        members = self._slots.get(slot, {})
+        if len(members) >= self.max_per_class:
+            oldest = list(members)  # (at most max_per_class)
+            self._evict(next((f for f in oldest if f in self._resolved), oldest[0]))
+        if len(self._alerts) >= self.max_alerts:
+            self._evict(next(iter(self._resolved or self._alerts)))
+
+    def _evict(self, fingerprint: str) -> None:
+        self._drop(fingerprint)
+        self.evicted += 1
 
     def expire(self, now: float, firing_ttl: float, resolved_ttl: float) -> None:
         for fingerprint, alert in list(self._alerts.items()):
@@ -333,25 +395,55 @@ class AlertBook:
                 alert = self._alerts[fingerprint] = replace(alert, received_at=now)
             ttl = firing_ttl if alert.status == "firing" else resolved_ttl
             if now - alert.received_at > ttl:
-                del self._alerts[fingerprint]
+                self._drop(fingerprint)
 
     def records(self) -> list[AlertRecord]:
         return sorted(self._alerts.values(), key=lambda a: a.fingerprint)
 
+    def snapshot(self) -> list[AlertRecord]:
+        """The alerts now, for an evaluation running off the event loop."""
+        return list(self._alerts.values())
+
     def for_class(self, key: ClassKey) -> tuple[AlertEvidence, ...]:
         """Alerts whose class labels match ``key`` (a missing label matches any value)."""
-        out = []
-        for alert in self.records():
+        return alerts_by_class(self._alerts.values(), [key]).get(key, ())
+
+
+def alerts_by_class(
+    alerts: Iterable[AlertRecord], keys: Iterable[ClassKey]
+) -> dict[ClassKey, tuple[AlertEvidence, ...]]:
+    """Each key's matching alerts (``matches``), by fingerprint; one pass over the alerts."""
+    by_task: dict[str, list[ClassKey]] = {}
+    for key in keys:
+        by_task.setdefault(key[0], []).append(key)
+    found: dict[ClassKey, list[AlertRecord]] = {}
+    for alert in alerts:
+        for key in by_task.get(alert.labels.get("task_type", ""), ()):
             if matches(alert.labels, key):
-                out.append(
-                    AlertEvidence(
-                        fingerprint=alert.fingerprint,
-                        alertname=alert.alertname,
-                        firing=alert.status == "firing",
-                        pool=alert.labels.get("pool") or None,
-                    )
-                )
-        return tuple(out)
+                found.setdefault(key, []).append(alert)
+    return {
+        key: tuple(
+            AlertEvidence(
+                fingerprint=a.fingerprint,
+                alertname=a.alertname,
+                firing=a.status == "firing",
+                pool=a.labels.get("pool") or None,
+            )
+            for a in sorted(records, key=lambda a: a.fingerprint)
+        )
+        for key, records in found.items()
+    }
+
+
+def _slot(alert: AlertRecord) -> tuple[str, ...]:
+    return tuple(alert.labels.get(name, "") for name in ALERT_LABELS)
+
+
+def _trimmed(alert: AlertRecord) -> AlertRecord:
+    labels = {k: v[:MAX_LABEL_VALUE] for k, v in alert.labels.items() if k in ALERT_LABELS}
+    if labels == alert.labels:
+        return alert
+    return replace(alert, labels=labels)
 
 
 def _instant(text: str) -> datetime | None:
@@ -368,6 +460,11 @@ def _instant(text: str) -> datetime | None:
     except ValueError:
         return None
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def alert_time(text: str) -> datetime | None:
+    """An alert's ``startsAt`` as a time (RFC 3339 as Alertmanager writes it), None if unreadable."""
+    return _instant(text)
 
 
 def _compare_instants(a: str, b: str) -> int:

@@ -118,10 +118,11 @@ def step(
         numbers.update(_counters(new))
         to_pool = to or state.pool
         return new, Decision(
-            state.key, now, phase, action, state.pool, to_pool, reason, numbers, dry_run, cause
+            state.key, now, phase, action, state.pool, to_pool, reason, numbers, dry_run, cause, reports
         )
 
     assessments: list[Assessment] = []
+    reports: dict[str, str] = {}
     state = timing.rebase(state, now)
     if state.pin is not None:
         return decide(state, Phase.HOLD, f"pinned to {state.pin} by operator")
@@ -133,14 +134,23 @@ def step(
         rules[rule.name] = replace(state.rule(rule.name), last_evaluated_at=now)
 
     watching = k_of(policy, state.pool) > 0
-    watch = [a for r in due if watching and (a := assess(r, state.pool, evidence, policy, restoring=False))]
+    lb = state.key[2]
+    watch = [
+        a
+        for r in due
+        if watching and (a := assess(r, state.pool, evidence, policy, restoring=False, load_bucket=lb))
+    ]
     came_from = state.pending.from_pool if state.pending is not None else None
-    choice = bestpool.choose(state.pool, evidence, state.memory, now, policy, came_from)
+    choice = bestpool.choose(state.pool, evidence, state.memory, now, policy, came_from, load_bucket=lb)
     candidate = recover_candidate(state, evidence, policy)
     if policy.best_pool and candidate and k_of(policy, state.pool) > 0:
         # between speculative pools: restore only towards the pool the best-pool choice favours
         candidate = candidate if choice is not None and choice.best.pool == candidate else None
-    recover = [a for r in due if candidate and (a := assess(r, candidate, evidence, policy, restoring=True))]
+    recover = [
+        a
+        for r in due
+        if candidate and (a := assess(r, candidate, evidence, policy, restoring=True, load_bucket=lb))
+    ]
     assessments = watch + recover
     acting = [a for a in assessments if not a.rule.dry_run]
 
@@ -170,17 +180,21 @@ def step(
             f"consecutive_errors ({count}) > consecutive_error_limit ({limit}): "
             f"freeze in safe state {policy.safe_state}"
         )
-        frozen = _reset_counters(replace(new, frozen=True, pending=None))
-        if policy.dry_run:
+        if policy.dry_run:  # say once what it would do; the class is not frozen (nothing changes)
+            if count == limit + 1:
+                return decide(
+                    new,
+                    Phase.ERROR,
+                    f"dry-run: {reason}",
+                    "freeze",
+                    target,
+                    dry_run=True,
+                    cause="source_errors",
+                )
             return decide(
-                frozen,
-                Phase.ERROR,
-                f"dry-run: {reason}",
-                "freeze",
-                target,
-                dry_run=True,
-                cause="source_errors",
+                new, Phase.ERROR, f"{first}; dry-run: would be frozen in safe state {policy.safe_state}"
             )
+        frozen = _reset_counters(replace(new, frozen=True, pending=None))
         return decide(
             replace(frozen, pool=target), Phase.ERROR, reason, "freeze", target, cause="source_errors"
         )
@@ -202,6 +216,10 @@ def step(
         rules[a.rule.name] = _count_watch(rules[a.rule.name], a, now)
     for a in recover:
         rules[a.rule.name] = _count_recover(rules[a.rule.name], a, now)
+    # report-only rules: counted like the others; a breach is reported, never acted on
+    for a in watch:
+        if a.rule.dry_run and (why := failure_breach(rules[a.rule.name], a.rule.limits)):
+            reports[a.rule.name] = f"{a.rule.name} on {state.pool}: {a.reason}; {why} (report only)"
     watch_phase = worst(a.phase for a in watch if not a.rule.dry_run)
     confirm = state.confirm_successes
     if state.pending is not None:
@@ -352,13 +370,18 @@ def _restore_wait(rules: Mapping[str, RuleState], recover: list[Assessment], now
 
 
 def _act(new, action, pool, reason, now, policy, decide, pending, extra):
+    if policy.dry_run:
+        # what it would do, recorded; nothing else changes: no cooldown, no action counted against
+        # max_actions_per_hour, no pending move, the same pool. The rule counters start over, as
+        # after a real move, so the same would-be action is reported at the pace a real one could be.
+        return decide(
+            _reset_counters(new), Phase.ACT, f"dry-run: {reason}", action, pool, dry_run=True, **extra
+        )
     moved = _reset_counters(
         replace(
             new, last_action_at=now, action_times=timing.recent(new.action_times, now) + (now,), pending=None
         )
     )
-    if policy.dry_run:
-        return decide(moved, Phase.ACT, f"dry-run: {reason}", action, pool, dry_run=True, **extra)
     left = replace(moved, pool=pool, pending=pending, left_pool=new.pool)
     return decide(left, Phase.ACT, reason, action, pool, **extra)
 
@@ -383,8 +406,29 @@ def _counters(state: ClassState) -> dict[str, Any]:
 def override(
     state: ClassState, action: str, now: float, *, pool: str | None = None, reason: str = ""
 ) -> tuple[ClassState, Decision]:
-    """An operator's pin / unpin / pause / resume: applied at once, never rate-limited."""
+    """An operator's pin / unpin / pause / resume: applied at once, never rate-limited.
+
+    One that would change nothing (unpin a class that is not pinned, pin it where it is pinned
+    already, pause a paused one, resume a running one) is action ``none``: no plan version, no
+    action counted."""
     why = f"operator: {reason}" if reason else "operator"
+    noop = {
+        "pin": state.pin is not None and state.pin == pool,
+        "unpin": state.pin is None,
+        "pause": state.paused,
+        "resume": not state.paused,
+    }
+    if noop.get(action):
+        already = {
+            "pin": f"already pinned to {pool}",
+            "unpin": "not pinned",
+            "pause": "already paused",
+            "resume": "not paused",
+        }[action]
+        decision = Decision(
+            state.key, now, Phase.OK, "none", state.pool, state.pool, f"{already}: nothing to do"
+        )
+        return state, decision
     if action == "pin":
         if pool is None:
             raise ValueError("pin needs a pool")

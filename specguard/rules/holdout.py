@@ -1,12 +1,25 @@
-"""Holdout on demand: send holdout traffic to the no-spec pool only where the baseline needs it.
+"""Holdout: how much of the speculating classes' traffic the no-spec pool gets for the live baseline.
 
-The live baseline of a load bucket (``cost.baseline_scope: load``) pools every no-spec request
-in that bucket. A class the plan already routes to the no-spec pool feeds it for free; holdout
-requests of speculating classes feed it at a price (each runs without the speculation that pays
-for its class: at 5% of traffic about 4% of throughput on the simulator). So each load bucket's
-holdout share is just what tops the planned no-spec traffic in the window up to 1.5 x
-``cost.baseline_min_samples``, between ``guard.holdout_min_share`` and ``tap.holdout_share``.
-The router reads the shares per request (``Router.set_holdout_shares``).
+``guard.holdout`` picks the mode (the router reads it; ``router_mode``):
+
+- ``capacity_matched`` (default): no share at all; the router sends a request planned on a
+  speculative pool to the no-spec pool while that pool's load per replica is below the planned
+  pool's (a tie: by replica share; ``exporters.routing``), so the no-spec replicas run at the fleet's
+  per-replica load and the live baseline covers every load bucket the fleet runs at;
+- ``on_demand``: per load bucket, just as much of ``tap.holdout_share`` as keeps the live baseline
+  filled (``shares``, below);
+- ``fixed``: ``tap.holdout_share`` everywhere.
+
+On demand: the live baseline of a load bucket (``cost.baseline_scope: load``) pools every no-spec
+request in that bucket. A class the plan already routes to the no-spec pool feeds it for free;
+holdout requests of speculating classes feed it at a price (each runs without the speculation that
+pays for its class: at 5% of traffic about 4% of throughput on the simulator). So each load bucket's
+holdout share is just what tops the planned no-spec traffic up to 1.5 x
+``cost.baseline_min_samples`` per window, between ``guard.holdout_min_share`` and
+``tap.holdout_share``. Rates are taken over the recent quarter of the window, not the whole
+window: when planned no-spec traffic stops (a class moved back to speculation) the share rises
+before the old planned requests age out of the window, so the baseline never lapses while the
+bucket carries traffic (issue 18).
 
 Pure: values in, values out.
 """
@@ -22,6 +35,14 @@ from specguard.rules import baseline as baseline_mod
 
 HEADROOM = 1.5
 """No-spec requests aimed for per load bucket and window, in units of ``baseline_min_samples``."""
+RECENT = 0.25
+"""Share of the window whose rates stand for the next window (on demand)."""
+CAPACITY_MATCHED = "capacity_matched"
+
+
+def router_mode(policy: Any) -> str:
+    """The router's holdout mode for ``guard.holdout``: ``capacity_matched`` or ``share``."""
+    return CAPACITY_MATCHED if getattr(policy, "holdout", "") == CAPACITY_MATCHED else "share"
 
 
 def shares(
@@ -40,36 +61,42 @@ def shares(
     Per bucket, planned no-spec requests ``P`` already feed the baseline; the holdout draws from
     the requests of classes planned on a speculative pool (``E``: their plan and holdout routes).
     The share is ``(HEADROOM x baseline_min_samples - P) / E``, clamped to ``[min_share, max_share]``
-    (``max_share`` is the tap's ``holdout_share``). While the window is still filling (``now`` minus
-    the oldest record is less than ``window_seconds``), ``P`` and ``E`` are projected to a whole
-    window at their rates so far. A bucket whose window holds fewer than ``baseline_min_samples``
-    no-spec requests has no live baseline yet and gets ``max_share``: lowering starts once the
-    baseline stands, so warm-up is as fast as with a fixed share. With ``baseline_scope`` other
-    than ``load`` every class needs its own holdout, so nothing is lowered.
+    (``max_share`` is the tap's ``holdout_share``), with ``P`` and ``E`` the rates over the recent
+    ``RECENT`` part of the window (or since the oldest record, if later) projected to a whole
+    window. A bucket whose window holds fewer than ``baseline_min_samples`` no-spec requests has no
+    live baseline yet and gets ``max_share``: lowering starts once the baseline stands, so warm-up
+    is as fast as with a fixed share. Without ``now`` and ``window_seconds`` the counts over all
+    ``records`` are used as they are. With ``baseline_scope`` other than ``load`` every class needs
+    its own holdout, so nothing is lowered.
     """
     if baseline_scope != "load":
         return {}
+    usable = [r for r in records if pools.get(r.pool) is not None and baseline_mod.usable_for_tpot(r)]
+    baseline: Counter[str] = Counter()  # no-spec requests in the window, planned or holdout
+    for record in usable:
+        if pools[record.pool] == 0:
+            baseline[record.load_bucket] += 1
+    since, scale = None, 1.0
+    if now is not None and window_seconds and usable:
+        oldest = min(r.started_at for r in usable)
+        span = min(max(now - oldest, window_seconds / 10), window_seconds * RECENT)
+        since, scale = now - span, window_seconds / span
     planned: Counter[str] = Counter()
     eligible: Counter[str] = Counter()
-    baseline: Counter[str] = Counter()  # no-spec requests in the window, planned or holdout
-    oldest = None
-    for record in records:
-        k = pools.get(record.pool)
-        if k is None or not baseline_mod.usable_for_tpot(record):
+    seen: set[str] = set()
+    for record in usable:
+        seen.add(record.load_bucket)
+        if since is not None and record.started_at < since:
             continue
-        oldest = record.started_at if oldest is None else min(oldest, record.started_at)
-        if k == 0:
-            baseline[record.load_bucket] += 1
-        if k == 0 and record.route == baseline_mod.ROUTE_PLAN:
+        if pools[record.pool] == 0 and record.route == baseline_mod.ROUTE_PLAN:
             planned[record.load_bucket] += 1
         elif record.route != baseline_mod.ROUTE_PROBE:
             eligible[record.load_bucket] += 1
-    scale = 1.0
-    if now is not None and window_seconds and oldest is not None:
-        scale = window_seconds / min(max(now - oldest, window_seconds / 10), window_seconds)
     wanted = HEADROOM * max(baseline_min_samples, 1)
     out = {}
-    for bucket in sorted(set(planned) | set(eligible)):
+    for bucket in sorted(seen):
+        if not (planned[bucket] or eligible[bucket]):
+            continue  # nothing recent in this bucket: the tap's share stands
         if baseline[bucket] < baseline_min_samples or eligible[bucket] == 0:
             out[bucket] = max_share  # no live baseline yet: fill it as fast as the ceiling allows
             continue
@@ -87,7 +114,8 @@ def for_policy(
     max_share: float,
     now: float | None = None,
 ) -> dict[str, float]:
-    """The shares for ``guard.holdout: on_demand``; none for ``fixed`` (the tap's share everywhere)."""
+    """The shares for ``guard.holdout: on_demand``; none for ``fixed`` (the tap's share everywhere)
+    or ``capacity_matched`` (the router matches loads instead)."""
     if getattr(policy, "holdout", "fixed") != "on_demand":
         return {}
     return shares(

@@ -47,7 +47,7 @@ MEASURES = (
 DIRECTIONS = ("above", "below")  # which side of the threshold is bad
 SAFE_STATES = ("last", "nospec", "default")
 PRIORS = ("none", "profile")
-HOLDOUT_MODES = ("fixed", "on_demand")
+HOLDOUT_MODES = ("capacity_matched", "on_demand", "fixed")
 TEMPLATE_VARIABLES = ("task_type", "temperature_bucket", "load_bucket", "pool", "window")
 _TEMPLATE = re.compile(r"{{\s*([A-Za-z_][A-Za-z0-9_]*)\s*}}")
 
@@ -161,10 +161,14 @@ class Policy:
     """``profile``: the calibration profile's rc per class, load bucket and pool is evidence where
     there is no live evidence (a warm start from ``specguard sweep``); ``none``: live evidence only.
     Read by the best-pool choice only: no effect with ``best_pool: false``."""
-    holdout: str = "on_demand"
-    """``fixed``: every class always sends ``tap.holdout_share`` to the no-spec pool; ``on_demand``: a
-    load bucket whose no-spec pool already has enough planned (non-holdout) traffic for the live
-    baseline gets ``holdout_min_share`` instead (needs ``cost.baseline_scope: load``)."""
+    holdout: str = "capacity_matched"
+    """``capacity_matched``: a request planned on a speculative pool goes to the no-spec pool while
+    that pool's load per replica is below the planned pool's (a tie: by their replica share), so
+    the no-spec replicas run at the speculative replicas' load (a live baseline at every load
+    bucket the fleet runs at) and take their share of the replica capacity; ``fixed``: every class
+    always sends ``tap.holdout_share`` to the no-spec pool; ``on_demand``: per load bucket only as much of
+    ``tap.holdout_share`` as keeps the live baseline filled (``holdout_min_share`` where planned
+    no-spec traffic covers it; needs ``cost.baseline_scope: load``)."""
     holdout_min_share: float = 0.0
     """Holdout share of a load bucket whose baseline is already covered by planned no-spec traffic."""
     alerts: AlertsPolicy = field(default_factory=AlertsPolicy)
@@ -178,10 +182,15 @@ class Policy:
     """Prometheus base URL for PromQL rules (fleet mode); required when a rule has a query."""
     prometheus_timeout_seconds: float = 10.0
     """Timeout of one PromQL query (the client has none by default)."""
+    replicas_query: str | None = None
+    """Fleet mode: PromQL counting one pool's replicas that are up (``{{ pool }}`` filled in), e.g.
+    ``count(specguard_engine_up{pool="{{ pool }}"} == 1)``; the counts travel with the plan."""
     local: bool = True
     """Read per-class numbers from this process's tap and cost model (standalone mode)."""
     version: str = ""
     """Short digest of the policy text, exported as specguard_config_info{version}."""
+    default_rules: bool = False
+    """True when the ``guard:`` section has no ``rules:`` key and the shipped default rules apply."""
 
     @property
     def all_rules(self) -> tuple[Rule, ...]:
@@ -304,12 +313,22 @@ def parse(section: configfile.Section) -> Policy:
         prometheus.error("url", f"({prometheus_url!r}) must be an http(s) URL")
         prometheus_url = None
     prometheus_timeout = prometheus.get("timeout_seconds", float, 10.0, minimum=0.1, maximum=300)
+    replicas_query = prometheus.get("replicas_query", str, None, nullable=True)
+    if replicas_query is not None:
+        prometheus.check(prometheus_url is not None, "replicas_query", "needs guard.prometheus.url")
+        unknown = sorted(set(_TEMPLATE.findall(replicas_query)) - {"pool"})
+        prometheus.check(
+            not unknown, "replicas_query", f"knows only {{{{ pool }}}}, not {', '.join(unknown)}"
+        )
     prometheus.reject_unknown()
     names: set[str] = set()
+    defaults = "rules" not in section.data
+    # No `rules:` key: the shipped rules, with this section's limits (a `guard:` written to set
+    # dry_run or a limit must not silently leave the guard without its rules). `rules: []` is
+    # an explicit "no rules": then only Alertmanager alerts move classes.
+    items = _default_rule_items() if defaults else section.items("rules")
     rules = tuple(
-        r
-        for r in (_rule(item, base, names, prometheus_url is not None) for item in section.items("rules"))
-        if r is not None
+        r for r in (_rule(item, base, names, prometheus_url is not None) for item in items) if r is not None
     )
     alerts_section = section.section("alerts")
     alert_base = replace(base, consecutive_failure_limit=0, failure_limit=-1, min_samples=0)
@@ -341,14 +360,16 @@ def parse(section: configfile.Section) -> Policy:
         best_pool_consecutive_limit=section.get("best_pool_consecutive_limit", int, 2, minimum=0),
         memory_seconds=section.get("memory_seconds", float, 3600.0, minimum=0, maximum=7 * 86400),
         prior=section.get("prior", str, "profile", choices=PRIORS),
-        holdout=section.get("holdout", str, "on_demand", choices=HOLDOUT_MODES),
+        holdout=section.get("holdout", str, "capacity_matched", choices=HOLDOUT_MODES),
         holdout_min_share=section.get("holdout_min_share", float, 0.0, minimum=0, maximum=1),
         alerts=alerts,
         default_pool=section.get("default_pool", str, None, nullable=True),
         nospec_pool=section.get("nospec_pool", str, None, nullable=True),
         prometheus_url=prometheus_url.rstrip("/") if prometheus_url else None,
         prometheus_timeout_seconds=prometheus_timeout,
+        replicas_query=replicas_query,
         local=section.get("local", bool, True),
+        default_rules=defaults,
     )
     section.check(policy.max_actions_per_hour != 0, "max_actions_per_hour", "0 would forbid every action")
     section.check(
@@ -358,6 +379,12 @@ def parse(section: configfile.Section) -> Policy:
     )
     section.reject_unknown()
     return policy
+
+
+def _default_rule_items() -> list[configfile.Section]:
+    """The shipped default policy's rule entries (located in its own file for any message)."""
+    doc = configfile.parse_text(DEFAULT_POLICY_PATH.read_text(encoding="utf-8"), str(DEFAULT_POLICY_PATH))
+    return list(doc.root().section("guard").items("rules"))
 
 
 def parse_document(doc: configfile.Document, key: str = "guard") -> Policy:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,6 +111,33 @@ class LevelValue:
     samples: int
     stderr: float | None
     detail: str
+
+
+FRESHNESS_KEYS = ("engine_version", "model")
+"""Header (``stack``) keys that must match what the pools serve now for the profile to be fresh."""
+
+
+def staleness(
+    profile: Profile | None, live: Mapping[str, str] | None, pools: Mapping[str, int] | None = None
+) -> str | None:
+    """Why ``profile`` no longer describes the stack serving the traffic, or None while it does.
+
+    Stale when a header key of ``FRESHNESS_KEYS`` differs from the live value (a key unknown on
+    either side is not held against it), or when a pool of the profile is configured now with
+    another K (``pools``: name -> K).
+    """
+    if profile is None:
+        return None
+    reasons = []
+    for key in FRESHNESS_KEYS:
+        then, now = profile.stack.get(key), (live or {}).get(key)
+        if then and now and then != now:
+            reasons.append(f"{key} {then!r} in its header, {now!r} now")
+    for pool in profile.pools:
+        k = (pools or {}).get(pool.name)
+        if k is not None and k != pool.num_speculative_tokens:
+            reasons.append(f"pool {pool.name} has K={pool.num_speculative_tokens} in it, K={k} now")
+    return "; ".join(reasons) or None
 
 
 def representative_concurrency(low: float, high: float) -> float:

@@ -40,18 +40,23 @@ class StepObservation:
     batch: float  # B
     k: int  # drafts per request per round (0 = no speculation)
     verify_tokens: float | None = None  # M; default B*(K+1)
-    draft_tokens: float | None = None  # D; default B*K
+    draft_tokens: float | None = None  # D; default B*K*draft_share
     weight: float = 1.0  # e.g. the number of steps averaged
+    draft_share: float = 1.0  # share of the steps that drafted (an n-gram drafter may find nothing)
 
     def feature(self, term: str) -> float:
         if term == "batch":
             return self.batch
         if term == "verify_tokens":
-            return self.verify_tokens if self.verify_tokens is not None else self.batch * (self.k + 1)
+            if self.verify_tokens is not None:
+                return self.verify_tokens
+            return self.batch * (1 + self.k * self.draft_share)
         if term == "draft_tokens":
-            return self.draft_tokens if self.draft_tokens is not None else self.batch * self.k
+            if self.draft_tokens is not None:
+                return self.draft_tokens
+            return self.batch * self.k * self.draft_share
         if term == "draft_steps":
-            return float(self.k)
+            return float(self.k) * self.draft_share
         raise InputError(f"unknown step-cost term {term!r} (known: {', '.join(TERMS)})")
 
 

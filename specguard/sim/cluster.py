@@ -88,7 +88,10 @@ class SimCluster:
                 server = server_cls(runtime, self.truth)
                 self.servers[pool.name] = server
                 await runtime.start()
-                runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
+                # handler_cancellation: a client that goes away aborts its request, streamed or not
+                runner = web.AppRunner(
+                    server.app(), access_log=None, handle_signals=False, handler_cancellation=True
+                )
                 await runner.setup()
                 self._runners.append(runner)
                 site = web.TCPSite(runner, self.config.host, pool.port, reuse_address=True)

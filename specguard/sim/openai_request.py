@@ -6,11 +6,12 @@ offending parameter, so each dialect renders them in its own envelope.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from typing import Any
 
+from specguard import untrusted
+from specguard.errors import InputError
 from specguard.sim.text import count_tokens
 
 
@@ -46,8 +47,8 @@ class GenerationSpec:
 
 def parse_json(raw: bytes) -> dict[str, Any]:
     try:
-        body = json.loads(raw or b"")
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        body = untrusted.loads(raw or b"", "body")
+    except InputError as exc:  # not JSON, nested too deep, a number of 5,000 digits...
         raise ApiError(400, f"JSON decode error: {exc}") from exc
     if not isinstance(body, dict):
         raise ApiError(400, "Input should be a valid dictionary or object to extract fields from")
@@ -61,6 +62,25 @@ def _number(body: dict[str, Any], key: str, default: float | None) -> float | No
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ApiError(400, f"{key}: Input should be a valid number", param=key)
     return float(value)
+
+
+_FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
+_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
+
+
+def _flag(body: dict[str, Any], key: str, default: bool = False) -> bool:
+    """A boolean field read as vLLM's pydantic models read it: true/false, 0/1 and the strings
+    "yes"/"no", "on"/"off", "true"/"false"...; anything else is a 400 naming the field."""
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ApiError(400, f"{key}: Input should be a valid boolean", param=key)
 
 
 def _integer(body: dict[str, Any], key: str, default: int | None) -> int | None:
@@ -144,12 +164,13 @@ def parse_openai(
             "Please reduce the length of the messages or completion.",
             param="max_tokens" if max_tokens else "messages" if chat else "prompt",
         )
-    stream = bool(body.get("stream", False))
-    options = body.get("stream_options") or {}
+    stream = _flag(body, "stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise ApiError(400, "stream_options: Input should be a valid dictionary", param="stream_options")
+    options = options or {}
     if options and not stream:
         raise ApiError(400, "Stream options can only be defined when `stream=True`.", param="stream_options")
-    if not isinstance(options, dict):
-        raise ApiError(400, "stream_options: Input should be a valid dictionary", param="stream_options")
     metadata = body.get("metadata")
     task = task_header
     if task is None and isinstance(metadata, dict) and isinstance(metadata.get("task"), str):
@@ -163,11 +184,11 @@ def parse_openai(
         max_tokens=max_tokens,
         temperature=temperature,
         stream=stream,
-        include_usage=bool(options.get("include_usage", False)),
-        continuous_usage=bool(options.get("continuous_usage_stats", False)),
+        include_usage=_flag(options, "include_usage"),
+        continuous_usage=_flag(options, "continuous_usage_stats"),
         task=task,
-        ignore_eos=bool(body.get("ignore_eos", False)),
-        return_spec_tokens_details=bool(body.get("return_spec_tokens_details", False)),
+        ignore_eos=_flag(body, "ignore_eos"),
+        return_spec_tokens_details=_flag(body, "return_spec_tokens_details"),
         body=body,
         stop=_stop_strings(body),
     )

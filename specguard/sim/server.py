@@ -74,6 +74,11 @@ async def end_events(response: web.StreamResponse) -> None:
     await response.write_eof()
 
 
+def client_gone() -> web.Response:
+    """What a handler returns for a client that went away: aiohttp's write of it fails quietly."""
+    return web.Response(status=499, reason="Client Closed Request")
+
+
 class SimServer:
     """Base of one engine's simulated HTTP surface; subclasses add their routes and shapes."""
 
@@ -126,12 +131,15 @@ class SimServer:
         respond: Callable[[], web.StreamResponse],
     ) -> web.StreamResponse:
         """Stream (``stream`` given) or run to the end and ``respond``; a client that goes away
-        cancels the generation."""
+        cancels the generation (as vLLM aborts the request), quietly: that is no server error."""
         try:
             if stream is not None:
                 return await stream()
             await generation.run()
-        except (asyncio.CancelledError, ConnectionError):
+        except asyncio.CancelledError:
             generation.cancel()
             raise
+        except ConnectionError:  # a write found the client gone: nothing left to answer to
+            generation.cancel()
+            return client_gone()
         return respond()

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 from deployhelp import (
+    BUILTIN,
     EXPORTED,
     RULE_TESTS,
     RULES,
@@ -69,17 +70,24 @@ def test_ratios_are_computed_from_aggregated_counters_not_averaged():
 
 
 def test_rules_only_use_exported_or_recorded_metrics():
-    known = EXPORTED | recording_names()
+    known = EXPORTED | recording_names() | BUILTIN  # (SpecGuardDown reads Prometheus's own `up`)
     for group in load_rules()["groups"]:
         for rule in group["rules"]:
             unknown = metric_names(rule["expr"]) - known
             assert not unknown, f"{rule.get('record') or rule.get('alert')}: {sorted(unknown)}"
 
 
+def runbook_sections() -> dict[str, str]:
+    """docs/runbooks.md: GitHub-style anchor of each '## ' heading -> the text of its section."""
+    parts = re.split(r"(?m)^##\s+(.+)$", RUNBOOKS.read_text())
+    return {
+        re.sub(r"[^a-z0-9 -]", "", head.strip().lower()).replace(" ", "-"): body
+        for head, body in zip(parts[1::2], parts[2::2], strict=True)
+    }
+
+
 def runbook_anchors() -> set[str]:
-    """GitHub-style anchors of the '## ' headings of the docs' runbooks page."""
-    heads = re.findall(r"^##\s+(.+)$", RUNBOOKS.read_text(), flags=re.M)
-    return {re.sub(r"[^a-z0-9 -]", "", h.strip().lower()).replace(" ", "-") for h in heads}
+    return set(runbook_sections())
 
 
 ALERTS = alerting_rules()
@@ -91,7 +99,11 @@ EXPECTED_ALERTS = {
     "SpecGuardEvaluationStale",
     "SpecGuardFlapping",
     "SpecGuardFrozen",
+    "SpecGuardPoolDown",
+    "SpecGuardDown",
+    "SpecGuardUpstreamErrors",
     "SpecGuardPlanStale",
+    "SpecGuardBaselineMissing",
 }
 
 
@@ -110,6 +122,15 @@ def test_alert_conventions(rule: dict):
     assert "{{" in ann["description"], "description is templated per instance"
     assert ann["runbook_url"] == RUNBOOK_BASE + rule["alert"].lower()
     assert rule["alert"].lower() in runbook_anchors(), f"no '## {rule['alert']}' in docs/runbooks.md"
+
+
+@pytest.mark.parametrize("rule", ALERTS, ids=[a["alert"] for a in ALERTS])
+def test_the_runbook_says_when_the_alert_fires_and_resolves(rule: dict):
+    """Issue 18 item 13: the runbook said the RC alert "resolves once the guard moves the class";
+    it keeps firing 15 minutes more (keep_firing_for). Each runbook names both durations."""
+    section = runbook_sections()[rule["alert"].lower()]
+    timing = f"`for: {rule['for']}`, `keep_firing_for: {rule['keep_firing_for']}`"
+    assert timing in section, f"{rule['alert']}: the runbook must say {timing}"
 
 
 def alert_cases() -> dict[str, tuple[int, int]]:

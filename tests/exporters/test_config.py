@@ -184,3 +184,31 @@ def test_check_config_as_a_process(tmp_path):
         [sys.executable, "-m", "specguard", "check-config", str(bad)], capture_output=True, text=True
     )
     assert done.returncode == 2 and f"{bad}:2:" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_check_config_refuses_a_config_with_no_pool_without_speculation(tmp_path, capsys):
+    """Issue 18 item 6: check-config said OK and printed "no-spec pool None"."""
+    only_spec = tmp_path / "only-spec.yaml"
+    only_spec.write_text(
+        "pools:\n"
+        '  - {name: spec-k4, url: "http://127.0.0.1:9", num_speculative_tokens: 4}\n'
+        '  - {name: spec-k2, url: "http://127.0.0.1:9", num_speculative_tokens: 2}\n'
+    )
+    assert cli.main(["check-config", str(only_spec)]) == 2
+    captured = capsys.readouterr()
+    assert "None" not in captured.out + captured.err
+    assert (
+        f"{only_spec}:1:1: pools: no pool without speculation: spec-k4 (K=4), spec-k2 (K=2); "
+        "add one with num_speculative_tokens: 0"
+    ) in captured.err
+
+
+def test_check_config_says_which_guard_rules_apply(tmp_path, capsys):
+    cfg = tmp_path / "specguard.yaml"
+    cfg.write_text(GOOD + "guard: {dry_run: true, min_samples: 8}\n")
+    assert cli.main(["check-config", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "guard rules: relative-cost, full-rollback-requests (report only) "
+        "(the shipped defaults: the guard section sets no rules); dry-run"
+    ) in out

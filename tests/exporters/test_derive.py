@@ -79,8 +79,8 @@ def test_json_has_exactly_the_stable_keys_and_nulls():
     d = derive.derive(EngineSnapshot(engine="llamacpp"))
     out = d.as_dict()
     assert tuple(out) == derive.KEYS
-    assert out["engine"] == "llamacpp" and out["models"] == {}
-    assert all(out[k] is None for k in derive.KEYS if k not in ("engine", "models"))
+    assert out["engine"] == "llamacpp" and out["models"] == {} and out["warnings"] == []
+    assert all(out[k] is None for k in derive.KEYS if k not in ("engine", "models", "warnings"))
 
 
 def _lower(text: str, name: str, old: str, new: str) -> str:

@@ -8,7 +8,7 @@ import pytest
 from aiohttp import web
 
 from specguard.errors import InputError
-from specguard.exporters import scrape
+from specguard.exporters import promtext, scrape
 from specguard.exporters.httpbody import BodyTooLarge, read_limited
 from tests.exporters.servekit import serve
 
@@ -65,7 +65,7 @@ async def test_streamed_bodies_are_bounded_without_content_length(server):
             assert response.status == 413
 
 
-async def test_oversized_page_is_an_input_error(server, monkeypatch):
-    monkeypatch.setattr(scrape, "MAX_PAGE_BYTES", 2000)
+async def test_oversized_page_is_an_input_error(server):
+    limits = promtext.Limits(max_page_bytes=2000)
     with pytest.raises(InputError, match="larger than 2000 bytes"):
-        await scrape.fetch_text(f"{server}/metrics", timeout=10)
+        await scrape.fetch_text(f"{server}/metrics", timeout=10, limits=limits)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
 from specguard.errors import InputError
 from specguard.exporters.config import PoolConfig
-from specguard.exporters.routing import Router
+from specguard.exporters.health import PoolHealth
+from specguard.exporters.routing import RouteChoice, Router
 
 POOLS = (
     PoolConfig("spec-k4", "http://a", "vllm", 4),
@@ -95,3 +97,126 @@ def test_deterministic_with_injected_rng():
 def test_unknown_default_pool_is_an_error():
     with pytest.raises(InputError):
         Router(POOLS, default_pool="ghost", nospec_pool=None)
+
+
+# --- failover: a pool marked down gets no traffic; the plan itself stays
+
+
+def down_router(*down, holdout=0.0, probe=0.0):
+    health = PoolHealth([p.name for p in POOLS])
+    r = Router(
+        POOLS,
+        default_pool="spec-k4",
+        nospec_pool="nospec",
+        holdout_share=holdout,
+        probe_share=probe,
+        rng=random.Random(1),
+        health=health,
+    )
+    for pool in down:
+        health.mark_down(pool, "connect failed: refused", "tap")
+    return r, health
+
+
+def test_traffic_planned_for_a_down_pool_goes_to_the_nearest_k_that_serves():
+    r, health = down_router("spec-k4")
+    choice = r.choose("chat", "medium", low)
+    assert (choice.pool, choice.route, choice.planned) == ("spec-k2", "failover", "spec-k4")
+    r.set_plan({("creative", "high", "low"): "nospec"})
+    health.mark_down("nospec", "refused", "scrape")
+    assert r.choose("creative", "high", low).pool == "spec-k2"  # serving beats the cost question
+    assert r.plan() == {("creative", "high", "low"): "nospec"}  # an override, not a plan change
+    health.mark_up("nospec", "scrape")  # it answers again: the override ends by itself
+    assert r.choose("creative", "high", low) == RouteChoice("nospec", "plan")
+
+
+def test_failover_follows_the_class_cost_order_when_the_guard_gave_one():
+    r, _ = down_router("spec-k4")
+    r.set_preferences({("chat", "medium", "low"): ("spec-k4", "nospec", "ghost", "spec-k2")})
+    assert r.choose("chat", "medium", low).pool == "nospec"
+    assert r.choose("code", "greedy", low).pool == "spec-k2"  # no order for this class: nearest K
+
+
+def test_no_pool_serves_then_the_plan_is_tried_anyway():
+    r, _ = down_router("spec-k4", "spec-k2", "nospec")
+    assert r.choose("chat", "medium", low) == RouteChoice("spec-k4", "plan")
+
+
+def test_holdout_and_probe_draws_skip_a_down_pool():
+    r, _ = down_router("nospec", holdout=1.0)
+    assert {r.choose("code", "greedy", low).route for _ in range(200)} == {"plan"}
+    r, _ = down_router("spec-k4", probe=1.0)
+    r.set_plan({("creative", "high", "low"): "nospec"})
+    assert {r.choose("creative", "high", low).pool for _ in range(200)} == {"nospec"}
+
+
+def test_retry_after_a_failed_connect():
+    r, health = down_router(holdout=1.0)
+    holdout = r.choose("code", "greedy", low)
+    assert holdout.route == "holdout"
+    health.mark_down("nospec", "refused", "tap")
+    # a holdout request whose connect failed goes back to its planned pool
+    assert r.retry("code", "greedy", low, holdout, ["nospec"]) == RouteChoice("spec-k4", "plan")
+    planned = RouteChoice("spec-k4", "plan")
+    health.mark_down("spec-k4", "refused", "tap")
+    assert r.retry("code", "greedy", low, planned, ["spec-k4"]) == RouteChoice(
+        "spec-k2", "failover", "spec-k4"
+    )
+    assert r.retry("code", "greedy", low, planned, ["spec-k4", "spec-k2"]) is None
+
+
+def matched(replicas=None, holdout=0.05, seed=3):
+    pools = tuple(replace(p, replicas=(replicas or {}).get(p.name, 1)) for p in POOLS)
+    return Router(
+        pools,
+        default_pool="spec-k4",
+        nospec_pool="nospec",
+        holdout_share=holdout,
+        rng=random.Random(seed),
+        holdout_mode="capacity_matched",
+    )
+
+
+def test_capacity_matched_holds_out_while_the_nospec_pool_is_less_loaded_per_replica():
+    r = matched({"spec-k4": 3})
+    in_flight = {"spec-k4": 30, "spec-k2": 0, "nospec": 8}
+
+    def load_of(pool):
+        return r.load(pool, in_flight[pool])
+
+    # a 9th request on the no-spec replica vs an 11th on a speculative one: to the no-spec pool,
+    # until it catches up
+    assert r.choose("chat", "medium", low, load_of) == RouteChoice("nospec", "holdout")
+    in_flight["nospec"] = 11
+    assert r.choose("chat", "medium", low, load_of).pool == "spec-k4"
+    r.set_plan({("creative", "high", "low"): "nospec"})  # planned there anyway: no holdout needed
+    assert r.choose("creative", "high", low, load_of) == RouteChoice("nospec", "plan")
+
+
+def test_capacity_matched_splits_sequential_traffic_by_replica_share():
+    for replicas, share in (({}, 0.5), ({"spec-k4": 3}, 0.25)):
+        r = matched(replicas)
+        routes = [
+            r.choose("chat", "medium", low, lambda pool, r=r: r.load(pool, 0)).route for _ in range(2000)
+        ]
+        assert routes.count("holdout") / 2000 == pytest.approx(share, abs=0.04)
+
+
+def test_capacity_matched_is_off_with_no_holdout_share_or_no_load():
+    r = matched(holdout=0.0)
+    assert r.choose("chat", "medium", low, lambda pool: 1.0).pool == "spec-k4"
+    assert matched().choose("chat", "medium", low).pool == "spec-k4"  # no load_of: no holdout
+
+
+def test_replicas_and_holdout_mode_are_validated():
+    r = router()
+    r.set_replicas({"spec-k4": 4})
+    assert r.replicas() == {"spec-k4": 4, "spec-k2": 1, "nospec": 1}
+    assert r.load("spec-k4", 7) == 2.0  # 7 over 4 replicas: the 8th joins one with 1
+    assert r.load("spec-k4", 8) == 3.0
+    with pytest.raises(InputError, match="ghost"):
+        r.set_replicas({"ghost": 2})
+    with pytest.raises(InputError, match=">= 1"):
+        r.set_replicas({"nospec": 0})
+    with pytest.raises(InputError, match="capacity_matched"):
+        r.set_holdout_mode("sometimes")

@@ -16,6 +16,7 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict
+from prometheus_client import generate_latest
 
 from specguard.exporters import tap, tapstream
 from specguard.monitor import config
@@ -156,9 +157,11 @@ class Upstream:
         if self.mode == "break_after_finish":
             request.transport.close()
             return resp
-        if usage and self.mode != "no_usage_chunk":
+        if usage and self.mode not in ("no_usage_chunk", "linger_after_done"):
             await resp.write(usage_chunk(self.fingerprint))
         await resp.write(DONE)
+        if self.mode == "linger_after_done":  # a no-spec engine that ends its response after [DONE]
+            await asyncio.sleep(0.3)
         await resp.write_eof()
         return resp
 
@@ -174,6 +177,19 @@ pools:
   - {{name: spec, url: "{url}", engine: {engine}, num_speculative_tokens: 4}}
   - {{name: base, url: "{url}", engine: {engine}, num_speculative_tokens: 0}}
 tap: {{holdout_share: 0, probe_share: 0, max_body_bytes: 2048, upstream_timeout_seconds: 0.5{extra}}}
+scrape: {{interval_seconds: 3600}}
+"""
+    )
+
+
+def two_pools(spec_url: str, base_url: str, spec_extra: str = "") -> config.SpecguardConfig:
+    """Pool ``spec`` (K=4) at ``spec_url`` and ``base`` (K=0) at ``base_url``; no holdout, no probe."""
+    return config.parse_text(
+        f"""
+pools:
+  - {{name: spec, url: "{spec_url}", engine: vllm, num_speculative_tokens: 4{spec_extra}}}
+  - {{name: base, url: "{base_url}", engine: vllm, num_speculative_tokens: 0}}
+tap: {{holdout_share: 0, probe_share: 0}}
 scrape: {{interval_seconds: 3600}}
 """
     )
@@ -297,14 +313,7 @@ async def test_force_include_usage_pool_adds_and_strips_nothing():
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", upstream.handle)
     up_runner, up_url = await serve(app)
-    cfg = config.parse_text(
-        f"""
-pools:
-  - {{name: spec, url: "{up_url}", engine: vllm, num_speculative_tokens: 4, force_include_usage: true}}
-tap: {{holdout_share: 0, probe_share: 0}}
-scrape: {{interval_seconds: 3600}}
-"""
-    )
+    cfg = two_pools(up_url, up_url, ", force_include_usage: true")
     monitor = Monitor(cfg, fetch=no_scrape)
     tap_url = await monitor.start("127.0.0.1", 0)
     try:
@@ -441,6 +450,7 @@ async def test_stream_slower_in_total_than_the_timeout_but_never_quiet_that_long
 
 
 async def test_unreachable_pool_is_502_in_openai_shape():
+    # both pools unreachable: each is tried once (failover), then the client gets a 502
     monitor = Monitor(tap_config("http://127.0.0.1:9"), fetch=no_scrape)
     tap_url = await monitor.start("127.0.0.1", 0)
     try:
@@ -448,12 +458,90 @@ async def test_unreachable_pool_is_502_in_openai_shape():
             status, _, data = await fetch(session, tap_url + "/v1/chat/completions", {"messages": []})
             assert status == 502
             assert json.loads(data)["error"]["type"] == "upstream_error"
+            assert monitor.stats.upstream_errors() == {("spec", "connect"): 1, ("base", "connect"): 1}
             status, _, _ = await fetch(session, tap_url + "/v1/models", {})
             assert status == 502
         assert monitor.stats.upstream_errors()[("spec", "connect")] == 2
-        assert monitor.stats.unattributed()[("spec", "upstream_error")] == 1
+        assert monitor.stats.unattributed()[("base", "upstream_error")] == 1  # one record per request
+        assert [s.healthy for s in monitor.health.view().values()] == [False, False]
     finally:
         await monitor.stop()
+
+
+async def test_a_refused_connect_is_sent_again_to_a_pool_that_serves(env):
+    """Failover: nothing reached the dead pool nor the client, so the request goes elsewhere once."""
+    upstream, up_url, _, _, session = env
+    cfg = two_pools("http://127.0.0.1:9", up_url)
+    monitor = Monitor(cfg, fetch=no_scrape)
+    tap_url = await monitor.start("127.0.0.1", 0)
+    try:
+        for stream in (True, False, True):
+            body = {"prompt": "x", "stream": stream}
+            status, _, data = await fetch(session, tap_url + "/v1/completions", body)
+            assert status == 200 and data.startswith(b"data:" if stream else b"{")
+        status, _, _ = await fetch(session, tap_url + "/v1/models", {})  # passed through: also served
+        assert status == 200
+        # one failed connect (the first request); then the pool is down and skipped
+        assert monitor.stats.upstream_errors() == {("spec", "connect"): 1}
+        records = monitor.stats.records()
+        assert [(r.pool, r.route, r.status) for r in records] == [("base", "failover", 200)] * 3
+        assert records[0].unattributed_reason is None  # a whole answer, measured on the pool that served
+        assert monitor.health.failovers == {("spec", "base"): 3}
+        assert len(upstream.bodies) == 4  # each request reached an engine exactly once
+        text = generate_latest(monitor.registry).decode()
+        assert 'specguard_pool_healthy{pool="spec"} 0.0' in text
+        assert 'specguard_failover_requests_total{pool="spec",to_pool="base"} 3.0' in text
+    finally:
+        await monitor.stop()
+
+
+async def test_unreachable_pool_without_failover_is_502_at_once():
+    monitor = Monitor(tap_config("http://127.0.0.1:9", extra=", failover: false"), fetch=no_scrape)
+    tap_url = await monitor.start("127.0.0.1", 0)
+    try:
+        async with aiohttp.ClientSession() as session:
+            status, _, data = await fetch(session, tap_url + "/v1/chat/completions", {"messages": []})
+            assert status == 502 and "pool spec failed" in json.loads(data)["error"]["message"]
+            status, _, _ = await fetch(session, tap_url + "/v1/models", {})
+            assert status == 502
+        assert monitor.stats.upstream_errors() == {("spec", "connect"): 2}
+        assert monitor.stats.unattributed()[("spec", "upstream_error")] == 1
+        assert not monitor.health.healthy("spec")  # still reported (specguard_pool_healthy)
+    finally:
+        await monitor.stop()
+
+
+async def test_a_client_that_closes_right_after_done_is_not_client_disconnected(env):
+    """Issue 18: the `openai` client closes as soon as it has read `data: [DONE]`; 2 of 15 such
+    streams were counted as client_disconnected although they had their whole answer and usage."""
+    upstream, _, monitor, tap_url, _ = env
+    upstream.mode = "linger_after_done"
+    # on the no-spec pool: there a record has no spec stats, so its failure is what it reports
+    monitor.router.set_plan({("other", "high", load): "base" for load in ("low", "medium", "high")})
+    host, port = tap_url.removeprefix("http://").split(":")
+    body = json.dumps({"prompt": "x", "stream": True, "stream_options": {"include_usage": True}}).encode()
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    for _ in range(15):
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(head + body)
+        received = b""
+        while b"data: [DONE]" not in received:
+            data = await reader.read(65536)
+            assert data, received
+            received += data
+        writer.close()  # read to [DONE], then gone, as the openai client does
+        await writer.wait_closed()
+    for _ in range(200):
+        if len(monitor.stats.records()) == 15:
+            break
+        await asyncio.sleep(0.02)
+    records = monitor.stats.records()
+    assert len(records) == 15
+    assert {(r.pool, r.status, r.unattributed_reason) for r in records} == {("base", 200, None)}
+    assert monitor.stats.unattributed() == {}
 
 
 async def test_broken_stream_closes_the_client_connection(env):

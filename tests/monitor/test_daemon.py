@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import replace
 
 from prometheus_client import CollectorRegistry
@@ -15,6 +16,7 @@ from specguard.monitor import state as state_mod
 from specguard.monitor.actuators import RouterActuator
 from specguard.monitor.guard_metrics import GuardCollector
 from specguard.rules import policy as policy_mod
+from specguard.rules.evidence import Evidence, PoolEvidence
 from tests.monitor.guardkit import CODE, CREATIVE, POOLS, ScriptedSource
 
 LIMITS = policy_mod.Limits(
@@ -263,3 +265,114 @@ async def test_local_source_warm_starts_from_the_profile_and_sets_holdout_shares
     source.policy = replace(policy, prior="none", holdout="fixed")
     assert all(not ev.prior for ev in (await source.collect(clock.now, [])).values())
     assert shares[-1] == {}  # the router is back on the tap's share everywhere
+
+
+async def test_dry_run_changes_nothing_but_the_record(tmp_path):
+    """Issue 18 item 3: dry-run offs counted against max_actions_per_hour and the cooldown, bumped
+    plan_version and were persisted, so the first real move after dry-run was blocked for an hour."""
+    clock, source = Clock(), ScriptedSource({CREATIVE: 1.4})
+    capped = replace(POLICY, dry_run=True, max_actions_per_hour=2, cooldown_seconds=600)
+    guard, router = make_guard(tmp_path, source, clock, capped)
+    decisions = await run_rounds(guard, clock, 6)
+    dry = [d for d in decisions if d.action == "off"]
+    assert len(dry) == 3 and all(d.dry_run for d in dry)  # one per breach (2 bad evaluations each)
+    assert guard.version == 0 and not (tmp_path / "plan.json").exists()
+    state = guard.states[CREATIVE]
+    assert (state.pool, state.last_action_at, state.action_times) == ("spec-k4", None, ())
+    records, _ = audit_mod.read(tmp_path / "audit.jsonl")
+    assert [(r["action"], r["dry_run"], r["plan_version"]) for r in records] == [("off", True, 0)] * 3
+    # the operator turns dry-run off: the next breach moves the class, no cap or cooldown in the way
+    await guard.set_policy(replace(capped, dry_run=False))
+    decisions = await run_rounds(guard, clock, 2)
+    (off,) = [d for d in decisions if d.action == "off"]
+    assert not off.dry_run and router.plan()[CREATIVE] == "nospec" and guard.version == 1
+    # and a restart in between would not have mattered: nothing of the dry run was stored
+    restarted, _ = make_guard(tmp_path, source, clock, capped)
+    assert restarted.states[CREATIVE].action_times == (clock.now - 10,)
+
+
+async def test_dry_run_says_once_it_would_freeze_and_never_freezes(tmp_path):
+    clock, source = Clock(), ScriptedSource({CREATIVE: 0.8})
+    guard, _ = make_guard(tmp_path, source, clock, replace(POLICY, dry_run=True))
+    await run_rounds(guard, clock, 1)
+    source.down = True
+    decisions = [d for d in await run_rounds(guard, clock, 6) if d.key == CREATIVE]
+    assert [d.action for d in decisions] == ["none", "none", "freeze", "none", "none", "none"]
+    assert decisions[2].dry_run and "would be frozen" in decisions[3].reason
+    assert not guard.states[CREATIVE].frozen and guard.version == 0
+    source.down = False
+    assert [d.action for d in await guard.evaluate() if d.key == CREATIVE] == ["none"]  # no unfreeze
+
+
+class RollbackSource:
+    """Good rc, but most requests of the class roll back every draft."""
+
+    def __init__(self, ratio):
+        self.ratio = ratio
+
+    async def collect(self, now, keys):
+        values = {"rc": 0.8, "full_rollback_request_ratio": self.ratio}
+        return {CREATIVE: Evidence(pools={"spec-k4": PoolEvidence("spec-k4", values, samples=425)})}
+
+
+async def test_a_report_only_rule_is_seen_in_status_log_and_counter_but_never_acts(tmp_path, caplog):
+    """Issue 18 item 5: the report-only full-rollback rule saw 424 of 425 requests above its
+    threshold, and nothing appeared in /status, the log or the actions counter."""
+    report_only = policy_mod.Rule(
+        "full-rollback-requests",
+        "full_rollback_request_ratio",
+        threshold=0.5,
+        restore_threshold=0.4,
+        limits=LIMITS,
+        dry_run=True,
+    )
+    clock, source = Clock(), RollbackSource(424 / 425)
+    guard, router = make_guard(tmp_path, source, clock, replace(POLICY, rules=(*POLICY.rules, report_only)))
+    registry = CollectorRegistry()
+    registry.register(GuardCollector(guard.counters, guard.view))
+    with caplog.at_level(logging.INFO, "specguard.guard"):
+        await run_rounds(guard, clock, 5)
+    row = next(
+        c for c in guard.status()["classes"] if (c["task_type"], c["load_bucket"]) == ("creative", "low")
+    )
+    assert list(row["reports"]) == ["full-rollback-requests"]
+    assert "full_rollback_request_ratio (0.998) > threshold (0.5)" in row["reports"]["full-rollback-requests"]
+    assert "(report only)" in row["reports"]["full-rollback-requests"]
+    labels = {
+        "task_type": "creative",
+        "temperature_bucket": "high",
+        "action": "report",
+        "reason": "report_only:full-rollback-requests",
+    }
+    assert registry.get_sample_value("specguard_actions_total", labels) == 1.0  # once per breach
+    assert caplog.text.count("report: full-rollback-requests on spec-k4") == 1
+    assert router.plan().get(CREATIVE, "spec-k4") == "spec-k4" and guard.version == 0  # never acted on
+    source.ratio = 0.1
+    with caplog.at_level(logging.INFO, "specguard.guard"):
+        await run_rounds(guard, clock, 1)
+    assert "full-rollback-requests is no longer breached" in caplog.text
+
+
+async def test_scheduler_runs_do_not_fill_the_log(tmp_path, caplog):
+    """Issue 18: 90% of `specguard run`'s lines were APScheduler's "Running job ..." and
+    "... executed successfully" at the default level."""
+    clock, source = Clock(), ScriptedSource({CREATIVE: 0.5})
+    policy = replace(POLICY, rules=(replace(POLICY.rules[0], limits=replace(LIMITS, interval_seconds=1)),))
+    guard, _ = make_guard(tmp_path, source, clock, policy)
+    logging.getLogger("apscheduler.executors.guard").setLevel(logging.NOTSET)
+    # levels set explicitly: an earlier test in the run may have left a logger at WARNING
+    with caplog.at_level(logging.INFO), caplog.at_level(logging.INFO, logger="specguard.guard"):
+        await guard.start()
+        try:
+            for _ in range(100):
+                if guard.last_evaluation is not None:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            await guard.stop()
+    assert guard.last_evaluation is not None
+    noise = [r for r in caplog.records if r.name.startswith("apscheduler") and r.levelno < logging.WARNING]
+    assert [
+        r.getMessage() for r in noise if "Running job" in r.getMessage() or "executed" in r.getMessage()
+    ] == []
+    assert any("guard evaluation every" in r.getMessage() for r in caplog.records)  # ours still there

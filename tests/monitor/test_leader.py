@@ -118,8 +118,8 @@ async def test_two_local_deciders_only_one_writes_and_the_other_resumes_its_plan
     clock, source = Clock(), ScriptedSource({CREATIVE: 1.4, CODE: 0.6})
     first, first_router = local_decider(tmp_path, "a", source, clock)
     second, second_router = local_decider(tmp_path, "b", source, clock)
-    await first.elector.start()
-    await second.elector.start()
+    await first.start_elector()
+    await second.start_elector()
     try:
         for _ in range(2):
             assert await second.evaluate() == []  # standby: no evaluation, no write
@@ -146,8 +146,8 @@ async def test_a_standby_refuses_operator_overrides(tmp_path):
     clock, source = Clock(), ScriptedSource({})
     first, _ = local_decider(tmp_path, "a", source, clock)
     second, _ = local_decider(tmp_path, "b", source, clock)
-    await first.elector.start()
-    await second.elector.start()
+    await first.start_elector()
+    await second.start_elector()
     try:
         try:
             await second.override("pause", "code", "greedy", "low")
@@ -322,3 +322,16 @@ def test_election_auto_picks_the_lease_with_a_configmap_and_the_lock_with_a_plan
         "none": ("none", False),
         "follower": ("none", False),
     }
+
+
+async def test_a_guard_embedded_without_start_joins_the_election_at_its_first_evaluation(tmp_path):
+    """Embedding: ``guard_wiring.build`` without ``start()`` (tests, notebooks) still decides."""
+    clock, source = Clock(), ScriptedSource({CREATIVE: 1.4, CODE: 0.6})
+    guard, router = local_decider(tmp_path, "a", source, clock)
+    try:
+        for _ in range(2):
+            await guard.evaluate()
+            clock.now += 10
+        assert guard.is_leader and router.plan()[CREATIVE] == "nospec"
+    finally:
+        await guard.stop()

@@ -69,7 +69,7 @@ async def test_only_the_leader_serves_the_plan(tmp_path):
         POLICY, clock=clock, elector=leader.FileLock(lock, identity="decider-b"), takeover=nothing
     )
     follower = daemon.Guard(POLICY, clock=clock, follow=planhttp.HttpPlanSource(["http://127.0.0.1:9"]))
-    await standby.elector.start()  # finds the lock held: a standby
+    await standby.start_elector()  # finds the lock held: a standby
     for guard, message in ((standby, "not the leader (leader: decider-a)"), (follower, "follows a plan")):
         runner, url = await serve_decider(guard)
         try:
@@ -111,9 +111,10 @@ async def test_source_tries_each_decider_and_reports_all_failures(tmp_path):
     ("body", "expected"),
     [
         pytest.param(b"{not json", "not a specguard plan", id="not-json"),
-        pytest.param(b'{"entries": [{"pool": "x"}]}', "entries[0]: malformed entry", id="bad-entry"),
+        pytest.param(b'{"entries": [{"pool": "x"}]}', "entries[0].task_type", id="bad-entry"),
+        pytest.param(b"[" * 2000 + b"]" * 2000, "nested deeper than 64 levels", id="deep"),
         pytest.param(b"\xff\xfe", "not a specguard plan", id="not-utf8"),
-        pytest.param(b"[" * 10 + b"]" * 10 + b" " * 5000, "plan body larger than 4096 bytes", id="too-large"),
+        pytest.param(b"[" * 10 + b"]" * 10 + b" " * 9000, "plan body larger than 8192 bytes", id="too-large"),
     ],
 )
 async def test_a_bad_plan_is_a_source_error_never_adopted(body, expected):
@@ -123,7 +124,7 @@ async def test_a_bad_plan_is_a_source_error_never_adopted(body, expected):
     app = web.Application()
     app.router.add_get(planhttp.PATH, handler)
     runner, url = await servekit.serve(app)
-    follower = planhttp.HttpPlanSource([url], max_bytes=4096)
+    follower = planhttp.HttpPlanSource([url], max_bytes=8192)
     try:
         with pytest.raises(SourceError, match=expected.replace("[", r"\[")):
             await follower.read_plan()

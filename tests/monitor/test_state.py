@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 
 import pytest
 
 from specguard.errors import InputError
 from specguard.monitor import state as state_mod
+from specguard.rules.evidence import AlertRecord
 from specguard.rules.guard import ClassState, Pending
 
 POOLS = {"spec-k4": 4, "spec-k2": 2, "nospec": 0}
@@ -61,16 +64,33 @@ def test_corrupt_file_is_moved_aside_and_reported(tmp_path):
     assert not path.exists()
 
 
+ENTRY = {"task_type": "chat", "temperature_bucket": "greedy", "load_bucket": "low", "pool": "spec-k4"}
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [
         ([], "not a specguard plan"),
         ({"format": 9, "entries": []}, "plan format 9 is not supported"),
-        ({"entries": [{"task_type": "chat"}]}, "entries[0]: malformed entry"),
+        ({"entries": [{"task_type": "chat"}]}, "entries[0].temperature_bucket (None) must be"),
+        # issue 21: every malformed version is an InputError (was ValueError, OverflowError, TypeError)
+        ({"version": float("nan"), "entries": []}, "version (nan) must be a whole number"),
+        ({"version": float("inf"), "entries": []}, "version (inf) must be a whole number"),
+        ({"version": "abc", "entries": []}, "version ('abc') must be a whole number"),
+        ({"version": [1], "entries": []}, "version (a list) must be a whole number"),
+        ({"version": 13.5, "entries": []}, "version (13.5) must be a whole number"),
+        ({"version": True, "entries": []}, "version (True) must be a whole number"),
+        ({"version": 2**64, "entries": []}, "must be a whole number from 0 to 2**53"),
+        ({"updated_at": "x", "entries": []}, "updated_at ('x') must be a finite number"),
+        ({"entries": [7]}, "entries[0]: must be an object"),
+        ({"entries": [{**ENTRY, "pool": ["a"]}]}, "entries[0].pool (a list) must be a non-empty string"),
+        ({"entries": [{**ENTRY, "paused": "yes"}]}, "entries[0].paused ('yes') must be true or false"),
+        ({"entries": [{**ENTRY, "action_times": [1e999]}]}, "action_times[0] (inf) must be a finite"),
+        ({"entries": [{**ENTRY, "pending": {"from": "a"}}]}, "entries[0].pending.to (None) must be"),
     ],
 )
 def test_malformed_plan_names_the_place(data, message):
-    with pytest.raises(InputError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(InputError, match=re.escape(message)):
         state_mod.decode(data, "plan.json")
 
 
@@ -110,3 +130,16 @@ def test_startup_removes_stale_temp_files_of_a_killed_writer(tmp_path, caplog):
     os.utime(stale, (old, old))
     assert state_mod.PlanStore(path).load_readonly().version == 1  # the CLI's read never deletes
     assert stale.exists()
+
+
+def test_received_alerts_are_kept_with_the_plan(tmp_path):
+    alert = AlertRecord(
+        "fp-1", "SpecGuardRelativeCostAboveOne", "firing", {"task_type": "code"}, "2026-11-29T10:00:00Z", 90.0
+    )
+    path = tmp_path / "plan.json"
+    state_mod.PlanStore(path).save(dataclasses.replace(doc(), alerts=(alert,)))
+    loaded = state_mod.PlanStore(path).load()
+    assert loaded.alerts == (alert,) and loaded.states == doc().states
+    assert "alerts" not in state_mod.encode(doc())  # no alerts: the plan file looks as before
+    with pytest.raises(InputError, match=r"alerts\[0\]\.labels: must be an object of strings"):
+        state_mod.decode({"entries": [], "alerts": [{"fingerprint": "x"}]}, "plan.json")

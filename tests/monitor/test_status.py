@@ -67,7 +67,7 @@ def test_human_output(tmp_path, capsys):
     )
     out = capsys.readouterr().out
     assert "plan version 4" in out
-    assert "creative/high  low   nospec  0  -      pinned to nospec" in out
+    assert "creative/high  low   nospec  0  -      -              pinned to nospec" in out
     assert "pin  spec-k4 -> nospec  operator: INC-7" in out
 
 

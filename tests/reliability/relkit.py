@@ -39,14 +39,25 @@ def closed_port() -> int:
         return sock.getsockname()[1]
 
 
-def monitor_config(urls: dict[str, str], *, engine: str = "vllm", extra: str = "", k=None):
-    """A parsed specguard config over ``urls`` (pool name -> URL); scrape only on demand."""
+def monitor_config(
+    urls: dict[str, str], *, engine: str = "vllm", extra: str = "", k=None, scrape: dict | None = None
+):
+    """A parsed specguard config over ``urls`` (pool name -> URL); scrape only on demand.
+
+    ``scrape``: ``scrape:`` keys to set (``{"max_page_bytes": 2097152}``). specguard needs a pool
+    without speculation: when ``urls`` has none, a ``nospec`` pool on a port nobody listens on is
+    added (it gets traffic only if the tests' pools are down).
+    """
     ks = k or K
+    if all(ks.get(name, 0) > 0 for name in urls):
+        urls = {**urls, "nospec": f"http://127.0.0.1:{closed_port()}"}
+        ks = {**ks, "nospec": 0}
     pools = "\n".join(
         f'  - {{name: {name}, url: "{url}", engine: {engine}, num_speculative_tokens: {ks.get(name, 0)}}}'
         for name, url in urls.items()
     )
-    text = f"pools:\n{pools}\nscrape: {{interval_seconds: 3600, timeout_seconds: 1}}\n{extra}"
+    keys = {"interval_seconds": 3600, "timeout_seconds": 1, **(scrape or {})}
+    text = f"pools:\n{pools}\nscrape: {json.dumps(keys)}\n{extra}"
     return config.parse_text(text, "reliability.yaml")
 
 
@@ -74,6 +85,17 @@ def chat_body(model: str = "m", *, stream: bool = False, text: str = "hi") -> di
         "stream": stream,
         "messages": [{"role": "user", "content": text}],
     }
+
+
+COMPLETION = {
+    "id": "x",
+    "object": "chat.completion",
+    "created": 1,
+    "model": "m",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+}
+"""A small valid chat completion (what the test engines answer)."""
 
 
 class Misbehaving:
@@ -120,18 +142,7 @@ class Misbehaving:
             assert request.transport is not None
             request.transport.abort()  # the engine process died: RST, no terminating chunk
             return out
-        return web.json_response(
-            {
-                "id": "x",
-                "object": "chat.completion",
-                "created": 1,
-                "model": "m",
-                "choices": [
-                    {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
-                ],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
-            }
-        )
+        return web.json_response(COMPLETION)
 
     async def metrics(self, request: web.Request) -> web.Response:
         if self.mode == "5xx":

@@ -435,19 +435,24 @@ async def test_audit_disk_full_keeps_routing_and_says_so(tmp_path):
             decisions += await guard.evaluate()
             clock.now += 10
         assert router.plan() == {CREATIVE: "nospec", CODE: "spec-k4"}  # routing went on
-        assert registry.get_sample_value("specguard_audit_write_errors_total") == 1.0
+        # every later evaluation retried the audit line (3 failed writes); the plan waits behind it
+        assert registry.get_sample_value("specguard_audit_write_errors_total") == 3.0
         assert registry.get_sample_value("specguard_plan_write_errors_total") == 1.0
         status = guard.status(10)
-        assert status["audit_write_errors"] == 1
+        assert status["audit_write_errors"] == 3
         assert [d["action"] for d in status["decisions"]] == ["off"]  # kept in memory, shown in /status
-        if disk is not None:  # space comes back: the next decision is written on a fresh line
+        if disk is not None:  # space comes back: the next evaluation writes what was refused
             (disk / "ballast").unlink()
+            await guard.evaluate()  # no new decision: the retry alone (issue 21, item 5)
+            records, torn = audit_mod.read(audit_path)
+            assert [(r["class"], r["action"]) for r in records] == [("creative/high", "off")]
+            assert torn == [] and state_mod.PlanStore(plan_path).load().routing() == router.plan()
             source.rcs[CODE] = 1.5
             for _ in range(3):
-                await guard.evaluate()
                 clock.now += 10
+                await guard.evaluate()
             records, torn = audit_mod.read(audit_path)
-            assert [r["class"] for r in records] == ["code/greedy"] and torn == []
+            assert [r["class"] for r in records] == ["creative/high", "code/greedy"] and torn == []
             assert state_mod.PlanStore(plan_path).load().routing() == router.plan()
     acted = [(d.key, d.action) for d in decisions if d.action != "none"]
     assert acted == [(CREATIVE, "off")]

@@ -262,7 +262,12 @@ class LiveTap:
             f'  - {{name: {n}, url: "{u}", engine: {e}, num_speculative_tokens: 4}}'
             for n, u, e in (("v", urls["v"], "vllm"), ("s", urls["s"], "sglang"))
         )
-        cfg = config.parse_text(f"pools:\n{text}\nscrape: {{interval_seconds: 3600}}\n", "fuzz.yaml")
+        text += f'\n  - {{name: n, url: "{urls["v"]}", engine: vllm, num_speculative_tokens: 0}}'
+        cfg = config.parse_text(
+            f"pools:\n{text}\ntap: {{holdout_share: 0, probe_share: 0}}\n"
+            "scrape: {interval_seconds: 3600}\n",
+            "fuzz.yaml",
+        )
         self.monitor = Monitor(cfg)
         self.monitor.router.set_plan(
             {("code", "greedy", b): "v" for b in ("low", "medium", "high")}

@@ -290,3 +290,74 @@ def test_a_lasting_change_is_still_followed_after_the_window():
     # the next reversal needs twice the window
     state, decisions = run([K2_CHEAPER] * (needed + 2), state=state, policy=FLAP_POLICY, start=back.at + 10)
     assert not any(d.changes_plan for d in decisions)
+
+
+# ---------------------------------------------------------------- provenance (issue 18 item 7)
+
+
+def test_a_stale_memory_of_the_current_pool_never_moves_the_class():
+    """The live demo moved code/greedy off spec-k4 on "spec-k4 1.040 (memory)" while this window's
+    few requests there measured 0.49: the pool a class is on needs this window's measurement."""
+    memory = {"spec-k4": (1.04, 100.0 - 1800)}
+    few = ev(measured("spec-k4", 0.49, samples=5))
+    assert bestpool.choose("spec-k4", few, memory, 100.0, POLICY, load_bucket="medium") is None
+    _, decisions = run([few] * 4, state=st(memory=memory), start=100.0)
+    assert [d.action for d in decisions] == ["none"] * 4
+
+
+def test_every_estimate_says_which_measurement_when_and_at_which_load():
+    evidence = ev(
+        PoolEvidence("spec-k4", {"rc": 0.70}, samples=88, baseline_source="live"),
+        PoolEvidence(
+            "spec-k2", {"rc": 0.63}, samples=88, predicted=True, method="histogram", made_from="spec-k4"
+        ),
+        prior={"spec-k4": 0.64, "spec-k4x": 0.5},
+    )
+    found = bestpool.estimates("spec-k4", evidence, {"spec-k2": (0.9, 45.0)}, 100.0, POLICY, "medium")
+    assert (
+        found["spec-k4"].text() == "spec-k4 0.700 (measured: last 300 s at load medium, n=88, baseline live)"
+    )
+    assert found["spec-k2"].text() == "spec-k2 0.900 (memory: measured 55 s ago at load medium)"
+    assert found["nospec"].text() == "nospec 1.000 (definition: no speculation)"
+    without_memory = bestpool.estimates("spec-k4", evidence, {}, 100.0, POLICY, "medium")
+    assert without_memory["spec-k2"].text() == (
+        "spec-k2 0.630 (what-if: from 88 requests measured on spec-k4 at load medium)"
+    )
+    choice = bestpool.choose("spec-k4", evidence, {}, 100.0, POLICY, load_bucket="medium")
+    assert "(what-if: from 88 requests measured on spec-k4 at load medium)" in choice.reason
+    assert "(measured: last 300 s at load medium, n=88, baseline live)" in choice.reason
+
+
+def test_a_rule_breach_says_where_its_number_comes_from():
+    bad = ev(PoolEvidence("spec-k4", {"rc": 1.2}, samples=50, baseline_source="profile"))
+    _, decisions = run([bad, bad], state=st())
+    off = decisions[-1]
+    assert off.action == "off"
+    assert (
+        "rc (1.200) > threshold (1.0) [measured on spec-k4 at load low over the last 300 s, n=50, "
+        "baseline profile]"
+    ) in off.reason
+    predicted = PoolEvidence("spec-k2", {"rc": 0.8}, samples=50, predicted=True, made_from="spec-k4")
+    assert predicted.provenance("high", 300) == (
+        "what-if from 50 requests measured on spec-k4 at load high over the last 300 s"
+    )
+
+
+def on_model(name, rc, lower, upper=None):
+    """A measurement whose baseline is the step-cost model (no live or profile one)."""
+    values = {"rc": rc, "rc_lower": lower, "rc_upper": upper if upper is not None else rc * 1.2}
+    return PoolEvidence(pool=name, values=values, samples=50, baseline_source="model")
+
+
+def test_a_model_baseline_moves_a_class_off_speculation_only_on_its_lower_bound():
+    # point estimate 1.10 (no-spec at 1.0 is cheaper by 9%), but the lower bound 0.96 is not past 1.0
+    unsure = bestpool.choose("spec-k4", ev(on_model("spec-k4", 1.10, 0.96)), {}, 0.0, POLICY)
+    assert unsure is None
+    sure = bestpool.choose("spec-k4", ev(on_model("spec-k4", 1.30, 1.12)), {}, 0.0, POLICY)
+    assert sure is not None and sure.best.pool == "nospec"
+    assert "model baseline: lower bound 1.120" in sure.reason
+    # between speculative pools the baseline cancels out: the point estimates decide
+    k2 = bestpool.choose(
+        "spec-k4", ev(on_model("spec-k4", 1.10, 0.96), whatif("spec-k2", 0.80)), {}, 0.0, POLICY
+    )
+    assert k2 is not None and k2.best.pool == "spec-k2"

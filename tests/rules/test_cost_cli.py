@@ -160,6 +160,7 @@ def test_collector_exports_the_latest_evaluation_and_leaves_unknown_rc_out():
         "specguard_relative_cost_samples",
         "specguard_relative_cost_baseline_info",
         "specguard_predicted_relative_cost_per_token_ratio",
+        "specguard_baseline_available",
     }
     rows = render_costs(costs)
     assert json.loads(json.dumps(rows))[0]["task_type"] in {"chat", "code"}

@@ -93,7 +93,7 @@ def test_cost_section_defaults_and_errors(tmp_path):
         "c.yaml:4:3: cost.interval_method: ('magic') must be one of 'jackknife', 'delta', 'bootstrap'",
         "c.yaml:5:3: cost.calibraton_profile: unknown key (known: baseline_min_samples, "
         "baseline_scope, bootstrap_resamples, calibration_profile, confidence, interval_method, "
-        "min_samples, seed, window_seconds)",
+        "min_samples, model_baseline, seed, window_seconds)",
     ]
     doc = configfile.parse_text("cost:\n  calibration_profile: sweep.yaml\n  interval_method: bootstrap\n")
     settings = parse_cost_section(doc.root().section("cost"))

@@ -65,3 +65,36 @@ def test_backward_clock_step_bounds_the_ttl():
     assert len(book) == 1
     book.expire(now=61.0, firing_ttl=60.0, resolved_ttl=60.0)
     assert len(book) == 0
+
+
+# --- issue 21: the book is bounded; a flood of one kind dedupes to a few per class
+def alert(i, status="firing", alertname="Flood", task="chat", at=0.0, **labels):
+    labels = {"task_type": task, "alertname": alertname, **labels}
+    return AlertRecord(f"fp{i}", alertname, status, labels, T0, at)
+
+
+def test_a_flood_in_one_class_keeps_the_newest_few():
+    book = AlertBook(max_alerts=100, max_per_class=4)
+    for i in range(50):
+        book.ingest(alert(i))
+    assert [r.fingerprint for r in book.snapshot()] == ["fp46", "fp47", "fp48", "fp49"]
+    assert book.evicted == 46 and len(book.for_class(("chat", "low", "low"))) == 4
+
+
+def test_a_full_book_drops_the_oldest_resolved_first():
+    book = AlertBook(max_alerts=3, max_per_class=10)
+    book.ingest(alert(0, alertname="A"))
+    book.ingest(alert(1, "resolved", alertname="B"))
+    book.ingest(alert(2, alertname="C"))
+    book.ingest(alert(3, alertname="D"))
+    assert sorted(r.fingerprint for r in book.snapshot()) == ["fp0", "fp2", "fp3"]
+    book.ingest(alert(4, alertname="E"))  # no resolved left: the oldest received goes
+    assert sorted(r.fingerprint for r in book.snapshot()) == ["fp2", "fp3", "fp4"]
+
+
+def test_only_the_labels_the_guard_reads_are_kept():
+    book = AlertBook()
+    book.ingest(alert(0, pool="spec-k4", instance="x" * 10_000, temperature_bucket="y" * 500))
+    labels = book.snapshot()[0].labels
+    assert set(labels) == {"task_type", "alertname", "pool", "temperature_bucket"}
+    assert len(labels["temperature_bucket"]) == 128

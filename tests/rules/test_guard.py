@@ -495,7 +495,14 @@ def test_dry_run_decides_but_keeps_the_plan():
         True,
     )
     assert not decision.changes_plan
-    assert state.pool == "spec-k4" and state.last_action_at == 100  # cooldown still paces dry-run decisions
+    # nothing but the record: no cooldown, nothing counted against max_actions_per_hour (issue 18)
+    assert (state.pool, state.last_action_at, state.action_times, state.pending) == (
+        "spec-k4",
+        None,
+        (),
+        None,
+    )
+    assert state.rule("rc").consecutive_failures == 0  # the next would-be action needs a new breach
 
 
 def test_dry_run_rule_is_reported_never_acted_on():

@@ -65,11 +65,60 @@ def test_probes_holdouts_and_unusable_requests_do_not_count_as_planned():
 
 
 def test_fixed_mode_and_per_class_baselines_keep_the_tap_share():
-    rows, policy = records(100, 10), policy_mod.Policy(rules=())
+    rows, policy = records(100, 10), policy_mod.Policy(rules=(), holdout="on_demand")
     assert holdout.for_policy(rows, POOLS, policy, CostSettings(), 0.05) == {"low": 0.0}
     assert holdout.for_policy(rows, POOLS, policy, CostSettings(baseline_scope="class_then_load"), 0.05) == {}
     fixed = policy_mod.Policy(rules=(), holdout="fixed")
     assert holdout.for_policy(rows, POOLS, fixed, CostSettings(), 0.05) == {}  # no override: the tap's share
+    matched = policy_mod.Policy(rules=())  # the default: the router matches loads, no shares
+    assert matched.holdout == "capacity_matched" and holdout.router_mode(matched) == "capacity_matched"
+    assert holdout.for_policy(rows, POOLS, matched, CostSettings(), 0.05) == {}
+    assert holdout.router_mode(fixed) == "share"
+
+
+def _starvation_run(pin_back_at: float, end: float) -> list[tuple[float, int]]:
+    """On-demand holdout through the real router, re-planned every 30 s on a 300 s window.
+
+    10 requests/s of a speculating class and, until ``pin_back_at``, 2/s of a class planned on the
+    no-spec pool; then that class is pinned back to speculation. Returns (time, no-spec requests in
+    the window) at every evaluation.
+    """
+    pools = [
+        PoolConfig("spec-k4", "http://a", num_speculative_tokens=4),
+        PoolConfig("nospec", "http://b", num_speculative_tokens=0),
+    ]
+    router = routing.Router(
+        pools, default_pool="spec-k4", nospec_pool="nospec", holdout_share=0.05, rng=random.Random(7)
+    )
+    router.set_holdout_mode("share")
+    policy = policy_mod.Policy(rules=(), holdout="on_demand", window_seconds=300.0)
+    settings = CostSettings(baseline_min_samples=30)
+    log: list[RequestRecord] = []
+    seen = []
+    t = 0.0
+    while t < end:
+        if t % 30 == 0:
+            window = [r for r in log if r.started_at >= t - 300]
+            seen.append((t, sum(1 for r in window if r.pool == "nospec")))
+            router.set_holdout_shares(holdout.for_policy(window, POOLS, policy, settings, 0.05, now=t))
+        router.set_plan({} if t >= pin_back_at else {("creative", "high", "low"): "nospec"})
+        for task, count in (("chat", 10), ("creative", 2)):
+            for _ in range(count):
+                choice = router.choose(task, "high", lambda pool: "low")
+                log.append(replace(record(choice.pool, choice.route), task_type=task, started_at=t))
+        t += 1.0
+    return seen
+
+
+def test_on_demand_never_lets_the_baseline_lapse_when_planned_nospec_traffic_stops():
+    # issue 18: a class planned on the no-spec pool was pinned back; the old shares counted its
+    # planned requests over the whole window, kept the holdout at 0 until they aged out, and the
+    # bucket's baseline fell below baseline_min_samples for about a minute
+    seen = _starvation_run(pin_back_at=600.0, end=1500.0)
+    after_warmup = [(t, n) for t, n in seen if t >= 300]
+    assert min(n for _, n in after_warmup) >= 30, after_warmup
+    # and the holdout settles to about what the baseline needs (1.5 x 30 per window), not the ceiling
+    assert 30 <= seen[-1][1] <= 110
 
 
 def test_a_window_still_filling_is_projected_to_a_whole_window():

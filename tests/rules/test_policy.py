@@ -139,7 +139,7 @@ def test_rc_rises_with_load_is_on_by_default_documented_and_can_be_turned_off():
 
 def test_best_pool_prior_and_holdout_keys_are_documented_and_parsed():
     default = policy.load_default()
-    assert (default.best_pool, default.prior, default.holdout) == (True, "profile", "on_demand")
+    assert (default.best_pool, default.prior, default.holdout) == (True, "profile", "capacity_matched")
     text = policy.DEFAULT_POLICY_PATH.read_text().splitlines()
     for key in (
         "best_pool",
@@ -176,3 +176,27 @@ def test_best_pool_prior_and_holdout_errors_name_file_line_col():
     assert "p.yaml:3:3: guard.prior:" in text and "profile" in text
     assert "p.yaml:4:3: guard.holdout:" in text and "on_demand" in text
     assert "p.yaml:5:3: guard.holdout_min_share:" in text
+
+
+def test_a_guard_section_without_rules_gets_the_shipped_rules_with_its_own_limits():
+    """Issue 18 item 4: `guard:` without `rules:` silently had no rules (nothing to do, forever)."""
+    p = policy.parse_text("guard:\n  dry_run: true\n  min_samples: 8\n  interval_seconds: 15\n")
+    shipped = policy.load_default()
+    assert (
+        [r.name for r in p.rules]
+        == [r.name for r in shipped.rules]
+        == [
+            "relative-cost",
+            "full-rollback-requests",
+        ]
+    )
+    assert p.default_rules and not shipped.default_rules
+    assert all(r.limits.min_samples == 8 and r.limits.interval_seconds == 15 for r in p.rules)
+    assert [(r.measure, r.threshold, r.dry_run) for r in p.rules] == [
+        (r.measure, r.threshold, r.dry_run) for r in shipped.rules
+    ]
+    # an explicit empty list is "no rules": Alertmanager alerts alone move classes
+    empty = policy.parse_text("guard:\n  rules: []\n")
+    assert empty.rules == () and not empty.default_rules
+    with pytest.raises(ConfigError, match="no rules and alerts disabled"):
+        policy.parse_text("guard:\n  rules: []\n  alerts: {enabled: false}\n")

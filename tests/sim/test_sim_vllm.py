@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -374,3 +375,24 @@ async def test_response_keys_where_vllm_puts_them(sim):
     assert completion["choices"][0]["prompt_token_ids"] is None
     assert chat["prompt_logprobs"] is None and chat["prompt_token_ids"] is None
     assert "prompt_logprobs" not in chat["choices"][0]
+
+
+@pytest.mark.parametrize("dialect", ["vllm", "sglang"])
+async def test_a_client_that_leaves_mid_stream_leaves_no_traceback(dialect, caplog):
+    """Issue 18: the simulator printed a full ClientConnectionResetError traceback each time a
+    streaming client disconnected."""
+    async with cluster.SimCluster.from_config(None, seed=0, time_scale=0.05, dialect=dialect) as running:
+        url = running.urls["spec-k4"]
+        with caplog.at_level(logging.DEBUG):
+            async with aiohttp.ClientSession() as session:
+                body = {"prompt": "long", "max_tokens": 400, "stream": True, "ignore_eos": True}
+                async with session.post(url + "/v1/completions", json=body) as response:
+                    await response.content.readline()
+                for _ in range(2000):  # a deadline of 20 s for a loaded machine, not a timing assertion
+                    if running.truth()["pools"]["spec-k4"]["totals"]["requests_aborted"]:
+                        break
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(0.2)  # the write that finds the client gone
+    assert running.truth()["pools"]["spec-k4"]["totals"]["requests_aborted"] == 1
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+    assert loud == [], [r.getMessage() for r in loud]

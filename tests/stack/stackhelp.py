@@ -368,6 +368,8 @@ def specguard_config(pools: dict[str, str], workdir: Path) -> dict:
     token_file.write_text(TOKEN + "\n")
     config["server"]["token_file"] = str(token_file)
     config["guard"].update(interval_seconds=1, window_seconds=60, min_samples=10, cooldown_seconds=0)
+    config["alertmanager"].pop("url", None)  # the compose stack's Alertmanager: this one starts later
+    config["alertmanager"].pop("receiver", None)
     config["actuators"].update(plan_file=str(workdir / "plan.json"), audit_log=str(workdir / "audit.jsonl"))
     return config
 

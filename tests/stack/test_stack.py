@@ -81,6 +81,8 @@ def test_stack_end_to_end(tmp_path: Path):
         config = specguard_config(pools, tmp_path)
         for rule in config["guard"]["rules"]:
             rule["dry_run"] = True  # only an alert may move a class in this test
+        config["guard"]["best_pool"] = False  # nor may the cheapest-pool choice (the alert would then
+        # rightly stay silent: it reads the pool the class is planned on)
         specguard = stack.start_specguard(config)
         am_url = stack.start_alertmanager(specguard + "/api/v1/alerts", receiver.url)
         prom = stack.start_prometheus(specguard, am_url)

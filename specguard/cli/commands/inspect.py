@@ -14,6 +14,7 @@ import sys
 import time
 from importlib import resources
 
+from specguard import untrusted
 from specguard.errors import InputError
 from specguard.exporters import derive, engines, promtext, scrape
 from specguard.exporters.snapshot import EngineSnapshot
@@ -54,12 +55,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _read(path: str) -> EngineSnapshot:
+    """A saved page, read and parsed within the scrape limits (a huge file or line is refused)."""
+    limit = promtext.LIMITS.max_page_bytes
     try:
         if path == "-":
-            text = sys.stdin.read()
+            text = getattr(sys.stdin, "buffer", sys.stdin).read(limit + 1)
         else:
-            with open(path, "rb") as handle:
-                text = handle.read()
+            text = untrusted.read_bytes(path, limit, "metrics page")
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
     return promtext.parse(text, "<stdin>" if path == "-" else path)
@@ -177,6 +179,9 @@ def render(d: derive.Derived, *, window: bool) -> str:
     for name, value, note in rows:
         lines.append(f"  {name:<{width}}  {value:<{value_width}}  {note}".rstrip())
     lines.append("  ('-' = not reported by this engine or no data in the window)")
+    if d.warnings:
+        lines += ["", "warnings (the numbers above are suspect):"]
+        lines += [f"  {untrusted.printable(w, 300)}" for w in d.warnings]
     for title, group in (("model", d.models), *((f"label {k}", v) for k, v in d.breakdown.items())):
         if not group:
             continue

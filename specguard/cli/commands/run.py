@@ -7,6 +7,7 @@ import asyncio
 import logging
 import signal
 
+from specguard.exporters.addresses import join_listen
 from specguard.monitor import app as monitor_app
 from specguard.monitor import config, guard_wiring
 
@@ -45,7 +46,8 @@ async def serve(cfg: config.SpecguardConfig, host: str | None = None, port: int 
     """Serve until SIGINT/SIGTERM; ``host``/``port`` override ``tap.listen`` (checked like it)."""
     if host is not None or port is not None:
         tap = cfg.exporter.tap
-        cfg = config.with_listen(cfg, f"{host or tap.host}:{tap.port if port is None else port}")
+        listen = join_listen(host or tap.host, tap.port if port is None else port)
+        cfg = config.with_listen(cfg, listen)
     monitor = monitor_app.Monitor(cfg)
     for configure in CONFIGURERS:
         configure(monitor, cfg)
@@ -62,7 +64,7 @@ async def serve(cfg: config.SpecguardConfig, host: str | None = None, port: int 
         from specguard.errors import ConfigError
 
         raise ConfigError(f"cannot listen on {cfg.exporter.tap.listen}: {exc.strerror}") from exc
-    pools = ", ".join(f"{p.name}={p.url}" for p in cfg.exporter.pools)
+    pools = ", ".join(f"{p.name}={p.display_url}" for p in cfg.exporter.pools)
     log.info("specguard tap on %s (metrics %s/metrics); pools: %s", url, url, pools)
     try:
         await stop.wait()

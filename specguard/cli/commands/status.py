@@ -15,6 +15,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from specguard import untrusted
 from specguard.errors import InputError, SourceError
 from specguard.monitor import audit as audit_mod
 from specguard.monitor import state as state_mod
@@ -89,10 +90,7 @@ def fetch(url: str, timeout: float) -> dict[str, Any]:
     except (urllib.error.URLError, TimeoutError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise SourceError(f"cannot reach {target}: {reason}") from exc
-    try:
-        data = json.loads(body)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{target}: not JSON ({exc})") from exc
+    data = untrusted.loads(body, target)
     if not isinstance(data, dict) or "classes" not in data:
         raise InputError(f"{target}: not a specguard /status answer")
     return data
@@ -135,6 +133,33 @@ def _ago(ts: float | None) -> str:
     return f"{max(0.0, time.time() - ts):.0f} s ago"
 
 
+def _rc(found: Any) -> str:
+    """``1.05 (model)`` / ``- (none)``: the class's RC and the baseline source it used."""
+    if not isinstance(found, dict):
+        return "-"
+    value = found.get("rc")
+    text = "-" if value is None else f"{value:.2f}"
+    return (
+        f"{text} ({found.get('baseline_source')}{'' if found.get('pool') is None else ', ' + found['pool']})"
+    )
+
+
+def _baselines(report: Any) -> list[str]:
+    """Each load bucket's baseline source, and the cells without one with how to get one."""
+    if not isinstance(report, dict):
+        return []
+    lines = ["", "baselines (no-spec TPOT per load bucket):"]
+    for row in report.get("load_buckets", []):
+        also = [s for s in row.get("available", []) if s != row.get("source")]
+        extra = f" (also: {', '.join(also)})" if also else ""
+        lines.append(f"  {row['load_bucket']:<8} {row['source']}{extra}")
+    missing = report.get("missing", [])
+    if missing:
+        cells = ", ".join(f"{m['pool']}/{m['load_bucket']}" for m in missing)
+        lines.append(f"  no baseline for {cells}: to get one: {missing[0]['how_to_get_one']}")
+    return lines
+
+
 def render(status: dict[str, Any]) -> str:
     lines = []
     if status.get("note"):
@@ -149,7 +174,7 @@ def render(status: dict[str, Any]) -> str:
         if status.get("frozen"):
             head.append("FROZEN (data source errors)")
     lines.append(" | ".join(head))
-    rows = [("CLASS", "LOAD", "POOL", "K", "PHASE", "NOTE")]
+    rows = [("CLASS", "LOAD", "POOL", "K", "PHASE", "RC (BASELINE)", "NOTE")]
     for c in status.get("classes", []):
         note = []
         if c.get("pin"):
@@ -167,12 +192,14 @@ def render(status: dict[str, Any]) -> str:
                 c["pool"],
                 str(c.get("num_speculative_tokens", "")),
                 c.get("phase") or "-",
+                _rc(c.get("rc")),
                 "; ".join(note)[:100],
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    widths = [max(len(r[i]) for r in rows) for i in range(6)]
     for r in rows:
-        lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(r[:5])) + "  " + r[5])
+        lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(r[:6])) + "  " + r[6])
+    lines += _baselines(status.get("baselines"))
     decisions = status.get("decisions", [])
     lines.append("")
     lines.append("last decisions:" if decisions else "no decisions yet")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import json
 import sys
@@ -217,14 +218,16 @@ def _configured_pools(cfg, only: str | None) -> list:
 
 
 def _driver(args: argparse.Namespace, cfg, pools):
-    from specguard.lab import sweep_drivers
+    from specguard.lab import sweep, sweep_drivers
 
     if args.http:
         driver = sweep_drivers.http_driver(
             seed=args.seed, max_tokens=args.max_tokens, prompts=args.prompts or "words"
         )
-        engines = ",".join(sorted({p.engine for p in cfg.exporter.pools}))
-        return driver, {"engine": engines, "source": "specguard sweep --http"}
+        engines = sorted({p.engine for p in cfg.exporter.pools})
+        stack = {"engine": ",".join(engines), "source": "specguard sweep --http"}
+        stack.update(asyncio.run(sweep.http_stack(pools, engines[0] if len(engines) == 1 else "auto")))
+        return driver, stack
     from specguard.sim import config as sim_config
 
     sim = sim_config.load(args.sim_config)
@@ -235,7 +238,7 @@ def _driver(args: argparse.Namespace, cfg, pools):
             f"pools {missing} are not simulator pools ({sorted(names)}); use --http for real engines"
         )
     driver = sweep_drivers.virtual_driver(sim, seed=args.seed)
-    return driver, {"engine": "specguard-simulator", "source": "specguard sweep (virtual time)"}
+    return driver, sweep.simulator_stack(sim, "specguard sweep (virtual time)")
 
 
 def _launched(args: argparse.Namespace, levels, mix, grid: dict):

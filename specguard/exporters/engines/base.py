@@ -54,12 +54,20 @@ class Reader:
     def snapshot(self, engine: str, metrics_path: str, **fields: Any) -> EngineSnapshot:
         """The page as an ``EngineSnapshot``: ``fields`` plus the page's family names and the
         counter series read so far (so build it after every read)."""
+        repeated = self.page.duplicates
+        warnings = tuple(
+            f"{self.page.source}:{d.line}: {d.name}: a repeated series (the last value is used)"
+            for d in repeated[:MAX_WARNINGS]
+        )
+        if len(repeated) > MAX_WARNINGS:
+            warnings += (f"{self.page.source}: {len(repeated) - MAX_WARNINGS} more repeated series",)
         return EngineSnapshot(
             engine=engine,
             families=tuple(self.page.family_names()),
             metrics_path=metrics_path,
             **fields,
             series=self.series,
+            warnings=warnings,
         )
 
     def samples(self, name: str) -> list[promtext.Sample]:
@@ -76,12 +84,11 @@ class Reader:
         found = [s for s in self.samples(name) if where is None or where(s.labels)]
         if not found:
             return None
+        unique = {(s.name, s.labels): s.value for s in found}  # a repeated series: the last line wins
         bucket = self.series.setdefault(key, {})
-        for sample in found:
-            bucket[(sample.name, sample.labels)] = (
-                bucket.get((sample.name, sample.labels), 0.0) + sample.value
-            )
-        return math.fsum(s.value for s in found)
+        for series, value in unique.items():
+            bucket[series] = bucket.get(series, 0.0) + value
+        return total(unique.values())
 
     def counter_vector(self, key: str, name: str, label: str) -> tuple[float, ...] | None:
         """A counter split by an integer label (``position``): index i sums the series with label i."""
@@ -106,7 +113,7 @@ class Reader:
             bucket = self.series.setdefault(f"{key}:{index}", {})
             for sample in by_index.get(index, []):
                 bucket[(sample.name, sample.labels)] = sample.value
-            vector.append(math.fsum(s.value for s in by_index.get(index, [])))
+            vector.append(total(bucket.values()))
         return tuple(vector)
 
     def histogram(self, key: str, base: str, where: LabelFilter | None = None) -> HistogramTotals | None:
@@ -137,12 +144,26 @@ class Reader:
         if how == "max":
             return max(s.value for s in found)
         if how == "mean":
-            return math.fsum(s.value for s in found) / len(found)
+            return total(s.value for s in found) / len(found)
         groups: dict[promtext.Labels, float] = {}
         for sample in found:
             key = tuple(pair for pair in sample.labels if pair[0] not in self.replica_labels)
             groups[key] = max(groups.get(key, -math.inf), sample.value)
-        return math.fsum(groups.values())
+        return total(groups.values())
+
+
+MAX_WARNINGS = 10
+
+
+def total(values: Iterable[float]) -> float:
+    """An exact sum (``math.fsum``) that is ``inf`` where the values overflow, not an OverflowError."""
+    values = list(values)
+    try:
+        return math.fsum(values)
+    except OverflowError:
+        return math.copysign(math.inf, sum(values))
+    except ValueError:  # inf and -inf together
+        return math.nan
 
 
 def positive(value: float | None) -> bool:

@@ -33,6 +33,7 @@ GENERATION = "vllm:generation_tokens_total"
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 ITL = "vllm:inter_token_latency_seconds"
+ITERATION = "vllm:iteration_tokens_total"  # a histogram whose name ends in _total: one sample per step
 OLD_TPOT = "vllm:time_per_output_token_seconds"  # deprecated name of the per-step ITL
 REQUEST_TPOT = "vllm:request_time_per_output_token_seconds"
 TTFT = "vllm:time_to_first_token_seconds"
@@ -79,6 +80,7 @@ def _build(page: promtext.Page, where: base.LabelFilter | None) -> EngineSnapsho
         generation_tokens=read.counter("generation_tokens", GENERATION),
         accept_rate_gauge=read.gauge(OLD_ACCEPT_RATE, "mean"),
         step_latency=step,
+        iteration_tokens=read.histogram("iteration_tokens", ITERATION),
         time_per_output_token=read.histogram("time_per_output_token", REQUEST_TPOT),
         time_to_first_token=read.histogram("time_to_first_token", TTFT),
         e2e_latency=read.histogram("e2e_latency", E2E),

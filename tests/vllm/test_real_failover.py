@@ -1,0 +1,119 @@
+"""A real vLLM engine SIGKILLed during load: its traffic fails over, and comes back when it does.
+
+A third engine (``victim``: the same model, no speculation) is started for this test alone, a
+class is planned onto it, and it is killed (SIGKILL to its process group) while load runs
+through the tap, then started again on the same port. Only the requests in flight on it may
+fail; nothing sent after it was marked down fails; the class is served by the real no-spec
+engine meanwhile and goes back to the victim once it answers. The figures go into
+docs/reliability.md (run with ``-s``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+
+import pytest
+from conftest import provision, server_command, server_env, stop
+from vllmkit import MODEL_NAME
+
+from specguard.lab import failover, loadgen
+from specguard.monitor import config
+from specguard.monitor.app import Monitor
+
+pytestmark = pytest.mark.vllm
+
+CONCURRENCY = 4
+DOWN_INTERVAL = 0.5
+MIX = [
+    loadgen.RequestClass("creative", temperature=1.0, max_tokens=24, prompt_tokens=20, chat=False),
+    loadgen.RequestClass("code", temperature=0.0, max_tokens=24, prompt_tokens=20, chat=False),
+]
+
+
+class VllmVictim:
+    """A no-speculation vLLM engine of this test's own, on a fixed port, killed with SIGKILL."""
+
+    pool = "victim"
+
+    def __init__(self, logdir):
+        self.venv, self.model = provision()
+        self.port = failover.free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.logdir = logdir
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    async def restart(self) -> None:
+        self.starts += 1
+        log = open(self.logdir / f"victim-{self.starts}.log", "wb")  # noqa: SIM115 - the child's
+        with log:
+            self.proc = subprocess.Popen(
+                server_command(self.venv, self.model, self.port, spec=False),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=server_env(sorted(os.sched_getaffinity(0))[-1]),
+                cwd=self.logdir,
+                start_new_session=True,
+            )
+        await failover.wait_healthy(self.url, 300.0, self.proc)
+
+    async def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            await asyncio.to_thread(self.proc.wait, 30)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop(self.proc)
+
+
+async def test_a_real_engine_killed_during_load_fails_over_and_comes_back(vllm_engines, tmp_path):
+    victim = VllmVictim(tmp_path)
+    await victim.restart()
+    try:
+        cfg = config.parse_text(
+            f"""
+pools:
+  - {{name: spec, url: "{vllm_engines.spec.url}", engine: vllm, num_speculative_tokens: 4}}
+  - {{name: nospec, url: "{vllm_engines.nospec.url}", engine: vllm, num_speculative_tokens: 0}}
+  - {{name: victim, url: "{victim.url}", engine: vllm, num_speculative_tokens: 0}}
+tap: {{holdout_share: 0.1, probe_share: 0, default_pool: spec, nospec_pool: nospec}}
+scrape: {{interval_seconds: 3600, timeout_seconds: 2, down_interval_seconds: {DOWN_INTERVAL}}}
+""",
+            "failover.yaml",
+        )
+        monitor = Monitor(cfg, rng=random.Random(5))
+        monitor.router.set_plan({("creative", "high", load): "victim" for load in ("low", "medium", "high")})
+        url = await monitor.start("127.0.0.1", 0)
+        try:
+            outcome = await failover.kill_during_load(
+                monitor,
+                url,
+                victim,
+                MIX,
+                concurrency=CONCURRENCY,
+                before_s=5,
+                down_s=3,
+                after_s=5,
+                back_timeout_s=60,
+            )
+        finally:
+            await monitor.stop()
+    finally:
+        victim.stop()
+    print("real vLLM failover outcome:", outcome.to_json(), "model", MODEL_NAME)  # shown with -s
+
+    assert outcome.failed <= CONCURRENCY, outcome.errors  # at most the requests in flight on it
+    assert outcome.failed_after_failover == 0, outcome.errors
+    assert outcome.time_to_failover_s is not None and outcome.time_to_failover_s < 3  # (down_s)
+    assert outcome.time_back_s is not None and outcome.time_back_s <= 10 * DOWN_INTERVAL
+    assert outcome.failover_requests > 0
+    assert outcome.served_by.get("victim", 0) > 0 and outcome.served_by.get("nospec", 0) > 0
+    records = monitor.stats.records()
+    moved = [r for r in records if r.route == "failover"]
+    assert moved and {(r.task_type, r.pool) for r in moved} == {("creative", "nospec")}  # nearest K: 0
