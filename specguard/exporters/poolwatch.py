@@ -173,7 +173,8 @@ class ScrapeLoop:
         rejected = None
         answered: bool | None = True  # for the health check: None = no verdict (a slow answer)
         try:
-            snapshot = await asyncio.wait_for(self._fetch(pool, self.timeout), self.timeout)
+            async with asyncio.timeout(self.timeout):
+                snapshot = await self._fetch(pool, self.timeout)
         except asyncio.CancelledError:
             raise
         except (UnreachableError, aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
@@ -228,7 +229,8 @@ class ScrapeLoop:
             if left <= 0:
                 return
             try:
-                await asyncio.wait_for(self._wake.wait(), left)
+                async with asyncio.timeout(left):
+                    await self._wake.wait()
             except TimeoutError:
                 return
             self._wake.clear()
@@ -253,7 +255,8 @@ class ScrapeLoop:
         self._wake.set()
         task, self._task = self._task, None
         try:
-            await asyncio.wait_for(task, self.timeout + 1.0)
+            async with asyncio.timeout(self.timeout + 1.0):
+                await task
         except TimeoutError:
             task.cancel()
             try:

@@ -138,7 +138,8 @@ async def _drive(setup, url, monitor, guard, profile, time_scale, on_status, on_
                 costs = await asyncio.to_thread(cost_mod.evaluate, records, ks, profile, now, settings)
                 on_status(model_now, phase, costs, dict(guard.states))
             try:
-                await asyncio.wait_for(stop.wait(), every)
+                async with asyncio.timeout(every):
+                    await stop.wait()
             except TimeoutError:
                 pass
 

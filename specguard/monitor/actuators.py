@@ -143,10 +143,8 @@ class ConfigMapActuator:
     async def apply(self, plan: state_mod.PlanDocument, decisions: Sequence[Decision]) -> None:
         # classes decided here and not yet written survive a failed write until one succeeds
         self._pending |= {d.key for d in decisions if d.action != "none" and not d.dry_run}
-        await asyncio.wait_for(
-            asyncio.to_thread(self._write, plan, set(self._pending)),
-            self.timeout * (self.conflict_retries + 2),
-        )
+        async with asyncio.timeout(self.timeout * (self.conflict_retries + 2)):
+            await asyncio.to_thread(self._write, plan, set(self._pending))
         self._pending.clear()
 
     def _merge(self, stored_text: str | None, plan: state_mod.PlanDocument, changed: set) -> str:
@@ -217,7 +215,8 @@ class ConfigMapActuator:
 
     async def read_plan(self) -> state_mod.PlanDocument | None:
         """The plan stored in the ConfigMap (fleet replicas follow it); None when the key is absent."""
-        return await asyncio.wait_for(asyncio.to_thread(self._read), self.timeout + 1.0)
+        async with asyncio.timeout(self.timeout + 1.0):
+            return await asyncio.to_thread(self._read)
 
     def _read(self) -> state_mod.PlanDocument | None:
         where = f"configmap {self.namespace}/{self.configmap}"

@@ -268,7 +268,8 @@ class Guard(FleetRoles):
         merged: dict[ClassKey, Evidence] = {}
         for source in self.sources:
             try:
-                found = await asyncio.wait_for(source.collect(now, keys), self.evaluation_timeout)
+                async with asyncio.timeout(self.evaluation_timeout):
+                    found = await source.collect(now, keys)
             except TimeoutError:
                 return merged, f"{type(source).__name__} timed out after {self.evaluation_timeout:g} s"
             except SourceError as exc:
@@ -312,7 +313,8 @@ class Guard(FleetRoles):
             if self._applied.get(actuator.name) == self.version and not acted:
                 continue
             try:
-                await asyncio.wait_for(actuator.apply(doc, acted), self.evaluation_timeout)
+                async with asyncio.timeout(self.evaluation_timeout):
+                    await actuator.apply(doc, acted)
                 self._applied[actuator.name] = self.version
             except (SourceError, TimeoutError, OSError) as exc:
                 self.counters.actuation_errors[actuator.name] += 1
@@ -460,7 +462,8 @@ class Guard(FleetRoles):
     async def _restore_alerts(self) -> None:
         """Take Alertmanager's active alerts as if its webhook had just delivered them."""
         try:
-            records = await asyncio.wait_for(self.restore_alerts(), self.evaluation_timeout)  # type: ignore[misc]
+            async with asyncio.timeout(self.evaluation_timeout):
+                records = await self.restore_alerts()  # type: ignore[misc]
         except (SourceError, TimeoutError) as exc:
             log.warning("reading the active alerts back from Alertmanager failed (%s): waiting for it", exc)
             return
@@ -489,7 +492,8 @@ class Guard(FleetRoles):
 
     async def _tick(self) -> None:
         try:
-            await asyncio.wait_for(self.evaluate(), self.evaluation_timeout * 2)
+            async with asyncio.timeout(self.evaluation_timeout * 2):
+                await self.evaluate()
         except asyncio.CancelledError:
             if self.running:
                 raise

@@ -64,9 +64,8 @@ class PromQL:
     async def scalar(self, query: str) -> float | None:
         """The single value of an instant query; None for no data (empty vector or NaN)."""
         try:
-            result = await asyncio.wait_for(
-                asyncio.to_thread(self._query_blocking, query), self.timeout + 1.0
-            )
+            async with asyncio.timeout(self.timeout + 1.0):
+                result = await asyncio.to_thread(self._query_blocking, query)
         except TimeoutError as exc:
             raise SourceError(f"Prometheus at {self.url}: query timed out after {self.timeout:g} s") from exc
         return parse_result(result)

@@ -129,3 +129,27 @@ async def test_a_pool_the_tap_marks_down_is_rechecked_on_the_short_interval():
         assert fetch.calls == calls  # serving again: back on the long interval
     finally:
         await asyncio.wait_for(loop.stop(), 5)
+
+
+async def test_a_cancelled_scrape_is_never_swallowed():
+    """Python 3.11's ``asyncio.wait_for`` drops a cancellation that lands as the scrape completes
+    (the task then scrapes on for ever and whoever cancelled it waits for ever); every scrape is
+    now bounded by ``asyncio.timeout``, which never does. Cancelled at many points of the cycle."""
+
+    async def fetch(pool, timeout):
+        await asyncio.sleep(0)  # one trip through the loop, as a page rejected at once takes
+        raise UnreachableError("refused")
+
+    loop = ScrapeLoop(PoolWatch(POOL), fetch, interval=3600, timeout=0.5)
+    for i in range(300):
+
+        async def scrapes():
+            while True:
+                await loop.scrape_once()
+
+        task = asyncio.create_task(scrapes())
+        for _ in range(i % 7):
+            await asyncio.sleep(0)
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=2)
+        assert done, f"cancelled scrape task {i} never stopped"

@@ -100,7 +100,14 @@ def test_every_panel_runs_and_shows_data(tmp_path: Path):
     results: list = []
     with Stack(tmp_path) as stack:
         pools = stack.start_sim(time_scale=0.05)
-        specguard = stack.start_specguard(specguard_config(pools, tmp_path))
+        config = specguard_config(pools, tmp_path)
+        # The local rules and the best-pool move wait 20 evaluations (20 s), so the RC alert
+        # (firing after 2 s in this stack) reaches the guard first: the webhook panels get a
+        # delivery to show, and the local rules still move the class should the alert path fail.
+        for rule in config["guard"]["rules"]:
+            rule.update(consecutive_failure_limit=20, failure_limit=20)
+        config["guard"]["best_pool_consecutive_limit"] = 20
+        specguard = stack.start_specguard(config)
         prom = stack.start_prometheus(specguard, stack.start_alertmanager(specguard + "/api/v1/alerts"))
         load = drive_load(specguard, 40, results, seed=3)
         # one request on a path the tap does not measure: counted as unattributed (other_path)

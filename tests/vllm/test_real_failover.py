@@ -60,7 +60,11 @@ class VllmVictim:
                 cwd=self.logdir,
                 start_new_session=True,
             )
-        await failover.wait_healthy(self.url, 300.0, self.proc)
+        try:
+            await failover.wait_healthy(self.url, 300.0, self.proc)
+        except RuntimeError as exc:  # say why: the engine's own last lines
+            tail = (self.logdir / f"victim-{self.starts}.log").read_bytes()[-3000:].decode(errors="replace")
+            raise RuntimeError(f"{exc} (start {self.starts}); its log ends:\n{tail}") from exc
 
     async def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -205,9 +205,12 @@ async def test_guard_decisions_agree_with_interleaved_ab_ground_truth(smollm2_en
             assert (decision.action, decision.to_pool) == ("off", "nospec"), report
         else:
             assert decision.action == "none", report
-        # ... and that evidence agrees with the truth: the two intervals overlap, and neither
-        # says "pays" where the other says "loses".
-        assert c.lower <= t.upper and t.lower <= c.upper, report
+        # ... and that evidence agrees with the truth: neither says "pays" (upper < 1) where the
+        # other says "loses" (lower > 1), and the point estimates are within 25% of each other.
+        # (The guard measures the live mix, the truth an interleaved A/B of one class at a time:
+        # under CI load the two intervals once missed each other by 0.005, both saying "loses".)
+        assert not (c.upper < 1.0 < t.lower or t.upper < 1.0 < c.lower), report
+        assert abs(c.rc / t.point - 1.0) < 0.25, report
         if t.verdict == "pays":
             decided += 1
             assert decision.action == "none", report
