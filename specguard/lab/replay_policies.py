@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import random
+from collections.abc import Mapping
 from dataclasses import replace
 
 from specguard.exporters import routing, stats
@@ -25,6 +26,7 @@ from specguard.rules import guard as guard_mod
 from specguard.rules import holdout as holdout_mod
 from specguard.rules import policy as policy_mod
 from specguard.rules import prior as prior_mod
+from specguard.rules import probes
 from specguard.rules.cost_config import CostSettings
 
 ClassPlan = dict[tuple[str, str], str]  # (task_type, temperature_bucket) -> pool
@@ -190,6 +192,19 @@ class SpecguardPolicy:
             self.states[key] = state
             if decision.changes_plan:
                 changed.append(_explained(decision, found))
+        self.route(evidence, now, bool(changed))
+        self.last_costs = costs
+        if self.on_tick is not None:
+            self.on_tick(now, costs, changed)
+        return changed
+
+    def route(
+        self, evidence: Mapping[evidence_mod.ClassKey, evidence_mod.Evidence], now: float, changed: bool
+    ) -> None:
+        """The router after an evaluation, as the daemon leaves it: every class off speculation probed
+        by expected cost (``rules.probes``), and the plan when a decision changed it."""
+        found = probes.plan(self.states, evidence, now, self.policy, self.router.probe_share)
+        self.router.set_probes({key: (p.pool, p.share) for key, p in found.items()})
         if changed:
             self.router.set_plan(
                 {
@@ -198,10 +213,6 @@ class SpecguardPolicy:
                     if s.pool and s.pool != self.policy.default_pool
                 }
             )
-        self.last_costs = costs
-        if self.on_tick is not None:
-            self.on_tick(now, costs, changed)
-        return changed
 
 
 def _explained(decision: guard_mod.Decision, evidence: evidence_mod.Evidence) -> dict:

@@ -7,8 +7,11 @@ never comes back; and probes on a pool with rc about 2 are the slowest requests 
 few percent of them set its TPOT p99. So, per class:
 
 - the pool: the speculative pool with the lowest expected rc (this window's measurement with
-  ``min_samples``, the class's memory of one, an exact what-if, the calibration profile, in that
-  order of trust); the default pool when nothing is known;
+  ``min_samples``, the class's memory of one, an exact what-if, the calibration profile, and last
+  this window's measurement on fewer requests, in that order of trust); the default pool when
+  nothing is known. The thin measurement keeps probes where they went: a class's probes are a few
+  percent of a small class, so on a shorter K they may never reach ``min_samples`` in one window,
+  and the K=4 acceptance the what-if came from ages out meanwhile;
 - the share: ``probe_share`` while the expected rc is at most ``1 + COST_BUDGET / probe_share``
   (probing costs the class at most ``COST_BUDGET`` of its time), less above that, so that
   ``share x (rc - 1) <= COST_BUDGET``; never below ``probe_share x MIN_FRACTION``, so the evidence
@@ -32,6 +35,8 @@ COST_BUDGET = 0.005
 """Expected slowdown of a class's tokens that its probes may cost (0.5%)."""
 MIN_FRACTION = 0.1
 """A probe share never falls below this fraction of ``probe_share``."""
+THIN = "measured (thin)"
+"""The basis of a measurement on fewer than ``min_samples`` requests (the last resort)."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,16 @@ def expected(
         for name, rc in evidence.prior.items():
             if name not in out and math.isfinite(rc):
                 out[name] = bestpool.Estimate(name, rc, bestpool.PROFILE)
+    for name, found in evidence.pools.items():
+        rc = found.values.get("rc")
+        if (
+            name not in out
+            and not found.predicted
+            and found.samples > 0
+            and rc is not None
+            and math.isfinite(rc)
+        ):
+            out[name] = bestpool.Estimate(name, rc, THIN, found.samples)
     return {name: e for name, e in out.items() if policy.pools.get(name, 0) > 0}
 
 

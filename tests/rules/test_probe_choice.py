@@ -62,6 +62,12 @@ def ev(*pools, prior=None):
             id="thin-what-if-ignored",
         ),
         pytest.param(
+            ev(measured("spec-k2", 0.93, samples=MIN - 5), measured("spec-k4", 1.1, samples=MIN - 20)),
+            {"spec-k4": (1.09, 90.0)},
+            ("spec-k2", SHARE, probes.THIN),
+            id="thin-measurement-where-nothing-else-keeps-the-probes-on-k2",
+        ),
+        pytest.param(
             ev(prior={"spec-k4": 1.4, "spec-k2": 1.05}),
             {},
             ("spec-k2", SHARE, "profile"),
