@@ -229,6 +229,7 @@ def specguard_row(
         actions_in_stationary_phases=summary.stationary_actions(result.decisions, setup.scenario),
         max_changes_per_class_hour=summary.max_changes_per_class_hour(result.decisions),
         evaluations=guard.evaluations,
+        routes=summary.routes(result),
     )
 
 

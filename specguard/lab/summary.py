@@ -59,6 +59,25 @@ def summarize(result: replay.ReplayResult, label: str, **extra) -> dict:
     }
 
 
+def routes(result: replay.ReplayResult) -> dict[str, dict[str, float]]:
+    """Per route (plan, holdout, probe): its share of the requests, of their client time (start to
+    last token) and of the output tokens. Holdout and probes are what measuring costs."""
+    requests, seconds, tokens = Counter(), Counter(), Counter()
+    for f in result.finished:
+        requests[f.route] += 1
+        seconds[f.route] += f.ended - f.started
+        tokens[f.route] += f.output_tokens
+    total = (sum(requests.values()) or 1, sum(seconds.values()) or 1.0, sum(tokens.values()) or 1)
+    return {
+        route: {
+            "requests": requests[route] / total[0],
+            "client_time": seconds[route] / total[1],
+            "output_tokens": tokens[route] / total[2],
+        }
+        for route in sorted(requests)
+    }
+
+
 def stationary_actions(decisions: Iterable[dict], scen: scenario_mod.Scenario) -> int:
     """Plan changes made during phases whose traffic equals the previous phase's."""
     stationary = {scen.phases[i].name for i in scen.stationary_phases()}
