@@ -15,7 +15,18 @@ from specguard import __version__
 from specguard.errors import SpecguardError
 
 # Subcommand modules under specguard.cli.commands, in the order `--help` lists them.
-COMMANDS = ("demo", "run", "simulate", "inspect", "cost", "sweep", "check_config", "status", "report")
+COMMANDS = (
+    "demo",
+    "run",
+    "simulate",
+    "load",
+    "inspect",
+    "cost",
+    "sweep",
+    "check_config",
+    "status",
+    "report",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

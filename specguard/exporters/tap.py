@@ -71,6 +71,10 @@ _FINISH = re.compile(rb'"finish_reason"\s*:\s*"')
 _CLIENT_GONE = (ConnectionResetError, aiohttp.ClientConnectionResetError)
 # a connect that failed: nothing reached the pool (aiohttp's connect timeout is also a TimeoutError)
 _CONNECT_FAILED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
+UPSTREAM_KEEPALIVE_SECONDS = 4.0
+"""How long an idle connection to a pool is kept for reuse: below the engines' own keep-alive
+(uvicorn's 5 s default for vLLM and SGLang, llama.cpp's 5 s), so the tap never sends a request on a
+connection the engine is closing at that moment (a 502 ``ClientOSError`` on real vLLM, seen in CI)."""
 
 
 def openai_error(status: int, message: str, kind: str) -> web.Response:
@@ -142,7 +146,9 @@ class Tap:
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
         if self._session is None:
-            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+            connector = aiohttp.TCPConnector(
+                limit=0, ttl_dns_cache=300, keepalive_timeout=UPSTREAM_KEEPALIVE_SECONDS
+            )
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 auto_decompress=False,

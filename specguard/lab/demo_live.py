@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specguard.lab import loadgen
+from specguard.lab import loadgen, traffic
 from specguard.lab.demo import DemoSetup
 from specguard.lab.replay_policies import scaled_policy
 from specguard.monitor import app as monitor_app
@@ -149,14 +149,15 @@ async def _drive(setup, url, monitor, guard, profile, time_scale, on_status, on_
         for load in phase.loads:
             if not load.clients:
                 continue
-            mix = [
-                loadgen.RequestClass(load.task_type, weight, temperature=t, max_tokens=None)
-                for t, weight in load.temperatures
-            ]
             tasks.append(
                 asyncio.create_task(
                     loadgen.run_load(
-                        url, mix, load.clients, duration_s=wall, stream=True, seed=setup.seed * 1000 + index
+                        url,
+                        traffic.mix_of([load]),
+                        load.clients,
+                        duration_s=wall,
+                        stream=True,
+                        seed=setup.seed * 1000 + index,
                     ),
                     name=f"demo load {phase.name}/{load.task_type}",
                 )

@@ -85,9 +85,15 @@ async def kill_during_load(
     stream: bool = True,
     seed: int = 0,
     back_timeout_s: float = 60.0,
+    load_during_restart: bool = True,
 ) -> Outcome:
     """Run ``mix`` through the tap at ``url``; kill ``victim`` after ``before_s``, restart it after
-    ``down_s`` more, and keep the load on for ``after_s`` once the tap uses it again."""
+    ``down_s`` more, and keep the load on for ``after_s`` once the tap uses it again.
+
+    ``load_during_restart=False`` pauses the load (requests in flight finish) while the victim
+    starts: a real engine pinned to a core that a busy engine spins on may otherwise take many
+    minutes to start on a 2-core machine, which tests nothing about the tap.
+    """
     changes: list[tuple[bool, float]] = []
 
     def seen(pool: str, healthy: bool) -> None:
@@ -97,24 +103,37 @@ async def kill_during_load(
     monitor.health.listeners.append(seen)
     failovers_before = sum(n for (pool, _), n in monitor.health.failovers.items() if pool == victim.pool)
     records_before = len(monitor.stats.records())
+    results: list[loadgen.LoadResult] = []
     stop = asyncio.Event()
-    load = asyncio.create_task(
-        loadgen.run_load(url, mix, concurrency, duration_s=3600, stream=stream, seed=seed, stop=stop)
-    )
+
+    def start_load(round_seed: int) -> asyncio.Task:
+        stop.clear()
+        return asyncio.create_task(
+            loadgen.run_load(
+                url, mix, concurrency, duration_s=3600, stream=stream, seed=round_seed, stop=stop
+            )
+        )
+
+    load = start_load(seed)
     try:
         await asyncio.sleep(before_s)
         killed_at = time.time()
         await victim.kill()
         await asyncio.sleep(down_s)
+        if not load_during_restart:
+            stop.set()
+            results += await load
         await victim.restart()
         ready_at = time.time()
+        if not load_during_restart:
+            load = start_load(seed + 1)
         deadline = time.monotonic() + back_timeout_s
         while not monitor.health.healthy(victim.pool) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         await asyncio.sleep(after_s)
     finally:
         stop.set()
-        results = await load
+        results += await load
         monitor.health.listeners.remove(seen)
     down_at = next((t for healthy, t in changes if not healthy and t >= killed_at), None)
     up_at = next((t for healthy, t in changes if healthy and down_at is not None and t >= down_at), None)

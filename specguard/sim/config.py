@@ -20,6 +20,7 @@ DEFAULT_FILE = Path(__file__).with_name("default.yaml")
 DIALECTS = ("vllm", "sglang")
 FINGERPRINT_MODES = ("full", "hash", "none")  # vLLM --fingerprint-mode (no "custom")
 MERGED_SECTIONS = ("tasks", "cost", "truth")  # a user file's keys replace the default's one by one
+MODEL_NAME = "sim-llama-3.1-8b"  # served model name unless the config sets model_name
 
 
 @dataclass(frozen=True)
@@ -198,7 +199,7 @@ class SimConfig:
     dialect: str = "vllm"
     time_scale: float = 1.0  # wall seconds per model second (0.1 = ten times faster)
     host: str = "127.0.0.1"
-    model_name: str = "sim-llama-3.1-8b"
+    model_name: str = MODEL_NAME
     max_model_len: int = 4096
     decode_log_interval: int = 40  # SGLang gauge window, in decode steps
     full_rollback_request_threshold: float = 0.5
@@ -283,7 +284,7 @@ def parse(root: configfile.Section) -> SimConfig:
         dialect=root.get("dialect", str, "vllm", choices=DIALECTS),
         time_scale=root.get("time_scale", float, 1.0, minimum=0.001, maximum=1000.0),
         host=root.get("host", str, "127.0.0.1"),
-        model_name=root.get("model_name", str, "sim-llama-3.1-8b"),
+        model_name=root.get("model_name", str, MODEL_NAME),
         max_model_len=root.get("max_model_len", int, 4096, minimum=16),
         decode_log_interval=root.get("decode_log_interval", int, 40, minimum=1),
         full_rollback_request_threshold=root.get(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from specguard import cli
+
 
 def specguard(*args: str) -> list[str]:
     return [sys.executable, "-m", "specguard", *args]
@@ -13,17 +15,7 @@ def specguard(*args: str) -> list[str]:
 def test_help_lists_every_command():
     done = subprocess.run(specguard("--help"), capture_output=True, text=True, timeout=60)
     assert done.returncode == 0
-    for command in (
-        "demo",
-        "run",
-        "simulate",
-        "inspect",
-        "cost",
-        "sweep",
-        "check-config",
-        "status",
-        "report",
-    ):
+    for command in (name.replace("_", "-") for name in cli.COMMANDS):
         assert command in done.stdout
 
 

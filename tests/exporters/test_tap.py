@@ -771,3 +771,32 @@ def test_prepare_adds_only_what_is_missing(engine, body, sent, additions):
     # a pool whose server forces usage on: nothing to add for usage
     forced, added = tapstream.prepare(engine, body, force_include_usage=True)
     assert not added.usage and (forced is None) == (not added.spec_details)
+
+
+async def test_an_idle_upstream_connection_is_dropped_before_the_engines_keep_alive_ends():
+    """uvicorn (vLLM, SGLang) closes a connection idle for 5 s; a request the tap sends on such a
+    connection as it closes fails with ``ClientOSError`` (2 requests in one CI run on real vLLM).
+    The tap lets its idle connections go first: a request after 4.5 s idle opens a new one."""
+    peers: list[int] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        peers.append(request.transport.get_extra_info("peername")[1])
+        return web.Response(body=PLAIN, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", answer)
+    up_runner, up_url = await servekit.serve(app, keepalive_timeout=5.0)  # uvicorn's default
+    monitor = Monitor(tap_config(up_url), fetch=no_scrape)
+    tap_url = await monitor.start("127.0.0.1", 0)
+    body = {"model": "m", "prompt": "x", "temperature": 0}
+    try:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(2):  # back to back: one connection, reused
+                assert (await fetch(session, tap_url + "/v1/completions", body))[0] == 200
+            await asyncio.sleep(tap.UPSTREAM_KEEPALIVE_SECONDS + 0.5)
+            assert (await fetch(session, tap_url + "/v1/completions", body))[0] == 200
+    finally:
+        await monitor.stop()
+        await up_runner.cleanup()
+    assert peers[0] == peers[1] and peers[2] != peers[1], peers
+    assert tap.UPSTREAM_KEEPALIVE_SECONDS < 5.0

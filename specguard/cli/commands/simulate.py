@@ -88,6 +88,7 @@ async def _serve(sim) -> None:
         for pool in cfg.pools:
             k = pool.num_speculative_tokens
             print(f"  {pool.name:<10} K={k}  {sim.urls[pool.name]}")
+        print(f"model: {cfg.model_name}   (the `model` field of requests)")
         print(f"ground truth: {next(iter(sim.urls.values()))}/sim/truth   (Ctrl-C stops)")
         sys.stdout.flush()
         await stop.wait()
