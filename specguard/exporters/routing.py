@@ -12,7 +12,10 @@ evidence flowing both ways:
   replicas), so the no-spec replicas run at the same per-replica load as the speculative ones and
   take their share of the replica capacity. ``holdout_share: 0`` turns holdout off in either mode;
 - *probe*: a class the plan routes away from speculation keeps a small share on a
-  speculative pool, so re-enabling is decided on evidence, not on a timer.
+  speculative pool, so re-enabling is decided on evidence, not on a timer. The guard hands
+  over, per (class, load bucket) off speculation, which pool and what share (``set_probes``:
+  ``rules.probes``, by expected cost); a class without an entry is probed on ``probe_pool`` at
+  ``probe_share``.
 
 A pool that is down (``exporters.health``) gets neither: its holdout and probe draws are
 skipped, and what the plan sends to it goes to the best healthy pool instead (route
@@ -74,6 +77,7 @@ class Router:
         self._holdout_by_load: dict[str, float] = {}
         self.health = health  # None: every pool is taken as serving (no failover)
         self._preferences: dict[PlanKey, tuple[str, ...]] = {}
+        self._probes: dict[PlanKey, tuple[str, float]] = {}
         self._replicas = {p.name: max(1, int(p.replicas)) for p in pools}
         self.holdout_mode = HOLDOUT_SHARE
         self.set_holdout_mode(holdout_mode)
@@ -108,6 +112,33 @@ class Router:
         self._preferences = {
             key: tuple(p for p in pools if p in self._pools) for key, pools in preferences.items()
         }
+
+    def set_probes(self, probes: Mapping[PlanKey, tuple[str, float]]) -> None:
+        """Per class off speculation, its probe pool and share (replacing the previous set whole);
+        a set naming an unknown or non-speculative pool, or a share outside [0, 1], is rejected whole."""
+        bad = sorted(
+            f"{'/'.join(key)}: {pool} at {share!r}"
+            for key, (pool, share) in probes.items()
+            if pool not in self._pools or not self._pools[pool].speculative or not 0.0 <= share <= 1.0
+        )
+        if bad:
+            raise InputError(f"probes need a speculative pool and a share in [0, 1]: {'; '.join(bad)}")
+        self._probes = {key: (pool, float(share)) for key, (pool, share) in probes.items()}
+
+    def probes(self) -> dict[PlanKey, tuple[str, float]]:
+        return dict(self._probes)
+
+    def probe_for(
+        self, task_type: str, temperature_bucket: str, load_bucket_of: Callable[[str], str], target: str
+    ) -> tuple[str | None, float]:
+        """The probe pool and share of a class planned on ``target`` (off speculation): its entry at
+        the load bucket its plan was looked up at (the default pool's, then ``target``'s), else the
+        default probe pool at ``probe_share``."""
+        for pool in dict.fromkeys((self.default_pool, target)):
+            found = self._probes.get((task_type, temperature_bucket, load_bucket_of(pool)))
+            if found is not None:
+                return found
+        return self.probe_pool, self.probe_share
 
     def serving(self, pool: str) -> bool:
         return self.health is None or self.health.healthy(pool)
@@ -246,16 +277,13 @@ class Router:
         temperature_bucket: str,
         load_bucket_of: Callable[[str], str],
     ) -> RouteChoice:
-        """``target``, or the probe pool for a class planned off speculation (``draw < probe_share``);
-        a serving pool in its place when ``target`` is down (failover)."""
-        if (
-            self.probe_pool is not None
-            and not self._pools[target].speculative
-            and target != self.probe_pool
-            and draw < self.probe_share
-            and self.serving(self.probe_pool)
-        ):
-            return RouteChoice(self.probe_pool, "probe")
+        """``target``, or the class's probe pool for a class planned off speculation (``draw`` below
+        its probe share; a probe pool that is down gets none); a serving pool in its place when
+        ``target`` is down (failover)."""
+        if not self._pools[target].speculative:
+            pool, share = self.probe_for(task_type, temperature_bucket, load_bucket_of, target)
+            if pool is not None and pool != target and draw < share and self.serving(pool):
+                return RouteChoice(pool, "probe")
         if not self.serving(target):
             pool = self.fallback(task_type, temperature_bucket, load_bucket_of(target), target)
             if pool is not None:  # (none serving: try the plan's pool, it may be back)

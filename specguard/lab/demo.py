@@ -3,13 +3,17 @@
 Three steps, all on the simulator's engine core in virtual time (model seconds):
 
 1. calibrate: a quick ``sweep`` of every pool over concurrency 1..128 writes the calibration
-   profile the cost model falls back on where the live no-spec baseline is thin;
+   profile the cost model falls back on. The sweep cannot see the scenario: it drives its own mix
+   (every task type of the world at one temperature per temperature bucket, equal shares) with its
+   own seed. A second sweep, on another simulator world, gives a stale profile;
 2. specguard: the scripted scenario runs through the tap's router and windowed statistics,
    ``rules.cost.evaluate`` and ``rules.guard.step`` (the shipped default policy, its timers
-   scaled by ``timer_scale``), shown as it happens (paced to the wall clock by ``--duration``);
-3. compare: the same scenario and seed replayed under always-speculate (K=4), never-speculate,
-   every static single-pool config (the best one chosen in hindsight) and the per-phase per-class
-   oracle; throughput, mean and p99 TPOT for each, overall and per phase.
+   scaled by ``timer_scale``), with the fresh profile, with none and with the stale one;
+3. compare: the same scenario and seed replayed under the rows of ``lab.hindsight`` (always and
+   never speculate, the best single pool, the best pool per phase, the best static plan per class
+   and the oracle), every row on the same fleet of ``fleet`` engines (``lab.fleet``); the oracle's
+   plan replayed with other acceptance draws gives the run-to-run noise, and the bound check says
+   whether any row beat the oracle by more than that (``summary.bound``).
 """
 
 from __future__ import annotations
@@ -18,10 +22,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-import numpy as np
-
 from specguard.exporters.config import ExporterConfig
-from specguard.lab import replay, sweep, sweep_drivers
+from specguard.lab import hindsight, replay, summary, sweep, sweep_drivers
 from specguard.lab import replay_policies as rp
 from specguard.lab import scenario as scenario_mod
 from specguard.rules import policy as policy_mod
@@ -34,6 +36,23 @@ SPECGUARD_MODE = (
     "rules.cost.evaluate and rules.guard.step"
 )
 CALIBRATION_LEVELS = (1, 2, 4, 8, 16, 32, 64, 128)
+CALIBRATION_SEED = 1000  # the sweep's own seed: demo seed + this
+ROWS = (  # the comparison's rows, in the order they are printed (keys of the JSON's ``policies``)
+    "always_speculate",
+    "never_speculate",
+    "best_single_pool",
+    "best_per_phase",
+    "best_per_class_static",
+    "oracle",
+    "specguard",
+    "specguard_no_profile",
+    "specguard_stale_profile",
+)
+KNOWS_SPECGUARD = {
+    "fresh": "what it measured live, and a calibration sweep of this world with its own mix and seed",
+    "none": "only what it measured live (guard.prior: none, no calibration profile)",
+    "stale": "what it measured live, and a calibration sweep of another simulator world",
+}
 
 
 @dataclass
@@ -43,11 +62,13 @@ class DemoSetup:
     policy: policy_mod.Policy
     scenario: scenario_mod.Scenario
     seed: int = 0
-    fleet: int = 3
+    fleet: int = 4
     timer_scale: float = 1 / 3
     policy_source: str = "rules/default-policy.yaml"
     gpu_scale: float = 1.0  # the simulated GPU is this many times smaller than the shipped one
     settings: CostSettings = field(default_factory=CostSettings)
+    stale_sim: SimConfig | None = None  # the world the stale profile is swept on
+    stale_world: str = ""
 
     @property
     def buckets(self) -> replay.Buckets:
@@ -57,8 +78,32 @@ class DemoSetup:
     def pools(self) -> list[str]:
         return [p.name for p in self.exporter.pools]
 
+    @property
+    def default_pool(self) -> str:
+        return self.exporter.tap.default_pool or self.pools[0]
+
+    @property
+    def nospec_pool(self) -> str:
+        return self.exporter.tap.nospec_pool or next(p for p in self.pools if self.k(p) == 0)
+
     def k(self, pool: str) -> int:
         return self.exporter.pool(pool).num_speculative_tokens
+
+    def timed_policy(self) -> policy_mod.Policy:
+        return rp.scaled_policy(self.policy, self.timer_scale) if self.timer_scale != 1 else self.policy
+
+    def case(self) -> hindsight.Case:
+        return hindsight.Case(
+            sim=self.sim,
+            scenario=self.scenario,
+            buckets=self.buckets,
+            pools=tuple(self.pools),
+            default_pool=self.default_pool,
+            nospec_pool=self.nospec_pool,
+            fleet=self.fleet,
+            seed=self.seed,
+            interval=self.timed_policy().interval_seconds,
+        )
 
 
 def cost_settings(exporter: ExporterConfig, base: CostSettings | None = None) -> CostSettings:
@@ -67,20 +112,35 @@ def cost_settings(exporter: ExporterConfig, base: CostSettings | None = None) ->
     return (base or CostSettings()).with_traffic(buckets, exporter.tap.full_rollback_request_threshold)
 
 
-def calibrate(
-    setup: DemoSetup, progress: Callable[[int, int, str], None] | None = None
-) -> profile_mod.Profile:
-    """A quick virtual sweep over every pool with the scenario's mix -> calibration profile.
+def sweep_mix(sim: SimConfig, buckets: replay.Buckets) -> list[sweep.MixEntry]:
+    """The calibration sweep's own mix: every task type of the world at a representative temperature
+    of every temperature bucket (its midpoint; 1.0 for the open top bucket), in equal shares.
 
+    It depends on the world and the tap's buckets only, never on the scenario it will serve.
+    """
+    temperatures, low = [], 0.0
+    for _, upper in buckets.temperature:
+        if math.isinf(upper):
+            value = max(1.0, low + 0.1)
+        else:
+            value = upper if upper <= low else (low + upper) / 2
+        temperatures.append(round(min(value, 2.0), 3))
+        low = upper if not math.isinf(upper) else low
+    return [sweep.MixEntry(task, t, 1.0) for task in sorted(sim.tasks) for t in dict.fromkeys(temperatures)]
+
+
+def calibrate(
+    setup: DemoSetup,
+    progress: Callable[[int, int, str], None] | None = None,
+    sim: SimConfig | None = None,
+) -> profile_mod.Profile:
+    """A quick virtual sweep of every pool with the sweep's own mix and seed -> calibration profile.
+
+    ``sim``: the world to sweep (default: the setup's; the stale profile sweeps another one).
     Concurrency 1, 2, 4, ... up to 128 divided by the GPU scale (the same load range on a smaller GPU).
     """
-    mix_weights: dict[tuple[str, float], float] = {}
-    for phase in setup.scenario.phases:
-        for load in phase.loads:
-            total = sum(w for _, w in load.temperatures)
-            for t, w in load.temperatures:
-                mix_weights[(load.task_type, t)] = mix_weights.get((load.task_type, t), 0.0) + w / total
-    mix = [sweep.MixEntry(task, t, w) for (task, t), w in sorted(mix_weights.items())]
+    world = sim or setup.sim
+    mix = sweep_mix(world, setup.buckets)
     pools = [sweep.PoolSpec(p.name, p.num_speculative_tokens) for p in setup.exporter.pools]
     gpu = setup.gpu_scale
     levels = tuple(c for c in CALIBRATION_LEVELS if c <= max(1, CALIBRATION_LEVELS[-1] / gpu))
@@ -88,8 +148,8 @@ def calibrate(
         pools,
         levels,
         mix,
-        sweep_drivers.virtual_driver(setup.sim, seed=setup.seed + 1000),
-        requests_per_level=lambda c: max(48, 4 * c),
+        sweep_drivers.virtual_driver(world, seed=setup.seed + CALIBRATION_SEED),
+        requests_per_level=lambda c: max(6 * len(mix), 4 * c),
         progress=progress,
     )
     frame = sweep.to_frame(samples, pools, setup.buckets.temperature_bucket)
@@ -128,64 +188,19 @@ def smaller_buckets(exporter: ExporterConfig, factor: float) -> ExporterConfig:
     return replace(exporter, classes=replace(exporter.classes, load_buckets=loads))
 
 
-# ---- summaries -----------------------------------------------------------------------------------
-
-
-def _tpot_stats(values: list[float]) -> tuple[float | None, float | None]:
-    if not values:
-        return None, None
-    arr = np.asarray(values)
-    return float(arr.mean() * 1000), float(np.percentile(arr, 99) * 1000)
-
-
-def summarize(result: replay.ReplayResult, label: str, **extra) -> dict:
-    """Throughput and TPOT of one replay, overall and per phase (stable keys)."""
-    scen = result.scenario
-    bounds = scen.boundaries()
-    tokens = sum(result.tokens.values())
-    tpots = [f.tpot for f in result.finished if f.tpot is not None]
-    mean, p99 = _tpot_stats(tpots)
-    phases = []
-    for index, (start, end, phase) in enumerate(bounds):
-        phase_tokens = sum(v for (i, _), v in result.tokens.items() if i == index)
-        in_phase = [f.tpot for f in result.finished if f.tpot is not None and start <= f.ended < end]
-        pm, pp = _tpot_stats(in_phase)
-        phases.append(
-            {
-                "name": phase.name,
-                "throughput_tokens_per_second": phase_tokens / phase.duration_s,
-                "tpot_mean_ms": pm,
-                "tpot_p99_ms": pp,
-                "requests": len(in_phase),
-            }
-        )
-    return {
-        "label": label,
-        "throughput_tokens_per_second": tokens / scen.duration_s,
-        "tpot_mean_ms": mean,
-        "tpot_p99_ms": p99,
-        "requests": len(result.finished),
-        "output_tokens": tokens,
-        "phases": phases,
-        **extra,
-    }
-
-
-def stationary_actions(decisions: list[dict], scen: scenario_mod.Scenario) -> int:
-    """Plan changes made during phases whose traffic equals the previous phase's."""
-    stationary = {scen.phases[i].name for i in scen.stationary_phases()}
-    return sum(1 for d in decisions if d.get("phase") in stationary)
-
-
-# ---- the run -------------------------------------------------------------------------------------
+# ---- the runs ------------------------------------------------------------------------------------
 
 
 def run_specguard(
     setup: DemoSetup,
     profile: profile_mod.Profile | None,
     on_tick: Callable | None = None,
+    policy: policy_mod.Policy | None = None,
 ) -> tuple[replay.ReplayResult, rp.SpecguardPolicy]:
-    policy = rp.scaled_policy(setup.policy, setup.timer_scale) if setup.timer_scale != 1 else setup.policy
+    """specguard on the scenario; ``profile`` None runs it with ``guard.prior: none`` as well."""
+    policy = policy or setup.timed_policy()
+    if profile is None:
+        policy = replace(policy, prior="none")
     guard = rp.SpecguardPolicy(setup.exporter, policy, setup.settings, profile=profile, seed=setup.seed)
     guard.on_tick = on_tick
     result = replay.Replay(
@@ -195,74 +210,106 @@ def run_specguard(
         setup.buckets,
         seed=setup.seed,
         fleet=setup.fleet,
-        replicas=nospec_replicas(setup.exporter),
     ).run()
     return result, guard
 
 
-def nospec_replicas(exporter: ExporterConfig) -> dict[str, int]:
-    """The no-spec pool's replica count (capacity-matched holdout fills that many engines to the
-    fleet's per-engine load; its planned traffic still gets the engines it needs)."""
-    name = exporter.tap.nospec_pool or next((p.name for p in exporter.pools if not p.speculative), None)
-    return {} if name is None else {name: exporter.pool(name).replicas}
-
-
-def run_baselines(setup: DemoSetup, progress: Callable[[str], None] | None = None) -> dict[str, dict]:
-    """Always (K of the default pool), every single-pool static config, and the oracle."""
-    out: dict[str, dict] = {}
-    statics: dict[str, dict] = {}
-    for pool in setup.pools:
-        if progress:
-            progress(f"replaying static: every class on {pool} (K={setup.k(pool)})")
-        policy = rp.StaticPolicy(f"static-{pool}", pool)
-        result = replay.Replay(
-            setup.sim, setup.scenario, policy, setup.buckets, seed=setup.seed, pools=[pool], fleet=setup.fleet
-        ).run()
-        statics[pool] = summarize(result, f"every class on {pool} (K={setup.k(pool)})", config=pool)
-    default_pool = setup.exporter.tap.default_pool or setup.pools[0]
-    nospec = setup.exporter.tap.nospec_pool or next(p for p in setup.pools if setup.k(p) == 0)
-    out["always_speculate"] = statics[default_pool]
-    out["never_speculate"] = statics[nospec]
-    best = max(statics.values(), key=lambda s: s["throughput_tokens_per_second"])
-    out["best_static"] = {**best, "label": f"best static (hindsight): {best['label']}"}
-    out["static_configs"] = {pool: s["throughput_tokens_per_second"] for pool, s in statics.items()}
-    if progress:
-        progress("replaying the per-phase per-class oracle")
-    plans = rp.oracle_plans(setup.sim, setup.scenario, setup.buckets, setup.pools, setup.fleet)
-    oracle = rp.OraclePolicy("oracle", default_pool, plans)
-    result = replay.Replay(
-        setup.sim, setup.scenario, oracle, setup.buckets, seed=setup.seed, fleet=setup.fleet
-    ).run()
-    out["oracle"] = summarize(
+def specguard_row(
+    setup: DemoSetup, result: replay.ReplayResult, guard: rp.SpecguardPolicy, variant: str
+) -> dict:
+    label = {"fresh": "specguard", "none": "specguard, no profile", "stale": "specguard, stale profile"}
+    return summary.summarize(
         result,
-        "per-phase per-class oracle (hindsight, true cost model)",
-        plans=[
-            {"phase": ph.name, "plan": {f"{t}/{b}": pool for (t, b), pool in sorted(plan.items())}}
-            for ph, plan in zip(setup.scenario.phases, plans, strict=True)
-        ],
+        f"{label[variant]} (default policy)",
+        knows=KNOWS_SPECGUARD[variant],
+        profile=variant,
+        mode=SPECGUARD_MODE,
+        decisions=result.decisions,
+        actions=len(result.decisions),
+        actions_in_stationary_phases=summary.stationary_actions(result.decisions, setup.scenario),
+        max_changes_per_class_hour=summary.max_changes_per_class_hour(result.decisions),
+        evaluations=guard.evaluations,
+        routes=summary.routes(result),
     )
-    return out
+
+
+def compare(
+    setup: DemoSetup,
+    specguard: dict[str, dict],
+    progress: Callable[[str], None] | None = None,
+    noise_draws: tuple[int, ...] = (1, 2),
+) -> dict:
+    """Every row, the run-to-run noise and the bound check; ``specguard``: its rows by JSON key."""
+    case = setup.case()
+    policies, oracle_slices = hindsight.rows(case, progress)
+    policies.update(specguard)
+    if progress:
+        progress("replaying the oracle's plan with other acceptance draws (run-to-run noise)")
+    oracle = policies["oracle"]["throughput_tokens_per_second"]
+    noise = hindsight.noise(case, oracle_slices, oracle, noise_draws)
+    return {
+        "policies": policies,
+        "noise": noise,
+        "bound": summary.bound(policies, noise["max_abs"]),
+        "ratios": ratios(policies),
+        "targets": targets(policies, setup.timed_policy().max_actions_per_hour),
+    }
 
 
 def ratios(policies: dict[str, dict]) -> dict[str, float | None]:
-    sg = policies["specguard"]["throughput_tokens_per_second"]
-
-    def r(name: str) -> float | None:
-        other = policies[name]["throughput_tokens_per_second"]
-        return sg / other if other else None
-
-    per_phase_vs_never = [
-        a["throughput_tokens_per_second"] / b["throughput_tokens_per_second"]
-        for a, b in zip(policies["specguard"]["phases"], policies["never_speculate"]["phases"], strict=True)
-        if b["throughput_tokens_per_second"]
-    ]
-    return {
-        "specguard_vs_oracle_throughput": r("oracle"),
-        "specguard_vs_best_static_throughput": r("best_static"),
-        "specguard_vs_always_throughput": r("always_speculate"),
-        "specguard_vs_never_throughput": r("never_speculate"),
-        "specguard_vs_never_worst_phase_throughput": min(per_phase_vs_never) if per_phase_vs_never else None,
+    sg = policies["specguard"]
+    out: dict[str, float | None] = {
+        f"specguard_vs_{name}_throughput": summary.ratio(sg, policies[name])
+        for name in (
+            "oracle",
+            "best_single_pool",
+            "best_per_phase",
+            "best_per_class_static",
+            "always_speculate",
+            "never_speculate",
+        )
     }
+    never = [r for r in summary.phase_ratios(sg, policies["never_speculate"]) if r is not None]
+    out["specguard_vs_never_worst_phase_throughput"] = min(never) if never else None
+    out["specguard_vs_oracle_tpot_p99"] = summary.ratio(sg, policies["oracle"], "tpot_p99_ms")
+    for name in ("specguard_no_profile", "specguard_stale_profile"):
+        if name in policies:
+            out[f"{name}_vs_oracle_throughput"] = summary.ratio(policies[name], policies["oracle"])
+    return out
+
+
+TARGETS = {
+    "vs_oracle": 0.95,  # mean over runs; 0.90 in the worst run
+    "worst_phase_vs_never": 1.0,
+    "vs_best_single_pool": 1.0,
+    "tpot_p99_vs_oracle": 1.15,
+}
+
+
+def targets(policies: dict[str, dict], cap: int) -> dict[str, dict]:
+    """The issue's targets for this one run: each with its value and whether it is met."""
+    r = ratios(policies)
+    changes = policies["specguard"]["max_changes_per_class_hour"]
+    values = {
+        "vs_oracle": (r["specguard_vs_oracle_throughput"], ">=", TARGETS["vs_oracle"]),
+        "worst_phase_vs_never": (
+            r["specguard_vs_never_worst_phase_throughput"],
+            ">=",
+            TARGETS["worst_phase_vs_never"],
+        ),
+        "vs_best_single_pool": (
+            r["specguard_vs_best_single_pool_throughput"],
+            ">=",
+            TARGETS["vs_best_single_pool"],
+        ),
+        "tpot_p99_vs_oracle": (r["specguard_vs_oracle_tpot_p99"], "<=", TARGETS["tpot_p99_vs_oracle"]),
+        "changes_per_class_hour": (changes, "<=", cap),
+    }
+    out = {}
+    for name, (value, op, goal) in values.items():
+        met = value is not None and (value >= goal if op == ">=" else value <= goal)
+        out[name] = {"value": value, "goal": f"{op} {goal}", "met": met}
+    return out
 
 
 def scenario_json(scen: scenario_mod.Scenario) -> dict:
@@ -275,10 +322,14 @@ def scenario_json(scen: scenario_mod.Scenario) -> dict:
                 "name": phase.name,
                 "start_seconds": start,
                 "end_seconds": end,
-                "clients": {load.task_type: load.clients for load in phase.loads},
-                "temperatures": {
-                    load.task_type: [list(t) for t in load.temperatures] for load in phase.loads
-                },
+                "loads": [
+                    {
+                        "task_type": load.task_type,
+                        "clients": load.clients,
+                        "temperatures": [list(t) for t in load.temperatures],
+                    }
+                    for load in phase.loads
+                ],
             }
             for start, end, phase in scen.boundaries()
         ],

@@ -1,6 +1,7 @@
 """Replay a scenario in virtual time through the simulator's engine core, under one routing policy.
 
-No HTTP and no clock: each pool is a ``sim.engine.EngineCore`` whose steps take their model
+No HTTP and no clock: a fleet of N engines (``lab.fleet``; the same N for every policy, whichever
+pools it uses), each a ``sim.engine.EngineCore`` of the pool it serves, whose steps take their model
 duration on a shared virtual timeline (a discrete-event loop). Closed-loop clients of each task
 type send their next request as soon as one finishes; every request's lengths and temperature
 depend only on (seed, client, request number), never on the policy, so every policy serves the
@@ -22,9 +23,10 @@ from typing import Protocol
 
 from specguard.exporters.loadmeter import LoadMeter
 from specguard.exporters.records import RequestRecord
+from specguard.lab import fleet as fleet_mod
 from specguard.lab.scenario import ClassLoad, Scenario
 from specguard.sim.config import SimConfig
-from specguard.sim.engine import EngineCore, SimRequest, StepOutcome
+from specguard.sim.engine import SimRequest, StepOutcome
 
 LoadBucketOf = Callable[[str], str]
 LoadOf = Callable[[str], float]
@@ -113,6 +115,13 @@ class ReplayResult:
     tokens: dict[tuple[int, str], int] = field(default_factory=lambda: defaultdict(int))
     decisions: list[dict] = field(default_factory=list)
     plans: list[tuple[float, dict]] = field(default_factory=list)
+    engines: int = 0  # the fleet every policy gets (lab.fleet)
+    busy_engine_seconds: float = 0.0  # engine-seconds with at least one request
+    fleet_stats: object = None
+
+    @property
+    def mean_engines_busy(self) -> float:
+        return self.busy_engine_seconds / self.scenario.duration_s if self.scenario.duration_s else 0.0
 
 
 def _rng(seed: int, *parts: object) -> random.Random:
@@ -143,6 +152,7 @@ class Replay:
         seed: int = 0,
         pools: Sequence[str] | None = None,
         fleet: int = 3,
+        engine_seed: int | None = None,
         replicas: Mapping[str, int] | None = None,
         fixed: bool = False,
     ):
@@ -152,48 +162,39 @@ class Replay:
         self.buckets = buckets
         self.seed = seed
         names = list(pools) if pools is not None else [p.name for p in sim.pools]
-        # Capacity model: every policy gets the same fleet of ``fleet`` engines' worth of capacity.
-        # Each pool may use up to ``fleet`` engines; requests are packed onto a pool's engines at
-        # the fleet-wide per-engine concurrency (ceil(in flight / fleet)), so a pool's capacity
-        # follows its traffic, as pools autoscaled on in-flight requests would.
-        # ``replicas``: pools with a replica count of their own (default: each no-spec pool, 1).
-        # Their load per replica (what the router's capacity-matched holdout compares) is the load
-        # of the replica a request joins with the pool's in-flight requests spread evenly, as the
-        # tap computes it; with ``fixed`` they also have exactly that
-        # many engines, and a request joins the least loaded one (a Service in front of a fixed
-        # fleet) instead of the packing above.
-        self.fleet = fleet
-        if replicas is None:  # a no-spec pool counts as one replica (capacity-matched holdout fills one)
-            replicas = {name: 1 for name in names if sim.pool(name).num_speculative_tokens == 0}
-        self.replicas = dict(replicas)
-        self.fixed = fixed
-        self.engines = {
-            name: [
-                EngineCore(sim, sim.pool(name), seed=seed)
-                for _ in range(self.replicas[name] if fixed and name in self.replicas else fleet)
-            ]
-            for name in names
-        }
-        self.in_flight = dict.fromkeys(names, 0)
-        self._replica_load = {name: [0] * len(self.engines[name]) for name in names}
-        # each engine's load integral over virtual time (a request's mean load while it decodes)
-        self._meters = {name: LoadMeter(range(len(self.engines[name]))) for name in names}
-        self._busy = {(name, i): False for name in names for i in range(len(self.engines[name]))}
+        # Capacity model (lab.fleet): every policy gets the same ``fleet`` engines, whichever pools it
+        # uses; an engine runs one pool at a time and an empty one can be given to any pool.
+        # ``engine_seed`` (default: ``seed``) draws acceptance; the traffic depends on ``seed`` only.
+        # With ``fixed``, each pool has exactly ``replicas[pool]`` engines instead, never moved (a
+        # Deployment of fixed replicas behind a Service; ``fleet`` is then their sum).
+        self.fleet = fleet_mod.Fleet(
+            sim,
+            names,
+            fleet,
+            seed=seed if engine_seed is None else engine_seed,
+            fixed=(replicas or {}) if fixed else None,
+        )
+        # each engine's load integral over virtual time (a request's mean load while it decodes,
+        # for the model baseline's step-cost fit)
+        self._meter = LoadMeter(range(self.fleet.size))
         self._events: list[tuple[float, int, str, object]] = []
         self._seq = itertools.count()
         self._clients: dict[str, list[_Client]] = defaultdict(list)
         self._meta: dict[int, tuple[_Client, str, str, float]] = {}
+        self._slot_of: dict[int, fleet_mod.Slot] = {}
         self.now = 0.0
         self.phase = 0
         self.result = ReplayResult(policy.name, scenario)
 
     def mean_loads(self) -> dict[str, list[float]]:
-        """Each engine's in-flight requests averaged over the run so far (virtual time)."""
+        """Each engine's in-flight requests averaged over the run so far (virtual time), per pool
+        it serves now (a fixed fleet's engines never change pools)."""
         now = max(self.now, 1e-9)
-        return {
-            pool: [meter.area(i, self.now) / now for i in range(len(self.engines[pool]))]
-            for pool, meter in self._meters.items()
-        }
+        out: dict[str, list[float]] = {}
+        for slot in self.fleet.slots:
+            if slot.pool is not None:
+                out.setdefault(slot.pool, []).append(self._meter.area(slot.index, self.now) / now)
+        return out
 
     # ---- events ---------------------------------------------------------------------------------
     def _push(self, at: float, kind: str, payload: object = None) -> None:
@@ -223,37 +224,44 @@ class Replay:
                 for decision in changes:
                     decision.setdefault("phase", self.scenario.phases[self.phase].name)
                 self.result.decisions.extend(changes)
+        self.fleet.close(end)
+        self.result.engines = self.fleet.size
+        self.result.busy_engine_seconds = self.fleet.stats.busy_engine_seconds
+        self.result.fleet_stats = self.fleet.stats
         return self.result
 
     def _enter_phase(self, index: int) -> None:
         self.phase = index
         self.policy.on_phase(index, self.now)
         phase = self.scenario.phases[index]
-        wanted = {load.task_type: load for load in phase.loads}
+        wanted: dict[str, list[ClassLoad]] = {}
+        for load in phase.loads:  # a task type may come with several loads (temperature mixes)
+            wanted.setdefault(load.task_type, []).extend([load] * load.clients)
         for task in sorted(set(self._clients) | set(wanted)):  # sorted: same order, same run
-            load = wanted.get(task)
+            loads = wanted.get(task, [])  # one entry per client, in the phase's order
+            target = len(loads)
             clients = self._clients[task]
             active = [c for c in clients if not c.retiring]
-            target = load.clients if load else 0
             for client in active[target:]:
                 client.retiring = True
-            for client in active[:target]:
+            for client, load in zip(active, loads, strict=False):
                 client.load = load
+            assigned = min(target, len(active))
             # bring retiring clients back first, then new ones
-            missing = target - min(target, len(active))
             for client in clients:
-                if missing <= 0:
+                if assigned >= target:
                     break
                 if client.retiring:
-                    client.retiring, client.load, missing = False, load, missing - 1
+                    client.retiring, client.load = False, loads[assigned]
+                    assigned += 1
                     if not client.busy:
                         self._send(client)
-            while missing > 0:
+            while assigned < target:
                 client = _Client(task, len(clients))
-                client.load = load
+                client.load = loads[assigned]
                 clients.append(client)
                 self._send(client)
-                missing -= 1
+                assigned += 1
 
     # ---- requests -------------------------------------------------------------------------------
     def _send(self, client: _Client) -> None:
@@ -268,18 +276,15 @@ class Replay:
 
         def load_bucket_of(pool: str) -> str:
             # the tap's load bucket: live concurrency of the engine the request would join
-            return self.buckets.load_bucket(self._replica_load[pool][self._pick(pool)] + 1)
+            return self.buckets.load_bucket(self.fleet.peek_load(pool))
 
         def load_of(pool: str) -> float:
-            if pool in self.replicas:  # as the tap's router: the replica it joins, evenly spread
-                return float(self.in_flight[pool] // self.replicas[pool] + 1)
-            return float(self._replica_load[pool][self._pick(pool)] + 1)
+            # as the tap's router: the load of the replica it joins (the pool's engines now)
+            return float(self.fleet.peek_load(pool))
 
         pool, route = self.policy.choose(client.task, tbucket, load_bucket_of, load_of)
-        loads = self._replica_load[pool]
-        replica = self._pick(pool)
-        engine = self.engines[pool][replica]
-        request = engine.new_request(
+        template = self.fleet.engine_for(pool)
+        request = template.new_request(
             task=client.task,
             temperature=temperature,
             prompt_tokens=prompt,
@@ -287,62 +292,54 @@ class Replay:
             key=f"{client.task}/{client.index}/{client.sent}",
             ignore_eos=True,  # the length drawn above, identical under every policy
         )
-        self.in_flight[pool] += 1
-        loads[replica] += 1
-        self._meters[pool].change(replica, 1, self.now)
         request.times["arrival"] = self.now
-        request.meta["load"] = float(loads[replica])
-        request.meta["load_bucket"] = self.buckets.load_bucket(loads[replica])
-        self._meta[id(request)] = (client, pool, route, temperature, replica)
+        self._meta[id(request)] = (client, pool, route, temperature)
         client.busy = True
-        engine.add(request)
-        if not self._busy[(pool, replica)]:
-            self._start_step((pool, replica))
+        slot = self.fleet.place(pool, request, self.now)
+        if slot is not None:
+            self._placed(slot, request)
+            if not slot.busy:
+                self._start_step(slot)
 
-    def _pick(self, pool: str) -> int:
-        """The fullest engine of the pool still below the fleet-wide per-engine concurrency
-        (a fixed pool: its least loaded engine)."""
-        loads = self._replica_load[pool]
-        if self.fixed and pool in self.replicas:
-            return loads.index(min(loads))
-        cap = math.ceil((sum(self.in_flight.values()) + 1) / self.fleet)
-        below = [i for i, n in enumerate(loads) if n < cap]
-        if below:
-            return max(below, key=lambda i: (loads[i], -i))
-        return loads.index(min(loads))
+    def _placed(self, slot: fleet_mod.Slot, request: SimRequest) -> None:
+        self._slot_of[id(request)] = slot
+        self._meter.change(slot.index, 1, self.now)
+        request.meta["load"] = float(slot.load)
+        request.meta["load_bucket"] = self.buckets.load_bucket(slot.load)
 
-    def _start_step(self, where: tuple[str, int]) -> None:
-        outcome = self.engines[where[0]][where[1]].step()
+    def _start_step(self, slot: fleet_mod.Slot) -> None:
+        assert slot.engine is not None
+        outcome = slot.engine.step()
         if outcome is None:
-            self._busy[where] = False
+            slot.busy = False
             return
-        self._busy[where] = True
-        self._push(self.now + outcome.duration, "step", (where, outcome))
+        slot.busy = True
+        self._push(self.now + outcome.duration, "step", (slot, outcome))
 
-    def _step_done(self, payload: tuple[tuple[str, int], StepOutcome]) -> None:
-        where, outcome = payload
-        pool = where[0]
+    def _step_done(self, payload: tuple[fleet_mod.Slot, StepOutcome]) -> None:
+        slot, outcome = payload
         again: list[_Client] = []
         for emission in outcome.emissions:
             request = emission.request
             self.result.tokens[(self.phase, request.task)] += emission.new_tokens
             if emission.prefill:
                 request.times["first_token"] = self.now
-                request.meta["first_area"] = self._meters[pool].area(where[1], self.now)
+                request.meta["first_area"] = self._meter.area(slot.index, self.now)
             if emission.finished:
-                client = self._finish(pool, request)
+                client = self._finish(request)
                 if client is not None:
                     again.append(client)
-        self._start_step(where)
+        self._start_step(slot)
         for client in again:
             self._send(client)
 
-    def _finish(self, pool: str, request: SimRequest) -> _Client | None:
-        client, _, route, temperature, replica = self._meta.pop(id(request))
-        self.in_flight[pool] -= 1
-        area = self._meters[pool].area(replica, self.now)
-        self._meters[pool].change(replica, -1, self.now)
-        self._replica_load[pool][replica] -= 1
+    def _finish(self, request: SimRequest) -> _Client | None:
+        client, pool, route, temperature = self._meta.pop(id(request))
+        slot = self._slot_of.pop(id(request))
+        area = self._meter.area(slot.index, self.now)
+        self._meter.change(slot.index, -1, self.now)
+        for moved in self.fleet.release(slot, self.now):
+            self._placed(slot, moved)
         started = request.times["arrival"]
         if self.now > request.times.get("first_token", self.now):
             decode = self.now - request.times["first_token"]

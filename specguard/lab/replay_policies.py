@@ -2,8 +2,8 @@
 
 - ``StaticPolicy``: one fixed plan for the whole run (a single pool for everything = "always
   speculate" with the K=4 pool, "never speculate" with the no-spec pool, or a per-class plan);
-- ``OraclePolicy``: a different plan per phase, chosen in hindsight per class from the
-  simulator's true cost model (``oracle_plans``), switched exactly at the phase boundaries;
+- ``SlicedPolicy``: a plan per time slice fixed in advance (the hindsight rows and the oracle,
+  ``lab.hindsight``), switched exactly at the slice boundaries;
 - ``SpecguardPolicy``: the product. The tap's ``Router`` (holdout and probe shares included),
   the tap's ``WindowedStats``, ``rules.cost.evaluate`` and ``rules.guard.step`` on the same
   evaluation interval as the daemon, all on the replay's virtual clock.
@@ -11,23 +11,23 @@
 
 from __future__ import annotations
 
-import math
+import bisect
 import random
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import replace
 
 from specguard.exporters import routing, stats
 from specguard.exporters.config import ExporterConfig
 from specguard.exporters.records import RequestRecord
-from specguard.lab.replay import Buckets, LoadBucketOf, LoadOf
-from specguard.lab.scenario import Phase, Scenario
+from specguard.lab.replay import LoadBucketOf, LoadOf
 from specguard.rules import cost as cost_mod
 from specguard.rules import evidence as evidence_mod
 from specguard.rules import guard as guard_mod
 from specguard.rules import holdout as holdout_mod
 from specguard.rules import policy as policy_mod
 from specguard.rules import prior as prior_mod
+from specguard.rules import probes
 from specguard.rules.cost_config import CostSettings
-from specguard.sim.config import SimConfig
 
 ClassPlan = dict[tuple[str, str], str]  # (task_type, temperature_bucket) -> pool
 
@@ -61,113 +61,32 @@ class StaticPolicy:
         pass
 
 
-class OraclePolicy(StaticPolicy):
-    """Per phase, the per-class plan chosen in hindsight (``plans[i]`` for phase i)."""
+class SlicedPolicy(StaticPolicy):
+    """A plan per time slice, known in advance (the hindsight rows of ``lab.hindsight``).
 
-    def __init__(self, name: str, default_pool: str, plans: list[ClassPlan]):
+    ``slices``: ``(start seconds, plan)`` in time order; the plan of the last slice that started
+    applies, switched exactly at its start (a tick every ``tick_seconds``, and at phase starts).
+    """
+
+    def __init__(
+        self, name: str, default_pool: str, slices: list[tuple[float, ClassPlan]], tick_seconds: float | None
+    ):
         super().__init__(name, default_pool)
-        self.plans = plans
+        self.slices = slices
+        self.starts = [start for start, _ in slices]
+        self.tick_seconds = tick_seconds
+        self._switch(0.0)
+
+    def _switch(self, now: float) -> None:
+        index = bisect.bisect_right(self.starts, now + 1e-9) - 1
+        self.plan = dict(self.slices[max(index, 0)][1]) if self.slices else {}
 
     def on_phase(self, index: int, now: float) -> None:
-        self.plan = dict(self.plans[index])
+        self._switch(now)
 
-
-# ---- the oracle's choice ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Group:
-    """Clients of one class in one phase (a task type's temperature mix split by bucket)."""
-
-    task_type: str
-    temperature_bucket: str
-    clients: float
-    temperatures: tuple[tuple[float, float], ...]  # (temperature, weight) inside this bucket
-
-
-def phase_groups(phase: Phase, buckets: Buckets) -> list[Group]:
-    out: dict[tuple[str, str], list] = {}
-    for load in phase.loads:
-        total = sum(w for _, w in load.temperatures)
-        for t, w in load.temperatures:
-            key = (load.task_type, buckets.temperature_bucket(t))
-            entry = out.setdefault(key, [0.0, []])
-            entry[0] += load.clients * w / total
-            entry[1].append((t, w))
-    return [Group(k[0], k[1], v[0], tuple(v[1])) for k, v in out.items() if v[0] > 0]
-
-
-def class_tpot(sim: SimConfig, group: Group, pool_name: str, batch: int) -> float:
-    """Model TPOT of a class on a pool at ``batch`` requests per engine: T_step(B, K) / A_c(K)."""
-    pool = sim.pool(pool_name)
-    k = pool.num_speculative_tokens
-    profile = sim.task(group.task_type)
-    weight = sum(w for _, w in group.temperatures)
-    accept = (
-        sum(w * profile.expected_accept_length(t, k) for t, w in group.temperatures) / weight if k else 1.0
-    )
-    return sim.cost.step_seconds(max(1, batch), k) / accept
-
-
-def oracle_plans(
-    sim: SimConfig, scenario: Scenario, buckets: Buckets, pools: list[str], fleet: int = 3
-) -> list[ClassPlan]:
-    """Per phase and class, the pool with the lowest true TPOT at the phase's per-engine load.
-
-    Hindsight: it knows each phase's traffic and the simulator's true acceptance and step-cost
-    model. With capacity following traffic (replay's fleet model) every engine runs at about
-    ``clients / fleet`` requests whatever the plan, so each class's best pool is independent.
-    """
-    plans = []
-    for phase in scenario.phases:
-        batch = math.ceil(phase.clients / fleet)
-        plan: ClassPlan = {}
-        for group in phase_groups(phase, buckets):
-            plan[(group.task_type, group.temperature_bucket)] = min(
-                pools, key=lambda p, g=group: class_tpot(sim, g, p, batch)
-            )
-        plans.append(plan)
-    return plans
-
-
-def rule_plans(
-    sim: SimConfig,
-    scenario: Scenario,
-    buckets: Buckets,
-    default_pool: str,
-    nospec_pool: str,
-    fleet: int = 3,
-    shorten_max_rc: float = 0.95,
-) -> list[ClassPlan]:
-    """What the default policy's rule would pick with perfect, instant knowledge of the true RC.
-
-    Per phase and class: stay on the default pool while its true RC < 1; else the shorter-K pool
-    with the lowest true RC below ``shorten_max_rc``; else no speculation. The gap between this
-    and the oracle is the rule's; the gap between specguard and this is measurement and delay.
-    """
-    nospec_step = sim.cost.step_seconds
-    plans = []
-    for phase in scenario.phases:
-        batch = math.ceil(phase.clients / fleet)
-        plan: ClassPlan = {}
-        for group in phase_groups(phase, buckets):
-            base = nospec_step(max(1, batch), 0)
-
-            def rc(pool: str, g: Group = group, b: int = batch, t_base: float = base) -> float:
-                return class_tpot(sim, g, pool, b) / t_base
-
-            k_default = sim.pool(default_pool).num_speculative_tokens
-            choice = default_pool
-            if rc(default_pool) >= 1.0:
-                shorter = [
-                    p.name
-                    for p in sim.pools
-                    if 0 < p.num_speculative_tokens < k_default and rc(p.name) < shorten_max_rc
-                ]
-                choice = min(shorter, key=rc) if shorter else nospec_pool
-            plan[(group.task_type, group.temperature_bucket)] = choice
-        plans.append(plan)
-    return plans
+    def tick(self, now: float) -> list[dict]:
+        self._switch(now)
+        return []
 
 
 # ---- specguard itself ---------------------------------------------------------------------------
@@ -273,6 +192,19 @@ class SpecguardPolicy:
             self.states[key] = state
             if decision.changes_plan:
                 changed.append(_explained(decision, found))
+        self.route(evidence, now, bool(changed))
+        self.last_costs = costs
+        if self.on_tick is not None:
+            self.on_tick(now, costs, changed)
+        return changed
+
+    def route(
+        self, evidence: Mapping[evidence_mod.ClassKey, evidence_mod.Evidence], now: float, changed: bool
+    ) -> None:
+        """The router after an evaluation, as the daemon leaves it: every class off speculation probed
+        by expected cost (``rules.probes``), and the plan when a decision changed it."""
+        found = probes.plan(self.states, evidence, now, self.policy, self.router.probe_share)
+        self.router.set_probes({key: (p.pool, p.share) for key, p in found.items()})
         if changed:
             self.router.set_plan(
                 {
@@ -281,10 +213,6 @@ class SpecguardPolicy:
                     if s.pool and s.pool != self.policy.default_pool
                 }
             )
-        self.last_costs = costs
-        if self.on_tick is not None:
-            self.on_tick(now, costs, changed)
-        return changed
 
 
 def _explained(decision: guard_mod.Decision, evidence: evidence_mod.Evidence) -> dict:

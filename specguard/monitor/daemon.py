@@ -29,7 +29,7 @@ from specguard.monitor.actuators import Actuator
 from specguard.monitor.fleet import FleetRoles, NotLeader, Takeover
 from specguard.monitor.guard_metrics import GuardCounters, GuardView
 from specguard.monitor.sources import EvidenceSource, LocalSource, PromQLSource, merge
-from specguard.rules import bestpool, evaluation, guard
+from specguard.rules import bestpool, evaluation, guard, probes
 from specguard.rules import policy as policy_mod
 from specguard.rules.evidence import AlertBook, AlertRecord, ClassKey, Evidence, alerts_by_class
 
@@ -82,6 +82,8 @@ class Guard(FleetRoles):
         routing_status: Callable[[], list[dict[str, Any]]] | None = None,
         restore_alerts: Callable[[], Awaitable[list[AlertRecord]]] | None = None,
         replica_counts: Any = None,
+        set_probes: Callable[[dict[ClassKey, tuple[str, float]]], None] | None = None,
+        probe_share: float = 0.0,
     ):
         self.policy = policy
         self.sources = list(sources)
@@ -99,6 +101,9 @@ class Guard(FleetRoles):
         self.reloader = reloader  # returns a new policy when the config file changed (ConfigError if bad)
         self.reload_interval = reload_interval
         self.preferences = preferences  # the router's failover order per class (cheapest first)
+        self.set_probes = set_probes  # the router's probe pool and share per class off speculation
+        self.probe_share = probe_share
+        self.probes: dict[ClassKey, probes.Probe] = {}  # the latest, for /status
         self.routing_status = routing_status  # pool health and failovers, for /status
         self.restore_alerts = restore_alerts  # Alertmanager's active alerts, read at start-up
         self.readback: asyncio.Task[None] | None = None  # that read, running in the background
@@ -224,6 +229,12 @@ class Guard(FleetRoles):
                 decisions.append(decision)
             if self.preferences is not None and error is None:
                 self.preferences(await asyncio.to_thread(self._rankings, stepped, evidence, now))
+            if error is None:
+                self.probes = await asyncio.to_thread(
+                    probes.plan, dict(self.states), evidence, now, self.policy, self.probe_share
+                )
+                if self.set_probes is not None:
+                    self.set_probes({key: (p.pool, p.share) for key, p in self.probes.items()})
             await self._count_replicas()
             await asyncio.shield(self._record(decisions))  # a timeout must not lose a taken decision
             self.last_evaluation = now

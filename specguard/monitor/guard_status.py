@@ -1,6 +1,7 @@
 """The guard's status document, as ``GET /status`` and ``specguard status`` show it: each class's
 pool, phase and last reason, pins, freezes and pending shorten-K moves; alerts; recent decisions;
-each load bucket's baseline source and the (pool, load bucket) cells that have none."""
+each load bucket's baseline source and the (pool, load bucket) cells that have none; for a class
+off speculation, its probe (pool, share, expected rc: ``rules.probes``)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ class StatusSource(Protocol):
     routing_status: Any
     baseline_report: Any
     cost_view: Any
+    probes: Mapping[ClassKey, Any]
     elector: Any
     is_leader: bool
     clock: Any
@@ -45,6 +47,7 @@ def class_row(
     pools: Mapping[str, int],
     down: frozenset[str] = frozenset(),
     costs: Sequence[Any] = (),
+    probe: Any = None,
 ) -> dict[str, Any]:
     """One class: where it routes, why, what holds it there, and its latest RC with the baseline
     source it used (on its pool, or on the speculative pool with the most samples when it is off)."""
@@ -80,7 +83,13 @@ def class_row(
             "baseline_source": rc.baseline_source,
             "samples": rc.n_spec,
         },
+        # off speculation: where its probes go and how many (rules.probes, by expected cost)
+        "probe": None if probe is None else _probe(probe),
     }
+
+
+def _probe(probe: Any) -> dict[str, Any]:
+    return {"pool": probe.pool, "share": probe.share, "expected_rc": probe.expected_rc, "basis": probe.basis}
 
 
 STATUS_ALERTS = 100
@@ -92,8 +101,9 @@ def document(g: StatusSource, decisions: int = 50) -> dict[str, Any]:
     health = g.routing_status() if g.routing_status is not None else []
     down = frozenset(p["pool"] for p in health if not p["healthy"])
     costs = g.cost_view() if g.cost_view is not None else ()
+    probes = getattr(g, "probes", {})
     classes = [
-        class_row(key, st, g.last_decisions.get(key), g.policy.pools, down=down, costs=costs)
+        class_row(key, st, g.last_decisions.get(key), g.policy.pools, down, costs, probes.get(key))
         for key, st in sorted(g.states.items())
     ]
     return {

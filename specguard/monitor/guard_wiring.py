@@ -197,6 +197,8 @@ def build(
         if Path(cfg.file).is_file()
         else None,
         preferences=monitor.router.set_preferences if acts.router else None,
+        set_probes=monitor.router.set_probes if acts.router else None,
+        probe_share=ex.tap.probe_share,
         routing_status=getattr(getattr(monitor, "health", None), "status", None),
         replica_counts=counts,
     )

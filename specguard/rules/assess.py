@@ -111,8 +111,13 @@ def assess(
         return Assessment(rule, pool, Phase.HOLD, f"no data for pool {pool}")
     if rule.name in found.errors:
         return Assessment(rule, pool, Phase.ERROR, f"query failed: {found.errors[rule.name]}")
-    if found.predicted and restoring and not policy.restore_on_prediction:
+    exact = found.predicted and found.method == "histogram"  # acceptance measured at a longer K
+    if found.predicted and restoring and not policy.restore_on_prediction and not exact:
         return Assessment(rule, pool, Phase.HOLD, f"only a prediction for pool {pool}", predicted=True)
+    if found.predicted and not restoring:  # the pool the class is on: judged on measurements only
+        return Assessment(
+            rule, pool, Phase.HOLD, f"not measured on {pool} yet (only a prediction)", predicted=True
+        )
     measure = (rule.restore_measure or rule.measure) if restoring else rule.measure
     if rule.query is None and found.samples < rule.limits.min_samples:
         return Assessment(

@@ -9,7 +9,8 @@ token (CONCEPTS.md section 2). For each pool the best evidence at hand is its es
    moves a class only back to the pool a still unconfirmed move came from (the prediction that
    made the move was wrong), since an older measurement was taken under other conditions;
 3. ``what-if``: the cost model's prediction from the current pool's per-position acceptance
-   (exact for a shorter K; a longer K's extrapolation is used only after the profile);
+   (exact for a shorter K; a longer K's extrapolation is used only after the profile), built on at
+   least ``min_samples`` requests (a thinner one is used only where the profile has no value);
 4. ``profile``: the calibration profile's rc (``rules.prior``), scaled by the ratio of the current
    pool's live rc to its profile rc, so the profile gives relative costs and live data the level;
 5. ``extrapolated``: a what-if for a longer K than was measured (only with
@@ -21,8 +22,10 @@ the ``model`` baseline counts only with its interval's lower bound (a prediction
 class off speculation on its point estimate; between speculative pools the baseline cancels out).
 Moving needs that for more than
 ``best_pool_consecutive_limit`` evaluations in a row (the guard counts), except for a class with no
-live evidence of its own yet, which starts on the profile's choice at once (the warm start). The
-pool the class is on must have been measured in this window: its memory alone never moves it.
+live evidence of its own yet, which starts on the profile's choice at once (the warm start). A move
+back to the pool the class left at its last move waits for the stabilization window, doubled per
+recent reversal (``reversal_wait``), so a class does not follow a load that swings across the knee.
+The pool the class is on must have been measured in this window: its memory alone never moves it.
 Every estimate says where its number comes from (which measurement, when, at which load bucket).
 Pure: no clock, no I/O.
 """
@@ -87,9 +90,14 @@ def _finite(value: float | None) -> bool:
     return value is not None and math.isfinite(value) and value > 0
 
 
+def min_samples(policy: policy_mod.Policy) -> int:
+    """Requests a measurement (or the measurement a what-if comes from) needs to count as live."""
+    return min((r.limits.min_samples for r in policy.rules if r.query is None), default=0)
+
+
 def measured(evidence: Evidence, policy: policy_mod.Policy) -> dict[str, tuple[float, int]]:
     """Pools measured this window with enough samples: ``{pool: (rc, samples)}`` (any baseline)."""
-    needed = min((r.limits.min_samples for r in policy.rules if r.query is None), default=0)
+    needed = min_samples(policy)
     out = {}
     for name, found in evidence.pools.items():
         rc = found.values.get("rc")
@@ -124,15 +132,18 @@ def estimates(
             out[name] = Estimate(name, rc, MEMORY, detail=f"measured {now - at:.0f} s ago{at_load}")
     current_k = policy.pools.get(pool, 0)
     late: dict[str, Estimate] = {}
+    thin: dict[str, Estimate] = {}
+    needed = min_samples(policy)
     for name, found in evidence.pools.items():
         rc = found.values.get("rc")
         if name in out or not found.predicted or not _finite(rc):
             continue
         exact = found.method == "histogram" and policy.pools.get(name, 0) <= current_k
-        target = out if exact else late
         made = f" on {found.made_from}" if found.made_from else ""
         detail = f"from {found.samples} requests measured{made}{at_load}"
         basis = WHATIF if exact else EXTRAPOLATED
+        # a what-if from fewer than min_samples requests stands only where the profile has nothing
+        target = (out if found.samples >= needed else thin) if exact else late
         target[name] = Estimate(name, float(rc), basis, found.samples, detail)  # type: ignore[arg-type]
     prior = evidence.prior if policy.prior == "profile" else {}
     here = out.get(pool)
@@ -143,6 +154,8 @@ def estimates(
     for name, rc in prior.items():
         if name not in out and name in policy.pools and _finite(rc):
             out[name] = Estimate(name, rc * scale, PROFILE, detail=f"calibration profile{at_load}{scaled}")
+    for name, estimate in thin.items():
+        out.setdefault(name, estimate)
     if policy.restore_on_prediction:
         for name, estimate in late.items():
             out.setdefault(name, estimate)
@@ -197,6 +210,37 @@ def choose(
     if not best.rc < here * (1.0 - policy.best_pool_margin):
         return None
     return Choice(current, best, warm)
+
+
+def reversal_wait(
+    left_pool: str | None,
+    reversal_times: tuple[float, ...],
+    target: str,
+    streak: int,
+    now: float,
+    policy: policy_mod.Policy,
+) -> tuple[str | None, tuple[float, ...]]:
+    """Whether a best-pool move to ``target`` must wait because it reverses the class's last move.
+
+    Returns (why it waits, or None; the reversal times to keep, this one included when it may go).
+    A move back to ``left_pool`` needs the cheaper estimate to have held for the stabilization
+    window (the longest of the local rules'), doubled for every reversal in the last
+    ``memory_seconds``: a load bucket that spans the knee makes the cheaper pool alternate as the
+    load swings inside it, and the class must not follow every swing (issue 16).
+    """
+    recent = tuple(t for t in reversal_times if now - t < policy.memory_seconds)
+    if target != left_pool:
+        return None, recent
+    base = max((r.limits.stabilization_window_seconds for r in policy.rules if r.query is None), default=0.0)
+    window = base * 2 ** len(recent)
+    needed = max(policy.best_pool_consecutive_limit + 1, math.ceil(window / policy.interval_seconds - 1e-9))
+    if streak >= needed:
+        return None, (*recent, now)
+    doubled = f", doubled for {len(recent)} reversal(s) in memory_seconds" if recent else ""
+    return (
+        f"back to {target}, the pool it left at its last move: consecutive evaluations ({streak}) < "
+        f"{needed} (stabilization window {window:.0f} s{doubled})"
+    ), recent
 
 
 def ranking(

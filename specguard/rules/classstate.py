@@ -51,6 +51,10 @@ class ClassState:
     favoured: str | None = None
     """The cheaper pool the last evaluations favoured (``rules.bestpool``), and in how many in a row."""
     consecutive_favoured: int = 0
+    left_pool: str | None = None
+    """The pool the class left at its last plan change: a best-pool move back to it is a reversal."""
+    reversal_times: tuple[float, ...] = ()
+    """When best-pool moves reversed the move before (kept memory_seconds): each doubles the next's wait."""
 
     def rule(self, name: str) -> RuleState:
         return self.rules.get(name, RuleState())

@@ -94,32 +94,69 @@ def evidence_from_costs(
 ) -> dict[ClassKey, Evidence]:
     """Group the cost model's per (class, pool) results into Evidence per class.
 
-    A measured pool always wins over a what-if prediction for the same pool; of several
+    A measured pool wins over a what-if prediction for the same pool, unless it rests on fewer
+    than the rules' ``min_samples`` requests and the prediction on at least that many; of several
     predictions for one pool (made from different measured pools) the one with more samples wins.
     With a ``policy`` whose ``rc_rises_with_load`` is on and the load buckets in ascending order
     (``load_order``), losses measured at a lower load bucket are inherited upwards
     (``inherit_losses_upward``); without them the evidence is each bucket's own.
     """
-    grouped = _group(costs)
+    needed = None
+    if policy is not None:
+        needed = min((r.limits.min_samples for r in policy.rules if r.query is None), default=None)
+    grouped = _group(costs, needed)
     if policy is not None and policy.rc_rises_with_load and load_order:
         return inherit_losses_upward(grouped, load_order, policy)
     return grouped
 
 
-def _group(costs: Iterable[ClassCost]) -> dict[ClassKey, Evidence]:
+def _group(costs: Iterable[ClassCost], needed: int | None = None) -> dict[ClassKey, Evidence]:
+    """Per class and pool, one PoolEvidence: the measurement, else the what-if with most samples.
+
+    A measurement on fewer than ``needed`` requests (the rules' ``min_samples``; without it, fewer
+    than the cost model's) does not replace a what-if built on at least that many: a rule would
+    reject the thin number anyway, and the well-supported prediction would be lost.
+    """
+
+    def thin(evidence: PoolEvidence, enough: bool) -> bool:
+        return evidence.samples < needed if needed is not None else not enough
+
+    def supported(samples: int) -> bool:
+        return needed is None or samples >= needed
+
     pools: dict[ClassKey, dict[str, PoolEvidence]] = {}
+    thin_measured: set[tuple[ClassKey, str]] = set()
     for cost in costs:
         key: ClassKey = (cost.task_type, cost.temperature_bucket, cost.load_bucket)
         per_class = pools.setdefault(key, {})
         measured = measured_evidence(cost)
+        is_thin = thin(measured, cost.enough)
         existing = per_class.get(cost.pool)
-        if existing is None or existing.predicted or existing.samples < measured.samples:
+        if existing is None or existing.samples < measured.samples and not existing.predicted:
+            replace_it = True
+        elif existing.predicted:
+            replace_it = not (is_thin and supported(existing.samples) and existing.samples > measured.samples)
+        else:
+            replace_it = False
+        if replace_it:
             per_class[cost.pool] = measured
+            if is_thin:
+                thin_measured.add((key, cost.pool))
+            else:
+                thin_measured.discard((key, cost.pool))
         for prediction in cost.predictions:
             if prediction.rc is None or prediction.pool == cost.pool:
                 continue
             existing = per_class.get(prediction.pool)
-            if existing is None or (existing.predicted and existing.samples < cost.n_spec):
+            over_thin = (
+                existing is not None
+                and (key, prediction.pool) in thin_measured
+                and cost.enough
+                and supported(cost.n_spec)
+                and cost.n_spec > existing.samples
+            )
+            if existing is None or (existing.predicted and existing.samples < cost.n_spec) or over_thin:
+                thin_measured.discard((key, prediction.pool))
                 per_class[prediction.pool] = PoolEvidence(
                     pool=prediction.pool,
                     values=_clean({"rc": prediction.rc, "accept_length": prediction.accept_length}),
@@ -127,6 +164,7 @@ def _group(costs: Iterable[ClassCost]) -> dict[ClassKey, Evidence]:
                     predicted=True,
                     baseline_source=cost.baseline_source,
                     method=prediction.acceptance_method or "",
+                    note=f"what-if from {cost.pool} ({cost.n_spec} requests)" if over_thin else "",
                     made_from=cost.pool,
                 )
     return {key: Evidence(pools=value) for key, value in pools.items()}
@@ -135,14 +173,18 @@ def _group(costs: Iterable[ClassCost]) -> dict[ClassKey, Evidence]:
 def with_prior(
     evidence: Mapping[ClassKey, Evidence], prior: Mapping[ClassKey, Mapping[str, float]]
 ) -> dict[ClassKey, Evidence]:
-    """Attach the calibration profile's rc per pool (``rules.prior``) to every class it covers.
+    """Attach the calibration profile's rc per pool (``rules.prior``) to every class it covers
+    that the window has seen, at any load bucket.
 
-    A class the profile knows but the window has not seen yet gets an Evidence of its own, so
-    the guard can plan it before its first request (the warm start).
+    A load bucket the class has not reached yet gets an Evidence of its own, so the guard plans it
+    before the load gets there (the warm start). A class the window has not seen at all is left
+    alone: a profile swept with a generic mix knows many classes the traffic may never send, and
+    planning those would be changes to a plan no request reads.
     """
     out = dict(evidence)
+    seen = {(key[0], key[1]) for key in evidence}
     for key, rcs in prior.items():
-        if rcs:
+        if rcs and (key[0], key[1]) in seen:
             out[key] = replace(out.get(key) or Evidence(), prior=dict(rcs))
     return out
 

@@ -271,9 +271,18 @@ def step(
             if choice.warm_start
             else f"; consecutive evaluations ({streak}) > best_pool_consecutive_limit ({limit})"
         )
+        wait, reversals = (None, state.reversal_times)
+        correcting = state.pending is not None and choice.best.pool == state.pending.from_pool
+        if not choice.warm_start and not correcting:  # undoing an unconfirmed prediction is no flap
+            wait, reversals = bestpool.reversal_wait(
+                state.left_pool, state.reversal_times, choice.best.pool, streak, now, policy
+            )
+        if wait is not None:
+            return decide(replace(new, reversal_times=reversals), Phase.HOLD, f"{choice.reason}; {wait}")
         gate = timing.rate_gate(new, now, policy)
         if gate is not None:
             return decide(new, Phase.HOLD, f"{why}; waiting: {gate}")
+        new = replace(new, reversal_times=reversals)
         target_k = k_of(policy, choice.best.pool)
         action = "off" if target_k == 0 else "shorten" if target_k < k_of(policy, state.pool) else "lengthen"
         pending = None
@@ -296,7 +305,14 @@ def step(
             if gate is not None:
                 return decide(new, Phase.HOLD, f"{candidate} recovered; waiting: {gate}")
             reasons = "; ".join(f"{a.rule.name} on {a.pool}: {a.reason}" for a in recover_acting)
-            return _act(new, "restore", candidate, reasons, now, policy, decide, None, {"cause": "recovered"})
+            pending = None
+            found = evidence.pools.get(candidate)
+            if found is not None and found.predicted and "rc" in found.values:  # to be measured there
+                pending = Pending(state.pool, candidate, found.values["rc"], now)
+                reasons += " (predicted: pending a measurement there)"
+            return _act(
+                new, "restore", candidate, reasons, now, policy, decide, pending, {"cause": "recovered"}
+            )
         return decide(new, Phase.HOLD, f"recovering towards {candidate}: {waiting}")
 
     if state.pending is not None and watch_phase is Phase.OK and choice is None:
@@ -366,7 +382,8 @@ def _act(new, action, pool, reason, now, policy, decide, pending, extra):
             new, last_action_at=now, action_times=timing.recent(new.action_times, now) + (now,), pending=None
         )
     )
-    return decide(replace(moved, pool=pool, pending=pending), Phase.ACT, reason, action, pool, **extra)
+    left = replace(moved, pool=pool, pending=pending, left_pool=new.pool)
+    return decide(left, Phase.ACT, reason, action, pool, **extra)
 
 
 def _counters(state: ClassState) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """Where a class goes when a rule moves it: the pool to leave a hurting pool for (a shorter K whose
-rc is good, else no speculation), and the pool to restore towards (up to the default pool's K).
+rc is good, else no speculation), and the pool to restore towards (up to the default pool's K; a
+shorter K also on an exact what-if, so a class turned off can come back to K=2 when K=4 loses).
 Pure functions of the class state, its evidence and the policy (``rules.guard`` calls them).
 """
 
@@ -50,8 +51,25 @@ def lower_target(
     return None
 
 
+def exact_prediction(evidence: Evidence, pool: str, policy: policy_mod.Policy) -> bool:
+    """Whether ``pool``'s evidence is a what-if whose acceptance was measured, not modelled.
+
+    A shorter K's accept length follows exactly from the per-position acceptance measured on a
+    longer K (``method: histogram``); with at least ``min_samples`` requests behind it (an off
+    class's probes, say) it may restore a class, pending a measurement there (issue 16).
+    """
+    found = evidence.pools.get(pool)
+    needed = min((r.limits.min_samples for r in policy.rules if r.query is None), default=0)
+    return found is not None and found.predicted and found.method == "histogram" and found.samples >= needed
+
+
 def recover_candidate(state: ClassState, evidence: Evidence, policy: policy_mod.Policy) -> str | None:
-    """The pool to restore towards: the lowest-rc spec pool above the current K, up to the default's K."""
+    """The pool to restore towards: the lowest-rc spec pool above the current K, up to the default's K.
+
+    A pool's rc is its measurement, or an exact what-if (``exact_prediction``) unless the class's
+    memory holds a measurement of that pool (which then wins); other predictions only with
+    ``restore_on_prediction``.
+    """
     default = policy.default_pool
     if not default or state.pool == default or state.pending is not None:
         return None
@@ -61,8 +79,12 @@ def recover_candidate(state: ClassState, evidence: Evidence, policy: policy_mod.
         if not current_k < k <= default_k:
             continue
         estimate = _estimate(evidence, pool)
-        if estimate is None or (estimate[1] and not policy.restore_on_prediction):
+        if estimate is None:
             continue
+        if estimate[1] and not policy.restore_on_prediction:
+            remembered = pool in state.memory
+            if remembered or not exact_prediction(evidence, pool, policy):
+                continue
         if best is None or estimate[0] < best[0]:
             best = (estimate[0], pool)
     return best[1] if best is not None else default

@@ -2,7 +2,8 @@
 
 Read from YAML with ``specguard.configfile`` (every error located as file:line:col). The shipped
 ``default.yaml`` documents every key; a user file overrides whole top-level sections of it, except
-``tasks``, which is merged per task name.
+``tasks`` (merged per task name), ``cost`` and ``truth`` (merged per key): a partial ``cost:`` keeps
+the shipped values of the keys it does not name.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from specguard import configfile
 DEFAULT_FILE = Path(__file__).with_name("default.yaml")
 DIALECTS = ("vllm", "sglang")
 FINGERPRINT_MODES = ("full", "hash", "none")  # vLLM --fingerprint-mode (no "custom")
+MERGED_SECTIONS = ("tasks", "cost", "truth")  # a user file's keys replace the default's one by one
 MODEL_NAME = "sim-llama-3.1-8b"  # served model name unless the config sets model_name
 
 
@@ -230,11 +232,14 @@ def load(path: str | Path | None = None) -> SimConfig:
         doc = configfile.load_file(path)
         doc.raise_if_issues()
         user = doc.data or {}
-        merged_tasks = dict(data.get("tasks") or {})
-        if isinstance(user.get("tasks"), dict):
-            merged_tasks.update(user["tasks"])
+        merged = {key: dict(data.get(key) or {}) for key in MERGED_SECTIONS}
+        for key in MERGED_SECTIONS:
+            if isinstance(user.get(key), dict):
+                merged[key].update(user[key])
         data.update(user)
-        data["tasks"] = merged_tasks
+        for key, value in merged.items():
+            if isinstance(user.get(key, {}), dict):  # a non-mapping is the user's error to report
+                data[key] = value
     # Positions come from the user file; keys only in the default keep the default's (valid) values.
     doc = configfile.Document(doc.file, data, doc.positions)
     return configfile.parse_with(doc, parse)

@@ -16,7 +16,7 @@ import hashlib
 import random
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from specguard.exporters.records import SpecStats
 from specguard.sim.config import PoolConfig, SimConfig, clamp_probability
@@ -28,7 +28,7 @@ def request_rng(seed: int, pool: str, key: str) -> random.Random:
     return random.Random(int.from_bytes(digest, "big"))
 
 
-@dataclass(eq=False)  # identity: two requests are never "equal" (and list.remove stays O(n) cheap)
+@dataclass(eq=False, slots=True)  # identity: never "equal" (list.remove stays cheap); slots: fast fields
 class SimRequest:
     """One sequence inside the engine (mutable engine state; read, do not modify, from outside)."""
 
@@ -47,13 +47,21 @@ class SimRequest:
     draft_tokens: int = 0
     accepted_tokens: int = 0
     histogram: list[int] = field(default_factory=list)  # index j: rounds accepting exactly j drafts
-    per_position: list[int] = field(default_factory=list)  # index i: rounds accepting >= i+1
     state: str = "waiting"  # waiting | running | finished
     finish_reason: str | None = None
     steps_run: int = 0
     # timestamps in the caller's clock (model or wall seconds), set by the runner
     times: dict[str, float] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)  # request parameters the front end keeps
+
+    @property
+    def per_position(self) -> list[int]:
+        """Index i: rounds accepting >= i+1 drafts (from the histogram)."""
+        out, tail = [], 0
+        for count in reversed(self.histogram[1:]):
+            tail += count
+            out.append(tail)
+        return out[::-1]
 
     @property
     def full_rollback_rounds(self) -> int:
@@ -80,9 +88,8 @@ class SimRequest:
         self.stop_at = self.max_tokens if self.ignore_eos else min(self.max_tokens, self.target_tokens)
 
 
-@dataclass(frozen=True)
-class Emission:
-    """What one request got from one step."""
+class Emission(NamedTuple):
+    """What one request got from one step (a named tuple: one is made per request per step)."""
 
     request: SimRequest
     new_tokens: int
@@ -163,7 +170,6 @@ class EngineCore:
             rng=rng,
             ignore_eos=ignore_eos,
             histogram=[0] * (self.k + 1),
-            per_position=[0] * self.k,
         )
 
     def add(self, request: SimRequest) -> None:
@@ -198,9 +204,7 @@ class EngineCore:
             request.state = "running"
             self.running.append(request)
             admitted.append(request)
-        emissions: list[Emission] = []
-        for request in decoding:
-            emissions.append(self._decode(request))
+        emissions: list[Emission] = [self._decode(request) for request in decoding]
         prefill_tokens = 0
         for request in admitted:
             prefill_tokens += request.prompt_tokens
@@ -241,14 +245,13 @@ class EngineCore:
             request.draft_tokens += k
             request.accepted_tokens += accepted
             request.histogram[accepted] += 1
-            per_position = request.per_position
-            for i in range(accepted):
-                per_position[i] += 1
-        remaining = request.stop_at - request.generated
-        new = accepted + 1 if accepted + 1 < remaining else remaining
-        request.generated += new
+        generated = request.generated
+        stop_at = request.stop_at
+        new = accepted + 1 if generated + accepted + 1 < stop_at else stop_at - generated
+        generated += new
+        request.generated = generated
         request.steps_run += 1
-        return Emission(request, new, k, accepted, False, request.generated >= request.stop_at)
+        return Emission(request, new, k, accepted, False, generated >= stop_at)
 
     def _finish(self, request: SimRequest) -> None:
         request.state = "finished"

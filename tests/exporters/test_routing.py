@@ -89,6 +89,46 @@ def test_probe_share_keeps_a_disabled_class_on_speculation():
     assert sum(c.pool == "nospec" for c in choices) == len(choices) - len(probes)
 
 
+def test_per_class_probes_set_the_pool_and_the_share_by_expected_cost():
+    """Issue 16 defect 4: the guard's probe entries (``rules.probes``) replace the default probe pool
+    and share for their classes; a class without one keeps probing ``probe_pool`` at ``probe_share``."""
+    r = router(probe=0.05)
+    off = {("chat", "medium", "low"): "nospec", ("creative", "high", "low"): "nospec"}
+    r.set_plan(off)
+    # chat: K=4 loses, K=2 pays -> probed on K=2 at the full share; creative: expected rc 2.0 -> 0.5%
+    r.set_probes(
+        {("chat", "medium", "low"): ("spec-k2", 0.05), ("creative", "high", "low"): ("spec-k4", 0.005)}
+    )
+    n = 40000
+    chat = [r.choose("chat", "medium", low) for _ in range(n)]
+    assert {c.pool for c in chat if c.route == "probe"} == {"spec-k2"}
+    assert 0.04 < sum(c.route == "probe" for c in chat) / n < 0.06
+    creative = [r.choose("creative", "high", low) for _ in range(n)]
+    assert {c.pool for c in creative if c.route == "probe"} == {"spec-k4"}
+    assert 0.003 < sum(c.route == "probe" for c in creative) / n < 0.007
+    r.set_plan({**off, ("code", "greedy", "low"): "nospec"})  # no entry: the old behaviour
+    code = [r.choose("code", "greedy", low) for _ in range(n)]
+    assert {c.pool for c in code if c.route == "probe"} == {"spec-k4"}
+    assert 0.04 < sum(c.route == "probe" for c in code) / n < 0.06
+
+
+def test_a_probe_entry_is_looked_up_at_the_load_bucket_of_the_plan_entry():
+    loads = {"spec-k4": "high", "spec-k2": "low", "nospec": "low"}
+    r = router(probe=1.0)
+    r.set_plan({("chat", "medium", "high"): "nospec"})
+    r.set_probes({("chat", "medium", "high"): ("spec-k2", 1.0), ("chat", "medium", "low"): ("spec-k4", 1.0)})
+    assert r.choose("chat", "medium", loads.get) == RouteChoice("spec-k2", "probe")
+
+
+def test_probe_entries_naming_a_bad_pool_or_share_are_rejected_whole():
+    r = router(probe=0.05)
+    r.set_probes({("chat", "medium", "low"): ("spec-k2", 0.05)})
+    for bad in (("nospec", 0.05), ("ghost", 0.05), ("spec-k2", 1.5)):
+        with pytest.raises(InputError, match="chat/medium/low"):
+            r.set_probes({("chat", "medium", "low"): bad})
+    assert r.probes() == {("chat", "medium", "low"): ("spec-k2", 0.05)}
+
+
 def test_deterministic_with_injected_rng():
     a, b = router(0.2, 0.2, seed=7), router(0.2, 0.2, seed=7)
     assert [a.choose("x", "y", low) for _ in range(200)] == [b.choose("x", "y", low) for _ in range(200)]
@@ -147,6 +187,11 @@ def test_holdout_and_probe_draws_skip_a_down_pool():
     assert {r.choose("code", "greedy", low).route for _ in range(200)} == {"plan"}
     r, _ = down_router("spec-k4", probe=1.0)
     r.set_plan({("creative", "high", "low"): "nospec"})
+    assert {r.choose("creative", "high", low).pool for _ in range(200)} == {"nospec"}
+    r.set_probes({("creative", "high", "low"): ("spec-k2", 1.0)})  # its own probe pool serves
+    assert {r.choose("creative", "high", low).pool for _ in range(200)} == {"spec-k2"}
+    health = r.health
+    health.mark_down("spec-k2", "refused", "tap")  # and when that one is down too: no probe
     assert {r.choose("creative", "high", low).pool for _ in range(200)} == {"nospec"}
 
 

@@ -3,6 +3,7 @@ model baselines alone, is not worse than never speculating in any phase (issue 1
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import sys
 from pathlib import Path
@@ -20,7 +21,8 @@ def load_bench():
 
 def test_without_a_profile_no_phase_is_worse_than_never_speculating():
     bench = load_bench()
-    row = bench.one("default", 0, gpu_scale=2.0, timer_scale=1 / 3, no_profile=True)
+    args = argparse.Namespace(gpu_scale=2.0, fleet=4, timer_scale=1 / 3, set=[], no_profile=True)
+    row = bench.one("default", 0, args)
     assert row["profile"] is False
     assert row["worst_phase_vs_never"] >= 1.0, row
     assert row["throughput_vs_never"] > 1.0 and row["actions_in_stationary_phases"] == 0

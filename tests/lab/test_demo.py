@@ -1,4 +1,5 @@
-"""``specguard demo --json``: the fields, and specguard beating always- and never-speculate."""
+"""``specguard demo --json``: the fields, equal capacity, the oracle as a checked upper bound, a
+calibration profile that cannot see the scenario, and specguard beating always- and never-speculate."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from specguard import cli
-from specguard.lab import scenario
+from specguard.lab import demo, scenario
 
 SHORT = """
 name: short
@@ -23,12 +24,23 @@ phases:
   - name: saturated
     duration_seconds: 120
     loads:
-      - {task_type: code, clients: 40, temperature: 0.0}
-      - {task_type: chat, clients: 40, temperature: 0.7}
-      - {task_type: creative, clients: 40, temperature: 1.0}
+      - {task_type: code, clients: 64, temperature: 0.0}
+      - {task_type: chat, clients: 64, temperature: 0.7}
+      - {task_type: creative, clients: 64, temperature: 1.0}
 """
 
-POLICY_KEYS = {"label", "throughput_tokens_per_second", "tpot_mean_ms", "tpot_p99_ms", "requests", "phases"}
+POLICY_KEYS = {
+    "label",
+    "throughput_tokens_per_second",
+    "tpot_mean_ms",
+    "tpot_p99_ms",
+    "requests",
+    "phases",
+    "engines",
+    "mean_engines_busy",
+    "knows",
+}
+ROWS = set(demo.ROWS)
 
 
 @pytest.fixture(scope="module")
@@ -83,13 +95,7 @@ def live(tmp_path_factory):
 
 
 def test_json_has_every_policy_and_field(result):
-    assert set(result["policies"]) == {
-        "always_speculate",
-        "never_speculate",
-        "best_static",
-        "oracle",
-        "specguard",
-    }
+    assert set(result["policies"]) == ROWS
     for name, policy in result["policies"].items():
         assert POLICY_KEYS <= set(policy), name
         assert [p["name"] for p in policy["phases"]] == ["low", "saturated"]
@@ -98,9 +104,50 @@ def test_json_has_every_policy_and_field(result):
     assert "rules.guard.step" in result["specguard_mode"]
     assert set(result["ratios"]) >= {
         "specguard_vs_oracle_throughput",
+        "specguard_vs_best_single_pool_throughput",
+        "specguard_vs_best_per_class_static_throughput",
         "specguard_vs_never_worst_phase_throughput",
+        "specguard_vs_oracle_tpot_p99",
+        "specguard_no_profile_vs_oracle_throughput",
+        "specguard_stale_profile_vs_oracle_throughput",
     }
     assert result["policies"]["specguard"]["actions"] == len(result["policies"]["specguard"]["decisions"])
+    assert set(result["targets"]) == {
+        "vs_oracle",
+        "worst_phase_vs_never",
+        "vs_best_single_pool",
+        "tpot_p99_vs_oracle",
+        "changes_per_class_hour",
+    }
+
+
+def test_every_row_gets_the_same_engines_and_says_so(result):
+    engines = result["capacity"]["engines"]
+    assert engines == 4 and f"same fleet of {engines} engines" in result["capacity"]["statement"]
+    for name, policy in result["policies"].items():
+        assert policy["engines"] == engines, name
+        assert 0 < policy["mean_engines_busy"] <= engines, name
+
+
+def test_no_row_beats_the_oracle_by_more_than_the_measured_noise(result):
+    """The oracle is the best of every hindsight plan, replayed; specguard must not beat it (issue 16)."""
+    noise, bound = result["noise"], result["bound"]
+    assert noise["draws"] == 2 and 0 <= noise["max_abs"] < 0.02
+    oracle = result["policies"]["oracle"]["throughput_tokens_per_second"]
+    for name, policy in result["policies"].items():
+        assert policy["throughput_tokens_per_second"] <= oracle * (1 + noise["max_abs"]), name
+    for name in ("best_single_pool", "best_per_phase", "best_per_class_static"):
+        assert result["policies"][name]["throughput_tokens_per_second"] <= oracle  # by construction
+    assert bound["holds"] and bound["tolerance"] == noise["max_abs"]
+
+
+def test_the_calibration_profile_cannot_see_the_scenario(result):
+    calibration = result["calibration"]
+    assert calibration["sees_the_scenario"] is False and calibration["seed"] == 3 + 1000
+    # the sweep's mix: every task type of the world at every temperature bucket, not the scenario's
+    tasks = {task for task, _ in calibration["mix"]}
+    assert tasks == {"code", "extraction", "chat", "creative"}  # extraction is not in the scenario
+    assert len(calibration["mix"]) == 4 * 4
 
 
 def test_live_run_went_through_the_tap_and_the_guard(live):
@@ -120,7 +167,7 @@ def test_specguard_beats_always_and_never_speculate(result):
     # the guard really acted: creative (RC > 1 at every load) left speculation
     assert any(d["task_type"] == "creative" and d["to"] == "nospec" for d in p["specguard"]["decisions"])
     assert (
-        p["oracle"]["throughput_tokens_per_second"] >= p["best_static"]["throughput_tokens_per_second"] * 0.99
+        p["oracle"]["throughput_tokens_per_second"] >= p["best_single_pool"]["throughput_tokens_per_second"]
     )
 
 
@@ -133,6 +180,12 @@ def test_bad_flags_and_files_are_clear_errors(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "bad.yaml:2" in err and "duration_seconds" in err
     assert cli.main(["demo", "--scenario", "nope"]) == 2
+    capsys.readouterr()
+    assert cli.main(["demo", "--fleet", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--fleet" in err and "every pool needs an engine" in err
+    assert cli.main(["demo", "--stale-world", "nowhere"]) == 2
+    assert "nowhere" in capsys.readouterr().err
 
 
 def test_builtin_scenarios_are_consistent():

@@ -6,6 +6,7 @@ import asyncio
 import logging
 from dataclasses import replace
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from specguard.errors import SourceError
@@ -239,6 +240,7 @@ async def test_local_source_warm_starts_from_the_profile_and_sets_holdout_shares
     clock = Clock(1000.0)
     rows = [replace(record("nospec", "plan"), started_at=990.0, task_type="creative") for _ in range(60)]
     rows += [replace(record("spec-k4", "plan"), started_at=990.0, task_type="code") for _ in range(200)]
+    rows += [replace(record("spec-k4", "plan"), started_at=995.0) for _ in range(3)]  # chat's first three
     shares = []
     settings = CostSettings().with_traffic([("low", 8), ("medium", 24), ("high", None)])
     policy = replace(POLICY, prior="profile", holdout="on_demand")
@@ -255,7 +257,8 @@ async def test_local_source_warm_starts_from_the_profile_and_sets_holdout_shares
     guard, router = make_guard(tmp_path, source, clock, policy=policy)
     decisions = await guard.evaluate()
     assert shares == [{"low": 0.0}]  # 60 planned no-spec requests cover the baseline (1.5 x 30)
-    # chat was never seen: the profile's K=2 is ~5-10% cheaper than K=4 in every bucket
+    # chat has three requests so far (no live evidence yet): the profile's K=2 is ~5-10% cheaper
+    # than K=4 in every bucket, the ones its load has not reached included
     warm = {d.key: (d.action, d.cause, d.to_pool) for d in decisions if d.action != "none"}
     assert warm[("chat", "medium", "low")] == ("shorten", "profile", "spec-k2")
     assert router.plan()[("chat", "medium", "high")] == "spec-k2"
@@ -374,3 +377,43 @@ async def test_scheduler_runs_do_not_fill_the_log(tmp_path, caplog):
         r.getMessage() for r in noise if "Running job" in r.getMessage() or "executed" in r.getMessage()
     ] == []
     assert any("guard evaluation every" in r.getMessage() for r in caplog.records)  # ours still there
+
+
+class TwoPoolSource:
+    """creative: K=4 measured at rc 2.0 and K=2's exact what-if at ``k2`` (from the same requests)."""
+
+    def __init__(self, k2):
+        self.k2 = k2
+
+    async def collect(self, now, keys):
+        k4 = PoolEvidence("spec-k4", {"rc": 2.0}, samples=100)
+        k2 = PoolEvidence("spec-k2", {"rc": self.k2}, samples=100, predicted=True, method="histogram")
+        return {CREATIVE: Evidence(pools={"spec-k4": k4, "spec-k2": k2})}
+
+
+async def test_a_class_off_speculation_is_probed_by_expected_cost(tmp_path):
+    """Issue 16 defect 4: once off, the class's probes go to its expected cheapest speculative pool, at
+    a share with share x (rc - 1) <= 0.5%; the router takes them each evaluation, /status shows them."""
+    clock, source = Clock(), TwoPoolSource(k2=1.5)
+    router = Router(POOLS, default_pool="spec-k4", nospec_pool="nospec", probe_share=0.05)
+    guard = daemon.Guard(
+        replace(POLICY, restore_on_prediction=False),
+        sources=[source],
+        actuators=[RouterActuator(router)],
+        clock=clock,
+        set_probes=router.set_probes,
+        probe_share=router.probe_share,
+    )
+    await run_rounds(guard, clock, 2)
+    assert router.plan()[CREATIVE] == "nospec"
+    await run_rounds(guard, clock, 1)
+    assert router.probes() == {CREATIVE: ("spec-k2", 0.01)}  # 0.005 / (1.5 - 1)
+    row = next(c for c in guard.status()["classes"] if c["task_type"] == "creative")
+    assert row["probe"] == {"pool": "spec-k2", "share": 0.01, "expected_rc": 1.5, "basis": "what-if"}
+    source.k2 = 3.0  # both lose: the cheaper of the two (K=4 at 2.0), at 0.5% / (2.0 - 1)
+    await run_rounds(guard, clock, 1)
+    assert router.probes() == {CREATIVE: ("spec-k4", pytest.approx(0.005))}
+    source.k2 = 0.8  # it pays on K=2: restored there (on the measurement that follows), and no probe
+    await run_rounds(guard, clock, 12)
+    assert router.plan()[CREATIVE] != "nospec" and router.probes() == {}
+    assert all(c["probe"] is None for c in guard.status()["classes"])

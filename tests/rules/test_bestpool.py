@@ -15,8 +15,8 @@ def measured(name, rc, samples=50):
     return PoolEvidence(pool=name, values={"rc": rc, "rc_lower": rc * 0.97}, samples=samples)
 
 
-def whatif(name, rc, method="histogram"):
-    return PoolEvidence(pool=name, values={"rc": rc}, samples=50, predicted=True, method=method)
+def whatif(name, rc, method="histogram", samples=50):
+    return PoolEvidence(pool=name, values={"rc": rc}, samples=samples, predicted=True, method=method)
 
 
 def ev(*pools, prior=None):
@@ -72,6 +72,26 @@ CHOICES = [
         {"prior": "none"},
         None,
         id="prior-none-ignores-the-profile",
+    ),
+    pytest.param(  # issue 16 defect 1: the thin what-if hid the profile's K=2, so the warm start went off
+        "spec-k4",
+        ev(
+            measured("spec-k4", 1.12, samples=4),
+            whatif("spec-k2", 0.871, samples=4),
+            prior={"spec-k4": 1.08, "spec-k2": 0.886},
+        ),
+        {},
+        {},
+        ("spec-k2", "profile"),
+        id="a-thin-what-if-does-not-hide-the-profile",
+    ),
+    pytest.param(
+        "spec-k4",
+        ev(measured("spec-k4", 0.70), whatif("spec-k2", 0.60), prior={"spec-k4": 0.69, "spec-k2": 0.70}),
+        {},
+        {},
+        ("spec-k2", "what-if"),
+        id="a-well-supported-what-if-beats-the-profile",
     ),
     pytest.param(
         "spec-k4",
@@ -236,6 +256,40 @@ def test_no_flapping_when_the_prediction_was_wrong():
     moves = [(d.action, d.to_pool) for d in first + second + third if d.changes_plan]
     assert moves == [("shorten", "spec-k2"), ("lengthen", "spec-k4")]
     assert state.pool == "spec-k4"
+    back = next(d for d in second if d.changes_plan)
+    assert back.at == 120.0  # undoing a wrong prediction is a correction: no reversal wait
+    assert state.reversal_times == ()
+
+
+K4_CHEAPER = ev(measured("spec-k4", 0.60), measured("spec-k2", 0.70))
+K2_CHEAPER = ev(measured("spec-k4", 0.70), measured("spec-k2", 0.60))
+FLAP_POLICY = replace(POLICY, max_actions_per_hour=6, cooldown_seconds=20)
+
+
+def test_no_flapping_when_the_cheaper_pool_alternates_faster_than_the_stabilization_window():
+    """Issue 16 defect 6: a load bucket spanning the knee made K=4 and K=2 alternate as the cheaper
+    pool; the class moved back and forth up to the cap. A move back to the pool the class just left
+    now needs the cheaper estimate to hold for the stabilization window (doubling per reversal)."""
+    blocks = ([K2_CHEAPER] * 4 + [K4_CHEAPER] * 4) * 45  # one hour at 10 s
+    state, decisions = run(blocks, policy=FLAP_POLICY)
+    moves = [(d.at, d.action, d.to_pool) for d in decisions if d.changes_plan]
+    assert [m[1:] for m in moves] == [("shorten", "spec-k2")]
+    waiting = [d.reason for d in decisions if "back to spec-k4" in d.reason]
+    assert waiting and "stabilization" in waiting[0]
+
+
+def test_a_lasting_change_is_still_followed_after_the_window():
+    window = FLAP_POLICY.rules[0].limits.stabilization_window_seconds
+    needed = int(window / FLAP_POLICY.interval_seconds)
+    state, decisions = run([K2_CHEAPER] * 3 + [K4_CHEAPER] * (needed + 2), policy=FLAP_POLICY)
+    moves = [(d.action, d.to_pool) for d in decisions if d.changes_plan]
+    assert moves == [("shorten", "spec-k2"), ("lengthen", "spec-k4")]
+    back = next(d for d in decisions if d.changes_plan and d.to_pool == "spec-k4")
+    assert back.at - decisions[2].at >= window
+    assert state.reversal_times == (back.at,)
+    # the next reversal needs twice the window
+    state, decisions = run([K2_CHEAPER] * (needed + 2), state=state, policy=FLAP_POLICY, start=back.at + 10)
+    assert not any(d.changes_plan for d in decisions)
 
 
 # ---------------------------------------------------------------- provenance (issue 18 item 7)

@@ -602,3 +602,50 @@ def test_backward_jump_is_bounded_cooldown_then_acts():
     assert first.action == "none" and state.last_action_at == 100
     state, later = guard.step(state, BAD, 130, POLICY)
     assert later.action == "off", later.reason
+
+
+def exact_whatif(name, rc, samples=50):
+    """A what-if for a shorter K from the histograms measured on a longer one (exact acceptance)."""
+    return PoolEvidence(pool=name, values={"rc": rc}, samples=samples, predicted=True, method="histogram")
+
+
+OFF_PROBES = ev(pool("spec-k4", 1.15, rc_lower=1.1), exact_whatif("spec-k2", 0.85))
+K2_MEASURED_BAD = ev(pool("spec-k2", 1.1, rc_lower=1.05), pool("spec-k4", 1.15, rc_lower=1.1))
+
+
+def test_an_off_class_comes_back_to_a_shorter_k_on_its_probes():
+    """Issue 16 defect 2: probes on K=4 (losing) showed K=2 would pay, but restore looked only at
+    K=4, so the class stayed off for good. An exact what-if (acceptance measured on the probes) now
+    counts as restore evidence for the shorter K; the move is pending until measured there."""
+    state, decisions = st("nospec"), []
+    for tick in range(12):
+        state, decision = guard.step(state, OFF_PROBES, 100.0 + 10 * tick, POLICY)
+        decisions.append(decision)
+    moves = [(d.action, d.to_pool) for d in decisions if d.changes_plan]
+    assert moves == [("restore", "spec-k2")]
+    restored = next(d for d in decisions if d.changes_plan)
+    assert restored.at - 100.0 >= LIMITS.stabilization_window_seconds
+    assert state.pending is not None and (state.pending.from_pool, state.pending.to_pool) == (
+        "nospec",
+        "spec-k2",
+    )
+    # measured on K=2 and losing: back off, and the memory of that measurement keeps it off
+    later = []
+    now = restored.at + POLICY.cooldown_seconds
+    for evidence in [K2_MEASURED_BAD] * 3 + [OFF_PROBES] * 20:
+        state, decision = guard.step(state, evidence, now, POLICY)
+        later.append(decision)
+        now += 10
+    assert [(d.action, d.to_pool) for d in later if d.changes_plan] == [("revert", "nospec")]
+    assert state.pool == "nospec"
+
+
+def test_a_longer_k_still_needs_a_measurement_to_restore():
+    extrapolated = ev(
+        pool("spec-k2", 1.2, rc_lower=1.1),
+        PoolEvidence("spec-k4", {"rc": 0.8}, 50, True, method="extrapolated"),
+    )
+    state = st("nospec")
+    for tick in range(12):
+        state, decision = guard.step(state, extrapolated, 100.0 + 10 * tick, POLICY)
+        assert not decision.changes_plan

@@ -82,4 +82,5 @@ def test_with_prior_adds_unseen_classes_and_keeps_live_pools():
     assert set(out[key].pools) == {"spec-k4"}
     assert out[key].prior == rcs[key] and out[key].prior["spec-k2"] < out[key].prior["spec-k4"]
     high = ("chat", "medium", "high")
-    assert out[high].pools == {} and out[high].prior == rcs[high]
+    assert out[high].pools == {} and out[high].prior == rcs[high]  # a load bucket not reached yet
+    assert evidence_mod.with_prior({}, rcs) == {}  # a class never seen is not planned

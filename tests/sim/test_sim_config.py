@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -41,6 +42,17 @@ def test_user_file_overrides_sections_and_merges_tasks(tmp_path):
     assert cfg.seed == 9 and [p.name for p in cfg.pools] == ["only"]
     assert {"sql", "code", "chat"} <= set(cfg.tasks)
     assert cfg.task("sql").conditional_at(0.0, 3) == (0.9, 0.9, 0.9)
+
+
+def test_a_partial_cost_section_keeps_the_shipped_values_it_does_not_name(tmp_path):
+    """Issue 16: a partial ``cost:`` fell back to code defaults (knee 128) instead of default.yaml's."""
+    shipped = simconfig.load().cost
+    path = tmp_path / "sim.yaml"
+    path.write_text("cost: {draft_per_position_seconds: 0.004}\ntruth: {concurrency: [1, 2]}\n")
+    cfg = simconfig.load(path)
+    assert cfg.cost.draft_per_position_seconds == 0.004
+    assert cfg.cost == dataclasses.replace(shipped, draft_per_position_seconds=0.004)
+    assert cfg.cost.knee_tokens == 192 and cfg.truth_concurrency == (1, 2)
 
 
 def test_errors_name_file_line_and_path(tmp_path):

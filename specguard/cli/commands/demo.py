@@ -9,10 +9,11 @@ import logging
 import os
 import shutil
 import sys
-import textwrap
 import time
 from pathlib import Path
 
+from specguard.cli import demo_table
+from specguard.cli.demo_table import fmt
 from specguard.errors import ConfigError, ConfigIssue
 
 
@@ -30,10 +31,12 @@ def register(subparsers) -> None:
         "demo",
         help="see specguard work on the built-in simulator (no GPU, ~2 minutes)",
         description=(
-            "Calibrate the simulated pools, run a scripted scenario (mixed classes, load rising into "
-            "saturation and back, a temperature shift) through specguard's router, statistics, cost model "
-            "and guard, then replay the same scenario and seed under always-speculate, never-speculate, "
-            "the best static config and the per-phase oracle, and compare throughput and TPOT."
+            "Calibrate the simulated pools with a sweep of their own mix, run a scripted scenario (mixed "
+            "classes, load rising into saturation and back, a temperature shift) through specguard's "
+            "router, statistics, cost model and guard, then replay the same scenario and seed under "
+            "always- and never-speculate, the best single pool, the best pool per phase, the best static "
+            "plan per class and the hindsight oracle, every one on the same fleet of engines, and "
+            "compare throughput and TPOT."
         ),
     )
     parser.add_argument(
@@ -55,7 +58,10 @@ def register(subparsers) -> None:
         "--timer-scale", type=float, default=1 / 3, help="multiply the guard policy's timers (default 1/3)"
     )
     parser.add_argument(
-        "--fleet", type=int, default=3, help="engines' worth of capacity every policy gets (default 3)"
+        "--fleet",
+        type=int,
+        default=4,
+        help="engines every policy gets, whichever pools it uses (default 4; at least the number of pools)",
     )
     parser.add_argument(
         "--gpu-scale",
@@ -73,13 +79,19 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--profile-out", default=None, help="also write the calibration profile here")
     parser.add_argument(
+        "--stale-world",
+        default="k4-dominates",
+        help="simulator world (shipped name or simulator config file) the stale calibration profile is "
+        "swept on (default k4-dominates)",
+    )
+    parser.add_argument(
         "--json", action="store_true", help="print the result as JSON (stable keys) instead of tables"
     )
     parser.set_defaults(func=run)
 
 
 def _setup(args: argparse.Namespace):
-    from specguard.lab import demo, scenario
+    from specguard.lab import demo, scenario, worlds
     from specguard.monitor import config as monitor_config
     from specguard.rules import policy as policy_mod
     from specguard.sim import config as sim_config
@@ -98,6 +110,15 @@ def _setup(args: argparse.Namespace):
     missing = [p.name for p in cfg.exporter.pools if p.name not in sim_pools]
     if missing:
         raise ConfigError(f"config pools {missing} are not simulator pools ({sorted(sim_pools)})")
+    if args.fleet < len(cfg.exporter.pools):
+        raise flag_error(
+            f"--fleet ({args.fleet}) must be >= the number of pools ({len(cfg.exporter.pools)}): "
+            "every pool needs an engine of its own"
+        )
+    stale = worlds.load(args.stale_world)
+    stale_missing = [p.name for p in cfg.exporter.pools if p.name not in {q.name for q in stale.pools}]
+    if stale_missing:
+        raise ConfigError(f"--stale-world {args.stale_world}: no pools {stale_missing}")
     guard_section = cfg.sections.get("guard") if hasattr(cfg, "sections") else None
     policy = guard_section if isinstance(guard_section, policy_mod.Policy) else policy_mod.load_default()
     scen = scenario.load_scenario(args.scenario)
@@ -113,6 +134,8 @@ def _setup(args: argparse.Namespace):
         timer_scale=args.timer_scale,
         gpu_scale=args.gpu_scale,
         policy_source=f"{args.config} guard:" if guard_section is not None else "rules/default-policy.yaml",
+        stale_sim=demo.smaller_gpu(stale, args.gpu_scale),
+        stale_world=args.stale_world,
     )
     setup.settings = demo.cost_settings(setup.exporter)
     return setup
@@ -162,10 +185,6 @@ class Display:
             self._block = 0
 
 
-def _fmt(value, spec: str, dash: str = "-") -> str:
-    return dash if value is None else format(value, spec)
-
-
 def _rows(costs, states, ks) -> list[str]:
     header = (
         f"{'class':<20}{'load':<8}{'RC':>6}{'[lo, hi]':>14}{'A':>6}{'rollbk':>8}{'n':>6}  "
@@ -181,10 +200,10 @@ def _rows(costs, states, ks) -> list[str]:
         c = best[key]
         state = states.get(key)
         pool = state.pool if state is not None and state.pool else "?"
-        interval = f"[{_fmt(c.lower, '.2f')}, {_fmt(c.upper, '.2f')}]"
+        interval = f"[{fmt(c.lower, '.2f')}, {fmt(c.upper, '.2f')}]"
         rows.append(
-            f"{key[0] + '/' + key[1]:<20}{key[2]:<8}{_fmt(c.rc, '6.2f'):>6}{interval:>14}"
-            f"{_fmt(c.accept_length, '6.2f'):>6}{_fmt(c.full_rollback_round_ratio, '8.2f'):>8}{c.n_spec:>6}  "
+            f"{key[0] + '/' + key[1]:<20}{key[2]:<8}{fmt(c.rc, '6.2f'):>6}{interval:>14}"
+            f"{fmt(c.accept_length, '6.2f'):>6}{fmt(c.full_rollback_round_ratio, '8.2f'):>8}{c.n_spec:>6}  "
             f"{pool + ' (' + str(ks.get(pool, '?')) + ')':<14}{c.baseline_source:<8}"
         )
     return rows
@@ -221,14 +240,17 @@ def run(args: argparse.Namespace) -> int:
         f"specguard demo: scenario '{scen.name}' ({scen.duration_s:.0f} simulated s): {scen.description}"
     )
     out.line(
-        f"pools: {', '.join(f'{p} (K={k})' for p, k in ks.items())}; fleet of {setup.fleet} engines; "
-        f"seed {setup.seed}; guard timers x{setup.timer_scale:.2f}"
+        f"pools: {', '.join(f'{p} (K={k})' for p, k in ks.items())}; seed {setup.seed}; "
+        f"guard timers x{setup.timer_scale:.2f}"
     )
+    out.line(f"capacity: {demo_table.capacity_statement(setup.fleet)}")
     out.line(
         f"1/3 calibrating: quick sweep of every pool at concurrency 1..{128 / setup.gpu_scale:.0f} "
-        "(virtual time)"
+        "(virtual time) with the sweep's own mix and seed; a stale one on world "
+        f"'{setup.stale_world}'"
     )
     profile = demo.calibrate(setup)
+    stale_profile = demo.calibrate(setup, sim=setup.stale_sim) if setup.stale_sim is not None else None
     if args.profile_out:
         profile_mod.write_profile(profile, Path(args.profile_out))
         out.line(f"    calibration profile written to {args.profile_out}")
@@ -285,41 +307,44 @@ def run(args: argparse.Namespace) -> int:
 
     if args.live:
         out.line("3/3 replaying the same scenario and seed in virtual time: specguard and the baselines")
-    policy = rp.scaled_policy(setup.policy, setup.timer_scale) if setup.timer_scale != 1 else setup.policy
-    guard = rp.SpecguardPolicy(setup.exporter, policy, setup.settings, profile=profile, seed=setup.seed)
+    guard = rp.SpecguardPolicy(
+        setup.exporter, setup.timed_policy(), setup.settings, profile=profile, seed=setup.seed
+    )
     guard_ref["policy"] = guard
     guard.on_tick = on_tick
     result = replay.Replay(setup.sim, scen, guard, setup.buckets, seed=setup.seed, fleet=setup.fleet).run()
     out.done()
-    specguard = demo.summarize(
-        result,
-        "specguard (default policy)",
-        mode=demo.SPECGUARD_MODE,
-        decisions=result.decisions,
-        actions=len(result.decisions),
-        actions_in_stationary_phases=demo.stationary_actions(result.decisions, scen),
-        evaluations=guard.evaluations,
-    )
+    rows = {"specguard": demo.specguard_row(setup, result, guard, "fresh")}
     out.line(f"    specguard replay: {len(result.decisions)} plan changes in {guard.evaluations} evaluations")
+    for key, variant, prof in (
+        ("specguard_no_profile", "none", None),
+        ("specguard_stale_profile", "stale", stale_profile),
+    ):
+        if variant == "stale" and prof is None:
+            continue
+        out.line(f"    replaying specguard with {'no' if prof is None else 'the stale'} profile")
+        other, other_guard = demo.run_specguard(setup, prof)
+        rows[key] = demo.specguard_row(setup, other, other_guard, variant)
     if not args.live:
         out.line("3/3 replaying the same scenario and seed under the baselines")
-    policies = demo.run_baselines(setup, progress=lambda text: out.line(f"    {text}"))
-    policies["specguard"] = specguard
-    static_configs = policies.pop("static_configs")
+    compared = demo.compare(setup, rows, progress=lambda text: out.line(f"    {text}"))
     result_json = {
         "scenario": demo.scenario_json(scen),
         "seed": setup.seed,
+        "capacity": {"engines": setup.fleet, "statement": demo_table.capacity_statement(setup.fleet)},
         "fleet_engines": setup.fleet,
         "pools": ks,
         "guard_policy": {"source": setup.policy_source, "timer_scale": setup.timer_scale},
         "calibration": {
             "levels": [lv.concurrency for lv in profile.pools[0].levels],
             "pools": [p.name for p in profile.pools],
+            "mix": [[m.task_type, m.temperature] for m in demo.sweep_mix(setup.sim, setup.buckets)],
+            "seed": setup.seed + demo.CALIBRATION_SEED,
+            "sees_the_scenario": False,
+            "stale_world": setup.stale_world,
         },
         "specguard_mode": demo.SPECGUARD_MODE,
-        "static_configs_throughput": static_configs,
-        "policies": policies,
-        "ratios": demo.ratios(policies),
+        **compared,
         "gpu_scale": args.gpu_scale,
         "specguard_live": live,
         "wall_seconds": round(time.monotonic() - started, 2),
@@ -328,62 +353,5 @@ def run(args: argparse.Namespace) -> int:
         json.dump(result_json, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
     else:
-        print_comparison(result_json)
+        demo_table.print_comparison(result_json)
     return 0
-
-
-ORDER = ("always_speculate", "never_speculate", "best_static", "oracle", "specguard")
-NAMES = {
-    "always_speculate": "always speculate",
-    "never_speculate": "never speculate",
-    "best_static": "best static",
-    "oracle": "oracle",
-    "specguard": "specguard",
-}
-
-
-def print_comparison(result: dict) -> None:
-    policies = result["policies"]
-    print()
-    print(f"Same scenario, same seed ({result['seed']}), {result['fleet_engines']} engines of capacity each:")
-    print(f"{'policy':<18}{'tokens/s':>10}{'vs oracle':>11}{'TPOT mean':>11}{'TPOT p99':>10}  config")
-    oracle = policies["oracle"]["throughput_tokens_per_second"]
-    for name in ORDER:
-        p = policies[name]
-        config = p.get("config") or ("per phase, per class" if name == "oracle" else "")
-        if name == "specguard":
-            config = f"{p['actions']} plan changes"
-        print(
-            f"{NAMES[name]:<18}{p['throughput_tokens_per_second']:>10.0f}"
-            f"{p['throughput_tokens_per_second'] / oracle:>10.1%} {_fmt(p['tpot_mean_ms'], '8.1f'):>9}ms"
-            f"{_fmt(p['tpot_p99_ms'], '7.1f'):>8}ms  {config}"
-        )
-    print()
-    print("Output tokens/s per phase:")
-    phases = [ph["name"] for ph in policies["specguard"]["phases"]]
-    print(f"{'policy':<18}" + "".join(f"{name[:10]:>11}" for name in phases))
-    for name in ORDER:
-        print(
-            f"{NAMES[name]:<18}"
-            + "".join(f"{ph['throughput_tokens_per_second']:>11.0f}" for ph in policies[name]["phases"])
-        )
-    r = result["ratios"]
-    print()
-    lines = [
-        f"specguard = {r['specguard_vs_oracle_throughput']:.1%} of the oracle, "
-        f"{r['specguard_vs_best_static_throughput']:.1%} of the best static config, "
-        f"{r['specguard_vs_always_throughput']:.2f}x always-speculate, "
-        f"{r['specguard_vs_never_throughput']:.2f}x never-speculate "
-        f"(worst phase vs never: {r['specguard_vs_never_worst_phase_throughput']:.2f}x).",
-        f"The specguard row is its {result['specguard_mode']}.",
-    ]
-    live = result.get("specguard_live")
-    if live:
-        lines.append(
-            f"Live run ({live['mode']}): {live['throughput_tokens_per_second']:.0f} tokens/s, "
-            f"TPOT mean {_fmt(live['tpot_mean_ms'], '.1f')} ms, p99 {_fmt(live['tpot_p99_ms'], '.1f')} ms "
-            f"(simulated time), {live['actions']} plan changes; {live['note']}."
-        )
-    for line in lines:
-        print(textwrap.fill(line, WIDTH))
-    print(f"Done in {result['wall_seconds']:.0f} s. Use --json for every number.")

@@ -1,0 +1,240 @@
+"""Robustness matrix: specguard in scenarios and simulator worlds it was not tuned on, at equal capacity.
+
+Every scenario of ``bench/scenarios`` (step loads, a ramp, gradual drift, oscillation faster than
+the guard's timers, a load swinging across the knee, tiny classes, a long stationary tail, a flash
+crowd, two loads of one task type) in every simulator world of ``specguard/lab/worlds`` (plus the
+shipped default), seeds 0-2, in virtual time through the simulator's engine core, with the shipped
+default guard policy and a calibration profile swept on that world with its own mix and seed.
+
+Per run: specguard against the oracle (``lab.hindsight``: the best of every hindsight plan, planned
+per time slice on the simulator's truth, replayed), the best single pool, the best static plan per
+class and never-speculate, overall and per phase; TPOT p99 against the oracle's; plan changes per
+class per hour against the policy's cap; and the oracle's plan replayed with another acceptance draw
+(the run-to-run noise). The bound: no row beats the oracle by more than the largest noise measured
+in the matrix. One table, then the mean, the worst run and the worst phase of each figure and the
+targets.
+
+    flock /tmp/specguard-bench.lock python3 bench/bench_matrix.py [--quick] [--jobs 2]
+        [--scenarios a,b] [--worlds a,b] [--seeds 0,1,2] [--profiles fresh,none,stale] [--json]
+
+``--quick``: two scenarios (shortened to 150 s) in two worlds, seed 0 (what the test runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_controller  # noqa: E402
+
+from specguard.lab import demo, scenario, summary, worlds  # noqa: E402
+
+SCENARIOS = Path(__file__).with_name("scenarios")
+QUICK = {"scenarios": "steps,tiny-classes", "worlds": "default,expensive-draft", "seeds": "0", "seconds": 150}
+STALE_WORLD = {"k4-dominates": "expensive-draft"}  # the stale profile's world; default: k4-dominates
+TARGETS = {
+    "mean_vs_oracle": 0.95,
+    "worst_run_vs_oracle": 0.90,
+    "worst_phase_vs_never": 1.0,
+    "vs_best_single_pool": 1.0,
+    "tpot_p99_vs_oracle": 1.15,
+}
+
+
+def scenario_names() -> list[str]:
+    return sorted(p.stem for p in SCENARIOS.glob("*.yaml"))
+
+
+def load(name: str, seconds: float | None) -> scenario.Scenario:
+    scen = scenario.load_scenario(str(SCENARIOS / f"{name}.yaml"))
+    return scen.scaled(seconds) if seconds else scen
+
+
+def calibration(spec: tuple[str, int, float]) -> tuple[tuple[str, int], object]:
+    """The fresh profile of (world, seed): it depends on neither the scenario nor the other worlds."""
+    world, seed, gpu_scale = spec
+    setup = bench_controller.setup_for(
+        scenario.stationary_scenario(1, 60.0), seed, world=world, gpu_scale=gpu_scale
+    )
+    return (world, seed), demo.calibrate(setup)
+
+
+def run(spec: dict) -> dict:
+    t0 = time.perf_counter()
+    scen = load(spec["scenario"], spec["seconds"])
+    setup = bench_controller.setup_for(scen, spec["seed"], world=spec["world"], gpu_scale=spec["gpu_scale"])
+    rows = {}
+    variants = {"fresh": ("specguard", spec["profile"]), "none": ("specguard_no_profile", None)}
+    variants["stale"] = ("specguard_stale_profile", spec["stale_profile"])
+    for variant in spec["profiles"]:
+        key, profile = variants[variant]
+        result, guard = demo.run_specguard(setup, profile)
+        rows[key] = demo.specguard_row(setup, result, guard, variant)
+    compared = demo.compare(setup, rows, noise_draws=(1,))
+    policies, r = compared["policies"], compared["ratios"]
+    sg, oracle = policies["specguard"], policies["oracle"]
+    out = {
+        "scenario": spec["scenario"],
+        "world": spec["world"],
+        "seed": spec["seed"],
+        "engines": setup.fleet,
+        "vs_oracle": r["specguard_vs_oracle_throughput"],
+        "worst_phase_vs_oracle": min(x for x in summary.phase_ratios(sg, oracle) if x is not None),
+        "vs_best_single_pool": r["specguard_vs_best_single_pool_throughput"],
+        "vs_best_per_class_static": r["specguard_vs_best_per_class_static_throughput"],
+        "vs_never": r["specguard_vs_never_speculate_throughput"],
+        "worst_phase_vs_never": r["specguard_vs_never_worst_phase_throughput"],
+        "worst_phase_vs_never_name": _worst_phase(sg, policies["never_speculate"]),
+        "tpot_p99_vs_oracle": r["specguard_vs_oracle_tpot_p99"],
+        "max_changes_per_class_hour": sg["max_changes_per_class_hour"],
+        "cap_per_hour": setup.timed_policy().max_actions_per_hour,
+        "actions": sg["actions"],
+        "actions_in_stationary_phases": sg["actions_in_stationary_phases"],
+        "oracle_plan_from": oracle["plan_from"],
+        "noise": compared["noise"]["max_abs"],
+        "ratios_to_oracle": compared["bound"]["ratios_to_oracle"],
+        "wall_seconds": round(time.perf_counter() - t0, 1),
+    }
+    for variant in spec["profiles"]:
+        if variant != "fresh":
+            out[f"{variant}_profile_vs_oracle"] = summary.ratio(policies[variants[variant][0]], oracle)
+    return out
+
+
+def _worst_phase(a: dict, b: dict) -> str:
+    pairs = [(x, ph["name"]) for x, ph in zip(summary.phase_ratios(a, b), a["phases"], strict=True) if x]
+    return min(pairs)[1] if pairs else ""
+
+
+def aggregate(rows: list[dict]) -> dict:
+    """Mean, worst run and worst phase of every figure; the bound with the matrix's noise; the targets."""
+    tolerance = max(r["noise"] for r in rows)
+    violations = [
+        {"run": f"{r['scenario']}/{r['world']}/{r['seed']}", "row": name, "ratio": value}
+        for r in rows
+        for name, value in r["ratios_to_oracle"].items()
+        if value is not None and value > 1 + tolerance
+    ]
+
+    def stats(key: str, worst=min) -> dict:
+        values = [r[key] for r in rows if r.get(key) is not None]
+        at = worst(rows, key=lambda r: r[key])
+        return {
+            "mean": statistics.mean(values),
+            "worst": worst(values),
+            "worst_run": f"{at['scenario']}/{at['world']}/seed {at['seed']}",
+        }
+
+    out = {
+        "runs": len(rows),
+        "vs_oracle": stats("vs_oracle"),
+        "worst_phase_vs_oracle": stats("worst_phase_vs_oracle"),
+        "vs_best_single_pool": stats("vs_best_single_pool"),
+        "vs_best_per_class_static": stats("vs_best_per_class_static"),
+        "worst_phase_vs_never": stats("worst_phase_vs_never"),
+        "tpot_p99_vs_oracle": stats("tpot_p99_vs_oracle", max),
+        "max_changes_per_class_hour": stats("max_changes_per_class_hour", max),
+        "noise": {"max_abs": tolerance, "method": "the oracle's plan, one other acceptance draw per run"},
+        "bound": {"tolerance": tolerance, "holds": not violations, "violations": violations},
+    }
+    for key in ("none_profile_vs_oracle", "stale_profile_vs_oracle"):
+        if any(key in r for r in rows):
+            out[key] = stats(key)
+    out["targets"] = {
+        "mean_vs_oracle >= 0.95": out["vs_oracle"]["mean"] >= TARGETS["mean_vs_oracle"],
+        "worst run vs oracle >= 0.90": out["vs_oracle"]["worst"] >= TARGETS["worst_run_vs_oracle"],
+        "every phase >= never-speculate": out["worst_phase_vs_never"]["worst"] >= 1.0,
+        "every run >= best single pool": out["vs_best_single_pool"]["worst"] >= 1.0,
+        "TPOT p99 <= 1.15 x oracle": out["tpot_p99_vs_oracle"]["worst"] <= TARGETS["tpot_p99_vs_oracle"],
+        "changes per class per hour <= cap": all(
+            r["max_changes_per_class_hour"] <= r["cap_per_hour"] for r in rows
+        ),
+        "runs below each goal": {
+            "vs_oracle < 0.90": sum(r["vs_oracle"] < 0.90 for r in rows),
+            "worst phase < never": sum(r["worst_phase_vs_never"] < 1.0 for r in rows),
+            "< best single pool": sum(r["vs_best_single_pool"] < 1.0 for r in rows),
+            "TPOT p99 > 1.15 x oracle": sum(r["tpot_p99_vs_oracle"] > 1.15 for r in rows),
+        },
+    }
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    head = (
+        f"{'scenario':<13}{'world':<20}{'seed':>4}{'/oracle':>9}{'worst ph':>9}{'/single':>9}"
+        f"{'/class':>8}{'ph/never':>9}{'p99/or':>8}{'chg/h':>6}{'noise':>7}  oracle plan"
+    )
+    lines = [head]
+    for r in rows:
+        lines.append(
+            f"{r['scenario']:<13}{r['world']:<20}{r['seed']:>4}{r['vs_oracle']:>9.3f}"
+            f"{r['worst_phase_vs_oracle']:>9.3f}{r['vs_best_single_pool']:>9.3f}"
+            f"{r['vs_best_per_class_static']:>8.3f}{r['worst_phase_vs_never']:>9.3f}"
+            f"{r['tpot_p99_vs_oracle']:>8.2f}{r['max_changes_per_class_hour']:>6}{r['noise']:>7.4f}"
+            f"  {r['oracle_plan_from']}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the test's subset")
+    parser.add_argument("--scenarios", default=",".join(scenario_names()))
+    parser.add_argument("--worlds", default=",".join(worlds.names()))
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--profiles", default="fresh", help="specguard with: fresh, none, stale (comma list)")
+    parser.add_argument("--gpu-scale", type=float, default=2.0)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    seconds = None
+    if args.quick:
+        args.scenarios, args.worlds, args.seeds = QUICK["scenarios"], QUICK["worlds"], QUICK["seeds"]
+        seconds = QUICK["seconds"]
+    names, world_names = args.scenarios.split(","), args.worlds.split(",")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    profiles = args.profiles.split(",")
+    for name in names:  # a bad scenario file fails here, before any work
+        load(name, seconds)
+    for world in world_names:
+        worlds.load(world)
+    t0 = time.perf_counter()
+    stale_worlds = {STALE_WORLD.get(w, "k4-dominates") for w in world_names} if "stale" in profiles else set()
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        specs = [(w, s, args.gpu_scale) for w in sorted(set(world_names) | stale_worlds) for s in seeds]
+        fresh = dict(pool.map(calibration, specs))
+        jobs = [
+            {
+                "scenario": name,
+                "world": world,
+                "seed": seed,
+                "seconds": seconds,
+                "gpu_scale": args.gpu_scale,
+                "profiles": profiles,
+                "profile": fresh[(world, seed)],
+                "stale_profile": fresh.get((STALE_WORLD.get(world, "k4-dominates"), seed)),
+            }
+            for name in names
+            for world in world_names
+            for seed in seeds
+        ]
+        rows = list(pool.map(run, jobs))
+    result = {"rows": rows, "summary": aggregate(rows), "wall_seconds": round(time.perf_counter() - t0, 1)}
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(table(rows))
+        print(json.dumps(result["summary"], indent=2))
+        print(f"{len(rows)} runs in {result['wall_seconds']:.0f} s with {args.jobs} processes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""Steady-state throughput of a routing plan on the equal-capacity fleet, from the simulator's truth.
+
+The hindsight policies (``lab.hindsight``) search plans with this model and then replay the best
+ones through the engine core itself, so the model only proposes: every number a row reports comes
+from a replay. It knows what specguard cannot: each class's true acceptance per K and temperature,
+its true length and prompt distributions, the step-cost model, and the traffic of every phase.
+
+Per engine with ``m_c`` closed-loop clients of class ``c`` on K: a client's cycle is one step
+waiting (it re-joins after the next step started), one prefill step and ``R_c`` verify rounds,
+``R_c = (E[L_c] - 1) / A_c(K) + 1/2``; so per step ``sum m_c R_c / S_c`` requests decode and
+``sum m_c / S_c`` are prefilled (``S_c = R_c + 2``), with their prompts. The step time is the
+simulator's ``CostModel.step_seconds`` averaged over a binomial number of decoding requests (graph
+padding and the knee make it non-linear). Class ``c`` gets ``m_c E[L_c] / S_c`` tokens per step.
+Co-location is in it (every class on an engine shares its steps), and so is prefill.
+
+Engines are split between pools as ``lab.fleet`` balances them at steady state: in proportion to
+each pool's clients, at least one each, the clients spread evenly over a pool's engines.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from specguard.lab import fleet as fleet_mod
+from specguard.sim.config import LengthDist, SimConfig
+
+ClassKey = tuple[str, str]  # (task_type, temperature_bucket)
+Plan = Mapping[ClassKey, str]
+
+
+@dataclass(frozen=True)
+class ClassTraffic:
+    """Closed-loop clients of one class in a stretch of traffic, with their temperature mix."""
+
+    key: ClassKey
+    clients: float
+    temperatures: tuple[tuple[float, float], ...]  # (temperature, weight)
+
+
+def clipped_mean(dist: LengthDist, points: int = 400) -> float:
+    """E[length] as ``LengthDist.draw`` draws it (rounded, clipped log-normal), by quadrature."""
+    if dist.sigma <= 0:
+        return float(min(dist.maximum, max(dist.minimum, round(dist.median))))
+    normal = statistics.NormalDist()
+    mu = math.log(dist.median)
+    total = 0.0
+    for i in range(points):
+        z = normal.inv_cdf((i + 0.5) / points)
+        total += min(dist.maximum, max(dist.minimum, round(math.exp(mu + dist.sigma * z))))
+    return total / points
+
+
+class Model:
+    """The fluid model for one simulator world and fleet size."""
+
+    def __init__(self, sim: SimConfig, fleet: int):
+        self.sim = sim
+        self.fleet = fleet
+        self.ks = {p.name: p.num_speculative_tokens for p in sim.pools}
+        self._lengths: dict[str, tuple[float, float]] = {}
+        self._cycles = lru_cache(maxsize=4096)(self._cycle)
+
+    def lengths(self, task: str) -> tuple[float, float]:
+        """(mean output tokens, mean prompt tokens) of a task type."""
+        if task not in self._lengths:
+            profile = self.sim.task(task)
+            self._lengths[task] = (clipped_mean(profile.output_tokens), clipped_mean(profile.prompt_tokens))
+        return self._lengths[task]
+
+    def _cycle(self, task: str, temperatures: tuple[tuple[float, float], ...], k: int) -> tuple[float, float]:
+        """(verify rounds R, accept length A) of one request of the class on a K pool."""
+        out_len, _ = self.lengths(task)
+        profile = self.sim.task(task)
+        total = sum(w for _, w in temperatures)
+        inv = 0.0
+        for t, w in temperatures:
+            inv += w / (profile.expected_accept_length(t, k) if k else 1.0)
+        inv /= total
+        return (out_len - 1.0) * inv + 0.5, 1.0 / inv
+
+    def engine(self, k: int, classes: Sequence[tuple[ClassTraffic, float]]) -> tuple[float, dict]:
+        """(step seconds, {class: (tokens per second, tpot seconds)}) of one engine on K.
+
+        ``classes``: (traffic, clients of that class on this engine).
+        """
+        cost = self.sim.cost
+        n = 0.0
+        decode = prefill = prompt = 0.0
+        rows = []
+        for traffic, m in classes:
+            if m <= 0:
+                continue
+            rounds, accept = self._cycles(traffic.key[0], traffic.temperatures, k)
+            cycle = rounds + 2.0
+            out_len, prompt_len = self.lengths(traffic.key[0])
+            n += m
+            decode += m * rounds / cycle
+            prefill += m / cycle
+            prompt += m * prompt_len / cycle
+            rows.append((traffic.key, m * out_len / cycle, accept))
+        if n <= 0:
+            return 0.0, {}
+        count = max(1, round(n))
+        q = min(1.0, decode / n)
+        per_prefill = prompt / prefill if prefill else 0.0
+        mean_step = decode_step = weight_decode = 0.0
+        for d, p in _binomial(count, q):
+            rest = count - d
+            seconds = cost.step_seconds(d, k, rest / 2.0, rest / 2.0 * per_prefill) if (d or rest) else 0.0
+            mean_step += p * seconds
+            if d:
+                decode_step += p * d * seconds
+                weight_decode += p * d
+        decode_step = decode_step / weight_decode if weight_decode else mean_step
+        out = {key: (tokens / mean_step, decode_step / accept) for key, tokens, accept in rows}
+        return mean_step, out
+
+    def layout(self, loads: Mapping[str, float]) -> dict[str, list[float]]:
+        """Clients per engine of every pool with traffic, as ``lab.fleet`` balances them at steady
+        state: engines in proportion to the pools' clients (``fleet.allocation``), spread evenly."""
+        return {
+            pool: [loads[pool] / engines] * engines
+            for pool, engines in fleet_mod.allocation(loads, self.fleet).items()
+            if engines
+        }
+
+    def evaluate(self, traffic: Sequence[ClassTraffic], plan: Plan, default: str) -> Evaluation:
+        """Throughput (tokens/s) and per-class numbers of ``plan`` for ``traffic``."""
+        by_pool: dict[str, list[ClassTraffic]] = {}
+        for t in traffic:
+            by_pool.setdefault(plan.get(t.key, default), []).append(t)
+        loads = {pool: sum(t.clients for t in ts) for pool, ts in by_pool.items()}
+        per_class: dict[ClassKey, list[float]] = {}
+        for pool, engines in self.layout(loads).items():
+            ts = by_pool[pool]
+            share = loads[pool]
+            m = engines[0]  # every engine of the pool holds the same clients: one stands for all
+            _, rows = self.engine(self.ks[pool], [(t, t.clients * m / share) for t in ts])
+            for key, (tokens, tpot) in rows.items():
+                acc = per_class.setdefault(key, [0.0, 0.0])
+                acc[0] += tokens * len(engines)
+                acc[1] += tokens * len(engines) * tpot
+        classes = {key: (tok, wt / tok if tok else 0.0) for key, (tok, wt) in per_class.items()}
+        return Evaluation(sum(tok for tok, _ in classes.values()), classes)
+
+    def best_plan(
+        self,
+        traffic: Sequence[ClassTraffic],
+        pools: Sequence[str],
+        default: str,
+        starts: Sequence[Plan] = (),
+    ) -> tuple[dict[ClassKey, str], float]:
+        """The plan with the highest modelled throughput: coordinate ascent from several starts."""
+        keys = sorted(t.key for t in traffic)
+        candidates = [dict.fromkeys(keys, pool) for pool in pools] + [dict(s) for s in starts]
+        best_plan: dict[ClassKey, str] = {}
+        best = -1.0
+        for start in candidates:
+            plan, value = self.climb(traffic, {k: start.get(k, default) for k in keys}, pools, default)
+            if value > best + 1e-9:
+                best_plan, best = plan, value
+        return best_plan, best
+
+    def climb(
+        self, traffic: Sequence[ClassTraffic], plan: dict[ClassKey, str], pools: Sequence[str], default: str
+    ) -> tuple[dict[ClassKey, str], float]:
+        """Greedy: move one class at a time to the pool that raises modelled throughput most."""
+        value = self.evaluate(traffic, plan, default).throughput
+        while True:
+            best_move = None
+            for key in sorted(plan):
+                for pool in pools:
+                    if pool == plan[key]:
+                        continue
+                    trial = {**plan, key: pool}
+                    v = self.evaluate(traffic, trial, default).throughput
+                    if v > value * (1 + 1e-6) and (best_move is None or v > best_move[0]):
+                        best_move = (v, key, pool)
+            if best_move is None:
+                return plan, value
+            value, key, pool = best_move
+            plan = {**plan, key: pool}
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    throughput: float  # output tokens per second
+    classes: Mapping[ClassKey, tuple[float, float]]  # class -> (tokens/s, mean TPOT seconds)
+
+
+def _binomial(n: int, q: float) -> list[tuple[int, float]]:
+    """(d, P(d)) for Binomial(n, q), dropping negligible tails."""
+    if q <= 0:
+        return [(0, 1.0)]
+    if q >= 1:
+        return [(n, 1.0)]
+    out = []
+    log_q, log_r = math.log(q), math.log(1 - q)
+    for d in range(n + 1):
+        logp = math.lgamma(n + 1) - math.lgamma(d + 1) - math.lgamma(n - d + 1) + d * log_q + (n - d) * log_r
+        p = math.exp(logp)
+        if p > 1e-6:
+            out.append((d, p))
+    total = sum(p for _, p in out)
+    return [(d, p / total) for d, p in out]
