@@ -146,10 +146,11 @@ def test_fleet_end_to_end(tmp_path: Path, source: str):
                 r["metric"]["what"]: float(r["value"][1])
                 for r in prom.api("query", query=WEIGHTED.format(sel=creative_sel), time=at)["result"]
             }
-            return by if by.get("r") == pytest.approx(float(value), rel=0.02) else None
+            several = by.get("n", 0) >= 2  # several replicas' estimates, combined by the rule
+            return by if several and by.get("r") == pytest.approx(float(value), rel=0.02) else None
 
-        by = wait_until("RC recorded across replicas", combined, 20, stack.procs)
-        assert by["n"] >= 2, by  # several replicas' estimates, combined by the recording rule
+        # the first follower can cross 1.0 before the others have min_samples (seen in a suite run)
+        wait_until("RC recorded across replicas", combined, 45, stack.procs)
         code_rc = wait_until("fleet RC of code", lambda: prom.value(f"{RC}{{{code_sel}}}"), 30, stack.procs)
         assert min(code_rc.values()) < 1.0, code_rc
 

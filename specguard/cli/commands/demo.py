@@ -29,7 +29,7 @@ WIDTH = 100
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "demo",
-        help="see specguard work on the built-in simulator (no GPU, ~2 minutes)",
+        help="see specguard work on the built-in simulator (no GPU, a few minutes)",
         description=(
             "Calibrate the simulated pools with a sweep of their own mix, run a scripted scenario (mixed "
             "classes, load rising into saturation and back, a temperature shift) through specguard's "
