@@ -114,26 +114,30 @@ async def kill_during_load(
             )
         )
 
-    load = start_load(seed)
+    async def finish(task: asyncio.Task) -> None:
+        stop.set()
+        results.extend(await task)
+
+    load: asyncio.Task | None = start_load(seed)
     try:
         await asyncio.sleep(before_s)
         killed_at = time.time()
         await victim.kill()
         await asyncio.sleep(down_s)
         if not load_during_restart:
-            stop.set()
-            results += await load
+            await finish(load)
+            load = None
         await victim.restart()
         ready_at = time.time()
-        if not load_during_restart:
+        if load is None:
             load = start_load(seed + 1)
         deadline = time.monotonic() + back_timeout_s
         while not monitor.health.healthy(victim.pool) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         await asyncio.sleep(after_s)
     finally:
-        stop.set()
-        results += await load
+        if load is not None:  # None only when the restart failed with the load paused
+            await finish(load)
         monitor.health.listeners.remove(seen)
     down_at = next((t for healthy, t in changes if not healthy and t >= killed_at), None)
     up_at = next((t for healthy, t in changes if healthy and down_at is not None and t >= down_at), None)

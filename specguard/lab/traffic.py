@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from specguard import columns
 from specguard.errors import ConfigError, ConfigIssue, UnreachableError
 from specguard.lab import loadgen, scenario
 from specguard.sim.config import MODEL_NAME
@@ -81,8 +82,7 @@ class LoadSummary:
             temp = "-" if c.temperature is None else f"{c.temperature:g}"
             tpot = "-" if c.tpot_mean_ms is None else f"{c.tpot_mean_ms:.1f} ms"
             rows.append((c.task_type, temp, str(c.requests), str(c.ok), tpot))
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        lines += ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+        lines += columns.aligned(rows)
         return "\n".join(lines)
 
 

@@ -14,7 +14,7 @@ import sys
 import time
 from importlib import resources
 
-from specguard import untrusted
+from specguard import columns, untrusted
 from specguard.errors import InputError
 from specguard.exporters import derive, engines, promtext, scrape
 from specguard.exporters.snapshot import EngineSnapshot
@@ -200,9 +200,5 @@ def render(d: derive.Derived, *, window: bool) -> str:
             )
             for name, m in group.items()
         ]
-        widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-        lines += [
-            "  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-            for row in table
-        ]
+        lines += columns.aligned(table, indent="  ")
     return "\n".join(lines)
