@@ -22,6 +22,9 @@ live baseline (and the model baseline, where the guard has one) is all it has.
 
 ``--set`` changes one top-level key of the shipped guard policy for an ablation, e.g.
 ``--set prior=none --set holdout=fixed --set best_pool=false``.
+
+The release's runs are kept in ``bench/results/controller*.json`` (``--json``); ``--render FILE``
+prints the markdown docs/benchmarks.md carries for one (a test checks it still does).
 """
 
 from __future__ import annotations
@@ -166,6 +169,55 @@ def line(row: dict) -> str:
     )
 
 
+def _delay(seconds: float | None) -> str:
+    return "never" if seconds is None else f"{seconds:.0f} s"
+
+
+def render(result: dict) -> str:
+    """The markdown table of one ``--json`` run and the sentence that sums it up."""
+    rows = result["rows"]
+    head = (
+        "| scenario | seed | / oracle | / best single pool | / best per class | / always | / never "
+        "| worst phase / never | TPOT p99 / oracle | actions (stationary) | bound (noise) "
+        "| detection delay (no profile) |"
+    )
+    lines = [head, "|" + "---|" * 12]
+    for r in rows:
+        if "detection_delay_seconds" in r:
+            live_only = _delay(r["detection_delay_live_only_seconds"])
+            delay = f"{_delay(r['detection_delay_seconds'])} ({live_only})"
+        elif "actions_after_settling" in r:
+            delay = f"— ({r['actions_after_settling']} after settling)"
+        else:
+            delay = "—"
+        bound = "holds" if r["bound_holds"] else "**violated**"
+        lines.append(
+            f"| {r['scenario']} | {r['seed']} | **{r['throughput_vs_oracle']:.3f}** "
+            f"| {r['throughput_vs_best_single_pool']:.3f} | {r['throughput_vs_best_per_class_static']:.3f} "
+            f"| {r['throughput_vs_always']:.3f} | {r['throughput_vs_never']:.3f} "
+            f"| {r['worst_phase_vs_never']:.3f} | {r['tpot_p99_vs_oracle']:.2f} "
+            f"| {r['actions']} ({r['actions_in_stationary_phases']}) | {bound} ({r['noise']:.2%}) | {delay} |"
+        )
+    lowest = min(rows, key=lambda r: r["throughput_vs_oracle"])
+    single = [r["throughput_vs_best_single_pool"] for r in rows]
+    bound = (
+        "the bound holds in every run"
+        if all(r["bound_holds"] for r in rows)
+        else f"the bound is violated in {sum(not r['bound_holds'] for r in rows)} runs"
+    )
+    sentence = (
+        f"Mean over the {len(rows)} runs: **{statistics.mean(r['throughput_vs_oracle'] for r in rows):.3f} "
+        f"of the oracle** (lowest {lowest['throughput_vs_oracle']:.3f}, `{lowest['scenario']}` seed "
+        f"{lowest['seed']}), {statistics.mean(single):.3f} of the best single pool (lowest "
+        f"{min(single):.3f}); every phase "
+        f"at least {min(r['worst_phase_vs_never'] for r in rows):.2f}× never-speculate; TPOT p99 at most "
+        f"{max(r['tpot_p99_vs_oracle'] for r in rows):.2f}× the oracle's; "
+        f"{sum(r['actions_in_stationary_phases'] for r in rows)} plan changes in stationary phases; {bound} "
+        f"(largest noise {max(r['noise'] for r in rows):.2%})."
+    )
+    return "\n".join(lines) + "\n\n" + sentence
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="0,1,2")
@@ -177,7 +229,12 @@ def main() -> None:
     parser.add_argument("--no-profile", action="store_true", help="no calibration profile at all")
     parser.add_argument("--scenario-seconds", type=float, default=None, help="scale every scenario to this")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--render", metavar="FILE", help="print the docs' markdown for a --json result")
     args = parser.parse_args()
+    if args.render:
+        with open(args.render) as f:
+            print(render(json.load(f)))
+        return
     rows = []
     for name in args.scenarios.split(","):
         for seed in (int(s) for s in args.seeds.split(",")):

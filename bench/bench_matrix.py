@@ -15,9 +15,13 @@ in the matrix. One table, then the mean, the worst run and the worst phase of ea
 targets.
 
     flock /tmp/specguard-bench.lock python3 bench/bench_matrix.py [--quick] [--jobs 2]
-        [--scenarios a,b] [--worlds a,b] [--seeds 0,1,2] [--profiles fresh,none,stale] [--json]
+        [--scenarios a,b] [--worlds a,b] [--seeds 0,1,2] [--profiles fresh,none,stale] [--fleet 4] [--json]
+    python3 bench/bench_matrix.py --render bench/results/matrix.json   # the docs' tables and README line
 
 ``--quick``: two scenarios (shortened to 150 s) in two worlds, seed 0 (what the test runs).
+``--json`` prints every run and the summary; the release's run is kept in ``bench/results/matrix.json``
+and ``--render`` turns it into the markdown that README.md and docs/benchmarks.md carry (a test checks
+they still do).
 """
 
 from __future__ import annotations
@@ -69,7 +73,9 @@ def calibration(spec: tuple[str, int, float]) -> tuple[tuple[str, int], object]:
 def run(spec: dict) -> dict:
     t0 = time.perf_counter()
     scen = load(spec["scenario"], spec["seconds"])
-    setup = bench_controller.setup_for(scen, spec["seed"], world=spec["world"], gpu_scale=spec["gpu_scale"])
+    setup = bench_controller.setup_for(
+        scen, spec["seed"], world=spec["world"], gpu_scale=spec["gpu_scale"], fleet=spec.get("fleet", 4)
+    )
     rows = {}
     variants = {"fresh": ("specguard", spec["profile"]), "none": ("specguard_no_profile", None)}
     variants["stale"] = ("specguard_stale_profile", spec["stale_profile"])
@@ -183,6 +189,76 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+GOALS = (  # (summary key, label, target text, runs-below key)
+    ("vs_oracle", "throughput / oracle", "≥ 0.95 mean, ≥ 0.90 worst", "vs_oracle < 0.90"),
+    ("worst_phase_vs_oracle", "worst phase / oracle", "—", None),
+    ("vs_best_single_pool", "throughput / best single pool", "≥ 1.00", "< best single pool"),
+    ("vs_best_per_class_static", "throughput / best static plan per class", "—", None),
+    ("worst_phase_vs_never", "worst phase / never-speculate", "≥ 1.00 in every phase", "worst phase < never"),
+    ("tpot_p99_vs_oracle", "TPOT p99 / oracle's", "≤ 1.15", "TPOT p99 > 1.15 x oracle"),
+    ("max_changes_per_class_hour", "plan changes per class per hour", "≤ the cap", None),
+)
+MET = {
+    "vs_oracle": ("mean_vs_oracle >= 0.95", "worst run vs oracle >= 0.90"),
+    "vs_best_single_pool": ("every run >= best single pool",),
+    "worst_phase_vs_never": ("every phase >= never-speculate",),
+    "tpot_p99_vs_oracle": ("TPOT p99 <= 1.15 x oracle",),
+    "max_changes_per_class_hour": ("changes per class per hour <= cap",),
+}
+
+
+def render(result: dict) -> dict[str, str]:
+    """The markdown the docs carry for one matrix run: ``scenarios`` (throughput / oracle, mean over
+    the seeds per scenario and world), ``goals`` (each figure against its target) and ``readme``."""
+    rows, summary = result["rows"], result["summary"]
+    names = sorted({r["scenario"] for r in rows})
+    world_names = list(dict.fromkeys(r["world"] for r in rows))
+    seeds = sorted({r["seed"] for r in rows})
+
+    def cell(runs: list[dict]) -> str:
+        return f"{statistics.mean(r['vs_oracle'] for r in runs):.3f}"
+
+    head = ["scenario", *world_names, "mean", "worst run", "worst phase"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name in [*names, None]:
+        mine = [r for r in rows if name is None or r["scenario"] == name]
+        cells = [cell([r for r in mine if r["world"] == w]) for w in world_names]
+        tail = [
+            cell(mine),
+            f"{min(r['vs_oracle'] for r in mine):.3f}",
+            f"{min(r['worst_phase_vs_oracle'] for r in mine):.3f}",
+        ]
+        label = name or "**all**"
+        if name is None:
+            tail = [f"**{x}**" for x in tail]
+        lines.append("| " + " | ".join([label, *cells, *tail]) + " |")
+    scenarios_md = "\n".join(lines)
+
+    below = summary["targets"]["runs below each goal"]
+    goal_lines = ["| figure | mean | worst | where | target | met |", "|---|---|---|---|---|---|"]
+    for key, label, target, below_key in GOALS:
+        figure = summary[key]
+        met = "—"
+        if key in MET:
+            ok = all(summary["targets"][t] for t in MET[key])
+            met = "**yes**" if ok else "**no**"
+            if not ok and below_key:
+                met += f" ({below[below_key]} runs)"
+        digits = 2 if key == "tpot_p99_vs_oracle" else (1 if key == "max_changes_per_class_hour" else 3)
+        goal_lines.append(
+            f"| {label} | {figure['mean']:.{digits}f} | {figure['worst']:.{digits}f} | "
+            f"{figure['worst_run']} | {target} | {met} |"
+        )
+    v, ph = summary["vs_oracle"], summary["worst_phase_vs_oracle"]
+    readme = (
+        f"In the robustness matrix ({summary['runs']} runs: {len(names)} scenarios × {len(world_names)} "
+        f"simulator worlds × seeds {seeds[0]}–{seeds[-1]}, equal capacity) specguard reaches "
+        f"{v['mean']:.3f} of the oracle on average; the worst run is {v['worst']:.3f} "
+        f"({v['worst_run']}) and the worst phase {ph['worst']:.3f} ({ph['worst_run']})."
+    )
+    return {"scenarios": scenarios_md, "goals": "\n".join(goal_lines), "readme": readme}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the test's subset")
@@ -192,8 +268,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profiles", default="fresh", help="specguard with: fresh, none, stale (comma list)")
     parser.add_argument("--gpu-scale", type=float, default=2.0)
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--fleet", type=int, default=4, help="engines every row gets")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--render", metavar="FILE", help="print the docs' markdown for a --json result")
     args = parser.parse_args(argv)
+    if args.render:
+        for text in render(json.loads(Path(args.render).read_text())).values():
+            print(text, end="\n\n")
+        return 0
     seconds = None
     if args.quick:
         args.scenarios, args.worlds, args.seeds = QUICK["scenarios"], QUICK["worlds"], QUICK["seeds"]
@@ -217,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
                 "seed": seed,
                 "seconds": seconds,
                 "gpu_scale": args.gpu_scale,
+                "fleet": args.fleet,
                 "profiles": profiles,
                 "profile": fresh[(world, seed)],
                 "stale_profile": fresh.get((STALE_WORLD.get(world, "k4-dominates"), seed)),

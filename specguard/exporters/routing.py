@@ -10,7 +10,9 @@ evidence flowing both ways:
   to the no-spec pool while that pool's in-flight requests per replica are below the planned
   pool's (at a tie, with probability r0 / (r0 + rp), the no-spec pool's share of the two pools'
   replicas), so the no-spec replicas run at the same per-replica load as the speculative ones and
-  take their share of the replica capacity. ``holdout_share: 0`` turns holdout off in either mode;
+  take their share of the replica capacity; or *matched on demand*: capacity matched in the load
+  buckets ``set_holdout_shares`` names as ``matched`` (their live baseline is short), shares
+  elsewhere. ``holdout_share: 0`` turns holdout off in every mode;
 - *probe*: a class the plan routes away from speculation keeps a small share on a
   speculative pool, so re-enabling is decided on evidence, not on a timer. The guard hands
   over, per (class, load bucket) off speculation, which pool and what share (``set_probes``:
@@ -27,7 +29,7 @@ measuring and beats the cost question; the plan itself is left as it is.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from specguard.errors import InputError
@@ -37,7 +39,8 @@ from specguard.exporters.health import PoolHealth
 PlanKey = tuple[str, str, str]
 HOLDOUT_SHARE = "share"
 HOLDOUT_CAPACITY_MATCHED = "capacity_matched"
-HOLDOUT_MODES = (HOLDOUT_SHARE, HOLDOUT_CAPACITY_MATCHED)
+HOLDOUT_MATCHED_ON_DEMAND = "matched_on_demand"
+HOLDOUT_MODES = (HOLDOUT_SHARE, HOLDOUT_CAPACITY_MATCHED, HOLDOUT_MATCHED_ON_DEMAND)
 
 
 ROUTE_FAILOVER = "failover"
@@ -75,6 +78,7 @@ class Router:
         self._rng = rng or random.Random()
         self._plan: dict[PlanKey, str] = {}
         self._holdout_by_load: dict[str, float] = {}
+        self._matched_buckets: frozenset[str] = frozenset()
         self.health = health  # None: every pool is taken as serving (no failover)
         self._preferences: dict[PlanKey, tuple[str, ...]] = {}
         self._probes: dict[PlanKey, tuple[str, float]] = {}
@@ -97,15 +101,31 @@ class Router:
     def plan(self) -> dict[PlanKey, str]:
         return dict(self._plan)
 
-    def set_holdout_shares(self, shares: Mapping[str, float]) -> None:
-        """Per load bucket holdout shares replacing ``holdout_share`` (e.g. where the baseline is covered)."""
+    def set_holdout_shares(self, shares: Mapping[str, float], matched: Iterable[str] = ()) -> None:
+        """Per load bucket holdout shares replacing ``holdout_share`` (e.g. where the baseline is
+        covered), and the load buckets capacity matched in ``matched_on_demand`` mode."""
         bad = sorted(name for name, share in shares.items() if not 0.0 <= share <= 1.0)
         if bad:
             raise InputError(f"holdout shares must be between 0 and 1: {', '.join(bad)}")
         self._holdout_by_load = dict(shares)
+        self._matched_buckets = frozenset(matched)
 
     def holdout_shares(self) -> dict[str, float]:
         return dict(self._holdout_by_load)
+
+    def matched_buckets(self) -> frozenset[str]:
+        return self._matched_buckets
+
+    def holdout_report(self) -> dict[str, object]:
+        """The holdout in force (for /status): mode, the tap's share, shares per load bucket and the
+        load buckets being refilled by capacity matching."""
+        refilling = self._matched_buckets if self.holdout_mode == HOLDOUT_MATCHED_ON_DEMAND else frozenset()
+        return {
+            "mode": self.holdout_mode,
+            "share": self.holdout_share,
+            "shares": dict(sorted(self._holdout_by_load.items())),
+            "refilling": sorted(refilling),
+        }
 
     def set_preferences(self, preferences: Mapping[PlanKey, Sequence[str]]) -> None:
         """Per class, its pools cheapest first (the guard's estimates): the failover order."""
@@ -190,7 +210,8 @@ class Router:
         return RouteChoice(pool, ROUTE_FAILOVER, planned) if pool is not None else None
 
     def set_holdout_mode(self, mode: str) -> None:
-        """``share`` (the holdout share, per load bucket where set) or ``capacity_matched``."""
+        """``share`` (the holdout share, per load bucket where set), ``capacity_matched`` or
+        ``matched_on_demand``."""
         if mode not in HOLDOUT_MODES:
             raise InputError(f"holdout mode ({mode!r}) must be one of {', '.join(HOLDOUT_MODES)}")
         self.holdout_mode = mode
@@ -240,7 +261,11 @@ class Router:
         ``load_of(pool)`` its in-flight requests per replica if the request joined it (needed by
         capacity-matched holdout; without it that mode holds nothing out)."""
         target = self.planned(task_type, temperature_bucket, load_bucket_of)
-        if self.holdout_mode == HOLDOUT_CAPACITY_MATCHED:
+        if self.holdout_mode == HOLDOUT_CAPACITY_MATCHED or (
+            self.holdout_mode == HOLDOUT_MATCHED_ON_DEMAND
+            and self._matched_buckets
+            and load_bucket_of(target) in self._matched_buckets
+        ):
             draw = self._rng.random()
             if (
                 load_of is not None

@@ -168,14 +168,12 @@ class SpecguardPolicy:
         self, now: float
     ) -> tuple[list[cost_mod.ClassCost], dict[evidence_mod.ClassKey, evidence_mod.Evidence]]:
         """What the daemon's LocalSource does: the window through the cost model, the profile prior,
-        and the router's holdout shares (``guard.holdout: on_demand``)."""
+        and the router's holdout (``guard.holdout: on_demand`` or ``matched_on_demand``)."""
         records = self.stats.records(since=now - self.policy.window_seconds)
         costs = cost_mod.evaluate(records, self.pools, self.profile, now, self.settings)
-        self.router.set_holdout_shares(
-            holdout_mod.for_policy(
-                records, self.pools, self.policy, self.settings, self.router.holdout_share, now
-            )
-        )
+        share = self.router.holdout_share
+        held = holdout_mod.for_policy(records, self.pools, self.policy, self.settings, share, now)
+        self.router.set_holdout_shares(held.shares, held.matched)
         evidence = evidence_mod.evidence_from_costs(costs, policy=self.policy, load_order=self.load_order)
         return costs, evidence_mod.with_prior(evidence, self.prior)
 

@@ -31,6 +31,7 @@ class StatusSource(Protocol):
     reload_error: str | None
     routing_status: Any
     baseline_report: Any
+    holdout_report: Any
     cost_view: Any
     probes: Mapping[ClassKey, Any]
     elector: Any
@@ -137,4 +138,5 @@ def document(g: StatusSource, decisions: int = 50) -> dict[str, Any]:
         "plan_file_recovered": g.store.recovered if g.store else None,
         "policy_reload_error": g.reload_error,
         "baselines": g.baseline_report() if g.baseline_report is not None else None,
+        "holdout": g.holdout_report() if g.holdout_report is not None else None,
     }

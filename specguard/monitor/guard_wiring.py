@@ -131,7 +131,9 @@ def build(
                 window_seconds=policy.window_seconds,
                 on_costs=cost_collector.update if cost_collector is not None else None,
                 policy=policy,
-                on_holdout=monitor.router.set_holdout_shares if acts.router else None,
+                on_holdout=(lambda held: monitor.router.set_holdout_shares(held.shares, held.matched))
+                if acts.router
+                else None,
                 max_holdout_share=ex.tap.holdout_share,
                 model_window_seconds=ex.tap.window_seconds,
                 watches=getattr(monitor, "watches", None),
@@ -267,6 +269,7 @@ def configure(monitor: Any, cfg: Any) -> daemon.Guard:
     guard, api = build(monitor, cfg, cost_collector)
     guard.baseline_report = cost_collector.baseline_report
     guard.cost_view = lambda: cost_collector.costs
+    guard.holdout_report = monitor.router.holdout_report
 
     async def say_where_no_baseline() -> None:
         if notice:

@@ -34,11 +34,11 @@ class LocalSource:
     """Per-class numbers from this process: the tap's window of records through the cost model.
 
     With ``guard.prior: profile`` the calibration profile's rc per class and pool joins the
-    evidence (``rules.prior``); with ``guard.holdout: on_demand`` each collection also hands the
-    router its per-load-bucket holdout shares (``rules.holdout``) through ``on_holdout``. The model
-    baseline (``rules.modelbase``) is fitted on the tap's whole window (``model_window_seconds``)
-    and the engines' pages between scrapes (``watches``: pool -> ``PoolWatch``); ``stack()`` says
-    what the no-spec pool serves now (the profile's freshness).
+    evidence (``rules.prior``); with ``guard.holdout: on_demand`` or ``matched_on_demand`` each
+    collection also hands the router its holdout per load bucket (``rules.holdout``) through
+    ``on_holdout``. The model baseline (``rules.modelbase``) is fitted on the tap's whole window
+    (``model_window_seconds``) and the engines' pages between scrapes (``watches``: pool ->
+    ``PoolWatch``); ``stack()`` says what the no-spec pool serves now (the profile's freshness).
     """
 
     def __init__(
@@ -51,7 +51,7 @@ class LocalSource:
         window_seconds: float = 300,
         on_costs: Callable[[Sequence[Any], Mapping[str, Any]], None] | None = None,
         policy: policy_mod.Policy | None = None,
-        on_holdout: Callable[[dict[str, float]], None] | None = None,
+        on_holdout: Callable[[holdout.Holdout], None] | None = None,
         max_holdout_share: float = 0.0,
         model_window_seconds: float | None = None,
         watches: Mapping[str, Any] | None = None,

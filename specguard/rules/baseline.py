@@ -49,8 +49,9 @@ SOURCE_MODEL = "model"
 SOURCE_NONE = "none"
 SOURCES = (SOURCE_LIVE, SOURCE_PROFILE, SOURCE_MODEL, SOURCE_NONE)
 HOW_TO_GET_ONE = (
-    "traffic on the no-spec pool at this load (guard.holdout: capacity_matched, the default, sends "
-    "it there), or a calibration profile: `specguard sweep --http` and cost.calibration_profile"
+    "traffic on the no-spec pool at this load (guard.holdout: matched_on_demand, the default, or "
+    "capacity_matched sends it there), or a calibration profile: `specguard sweep --http` and "
+    "cost.calibration_profile"
 )
 
 

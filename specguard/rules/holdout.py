@@ -2,12 +2,18 @@
 
 ``guard.holdout`` picks the mode (the router reads it; ``router_mode``):
 
-- ``capacity_matched`` (default): no share at all; the router sends a request planned on a
+- ``capacity_matched``: no share at all; the router sends a request planned on a
   speculative pool to the no-spec pool while that pool's load per replica is below the planned
   pool's (a tie: by replica share; ``exporters.routing``), so the no-spec replicas run at the fleet's
   per-replica load and the live baseline covers every load bucket the fleet runs at;
 - ``on_demand``: per load bucket, just as much of ``tap.holdout_share`` as keeps the live baseline
   filled (``shares``, below);
+- ``matched_on_demand`` (default): ``on_demand``, and capacity matched in a load bucket only while its
+  live baseline is short (``short_buckets``): the no-spec replicas climb to the fleet's load there
+  until the window holds ``cost.baseline_min_samples`` requests at that load, then fall back.
+  Capacity matching all the time costs the no-spec replicas' share of the fleet (a quarter of a
+  4-engine fleet: issue 16); refilling costs that share only while a bucket refills, and the model
+  baseline (``rules.modelbase``) is still fitted on live points at every load;
 - ``fixed``: ``tap.holdout_share`` everywhere.
 
 On demand: the live baseline of a load bucket (``cost.baseline_scope: load``) pools every no-spec
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from specguard.exporters.records import RequestRecord
@@ -38,11 +45,24 @@ HEADROOM = 1.5
 RECENT = 0.25
 """Share of the window whose rates stand for the next window (on demand)."""
 CAPACITY_MATCHED = "capacity_matched"
+MATCHED_ON_DEMAND = "matched_on_demand"
+ON_DEMAND_MODES = ("on_demand", MATCHED_ON_DEMAND)
+
+
+@dataclass(frozen=True)
+class Holdout:
+    """What the router holds out for the next interval: shares per load bucket, and the load buckets
+    where it matches capacity instead (``matched_on_demand``: their live baseline is short)."""
+
+    shares: dict[str, float] = field(default_factory=dict)
+    matched: frozenset[str] = frozenset()
 
 
 def router_mode(policy: Any) -> str:
-    """The router's holdout mode for ``guard.holdout``: ``capacity_matched`` or ``share``."""
-    return CAPACITY_MATCHED if getattr(policy, "holdout", "") == CAPACITY_MATCHED else "share"
+    """The router's holdout mode for ``guard.holdout``: ``capacity_matched``, ``matched_on_demand``
+    (capacity matched in the buckets ``Holdout.matched`` names, shares elsewhere) or ``share``."""
+    mode = getattr(policy, "holdout", "")
+    return mode if mode in (CAPACITY_MATCHED, MATCHED_ON_DEMAND) else "share"
 
 
 def shares(
@@ -106,6 +126,35 @@ def shares(
     return out
 
 
+def short_buckets(
+    records: Iterable[RequestRecord],
+    pools: Mapping[str, int],
+    *,
+    baseline_min_samples: int,
+    since: float | None = None,
+    lasting_from: float | None = None,
+) -> frozenset[str]:
+    """Load buckets where speculative traffic ran (since ``since``) and fewer than
+    ``baseline_min_samples`` no-spec requests at that load will still be in the window soon (started
+    at or after ``lasting_from``): the live baseline is short or about to lapse, so the router
+    matches capacity there until it is filled again. A refill lands in a burst and ages out in one,
+    so the refill starts before the old one leaves the window, not after. The threshold is the
+    baseline's own minimum, not the on-demand share's ``HEADROOM``: a bucket the share keeps filled
+    (the loads the no-spec pool reaches with it) is never refilled on top."""
+    baseline: Counter[str] = Counter()
+    speculating: set[str] = set()
+    for record in records:
+        k = pools.get(record.pool)
+        if k is None or not baseline_mod.usable_for_tpot(record):
+            continue
+        if k == 0:
+            if lasting_from is None or record.started_at >= lasting_from:
+                baseline[record.load_bucket] += 1
+        elif record.route != baseline_mod.ROUTE_PROBE and (since is None or record.started_at >= since):
+            speculating.add(record.load_bucket)
+    return frozenset(b for b in speculating if baseline[b] < max(baseline_min_samples, 1))
+
+
 def for_policy(
     records: Iterable[RequestRecord],
     pools: Mapping[str, int],
@@ -113,12 +162,15 @@ def for_policy(
     settings: Any,
     max_share: float,
     now: float | None = None,
-) -> dict[str, float]:
-    """The shares for ``guard.holdout: on_demand``; none for ``fixed`` (the tap's share everywhere)
-    or ``capacity_matched`` (the router matches loads instead)."""
-    if getattr(policy, "holdout", "fixed") != "on_demand":
-        return {}
-    return shares(
+) -> Holdout:
+    """The holdout for ``guard.holdout``: shares for ``on_demand``, shares and short buckets for
+    ``matched_on_demand``; nothing for ``fixed`` (the tap's share everywhere) or ``capacity_matched``
+    (the router matches loads everywhere)."""
+    mode = getattr(policy, "holdout", "fixed")
+    if mode not in ON_DEMAND_MODES:
+        return Holdout()
+    records = list(records)
+    found = shares(
         records,
         pools,
         baseline_min_samples=settings.baseline_min_samples,
@@ -128,3 +180,17 @@ def for_policy(
         now=now,
         window_seconds=policy.window_seconds,
     )
+    if mode != MATCHED_ON_DEMAND or settings.baseline_scope != "load":
+        return Holdout(found)
+    since = lasting_from = None
+    if now is not None:  # recent speculative traffic; no-spec requests still in the window in two intervals
+        since = now - policy.window_seconds * RECENT
+        lasting_from = now - policy.window_seconds + 2 * policy.interval_seconds
+    matched = short_buckets(
+        records,
+        pools,
+        baseline_min_samples=settings.baseline_min_samples,
+        since=since,
+        lasting_from=lasting_from,
+    )
+    return Holdout(found, matched)

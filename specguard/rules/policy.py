@@ -47,7 +47,7 @@ MEASURES = (
 DIRECTIONS = ("above", "below")  # which side of the threshold is bad
 SAFE_STATES = ("last", "nospec", "default")
 PRIORS = ("none", "profile")
-HOLDOUT_MODES = ("capacity_matched", "on_demand", "fixed")
+HOLDOUT_MODES = ("matched_on_demand", "capacity_matched", "on_demand", "fixed")
 TEMPLATE_VARIABLES = ("task_type", "temperature_bucket", "load_bucket", "pool", "window")
 _TEMPLATE = re.compile(r"{{\s*([A-Za-z_][A-Za-z0-9_]*)\s*}}")
 
@@ -161,14 +161,17 @@ class Policy:
     """``profile``: the calibration profile's rc per class, load bucket and pool is evidence where
     there is no live evidence (a warm start from ``specguard sweep``); ``none``: live evidence only.
     Read by the best-pool choice only: no effect with ``best_pool: false``."""
-    holdout: str = "capacity_matched"
-    """``capacity_matched``: a request planned on a speculative pool goes to the no-spec pool while
-    that pool's load per replica is below the planned pool's (a tie: by their replica share), so
-    the no-spec replicas run at the speculative replicas' load (a live baseline at every load
-    bucket the fleet runs at) and take their share of the replica capacity; ``fixed``: every class
-    always sends ``tap.holdout_share`` to the no-spec pool; ``on_demand``: per load bucket only as much of
-    ``tap.holdout_share`` as keeps the live baseline filled (``holdout_min_share`` where planned
-    no-spec traffic covers it; needs ``cost.baseline_scope: load``)."""
+    holdout: str = "matched_on_demand"
+    """``matched_on_demand``: ``on_demand``, and capacity matched in a load bucket only while its live
+    baseline is short (the no-spec replicas climb to the fleet's load there until the window holds
+    ``cost.baseline_min_samples`` requests at that load); ``capacity_matched``: a request planned on
+    a speculative pool goes to the no-spec pool while that pool's load per replica is below the
+    planned pool's (a tie: by their replica share), so the no-spec replicas run at the speculative
+    replicas' load (a live baseline at every load bucket the fleet runs at) and take their share of
+    the replica capacity; ``fixed``: every class always sends ``tap.holdout_share`` to the no-spec
+    pool; ``on_demand``: per load bucket only as much of ``tap.holdout_share`` as keeps the live
+    baseline filled (``holdout_min_share`` where planned no-spec traffic covers it; needs
+    ``cost.baseline_scope: load``)."""
     holdout_min_share: float = 0.0
     """Holdout share of a load bucket whose baseline is already covered by planned no-spec traffic."""
     alerts: AlertsPolicy = field(default_factory=AlertsPolicy)
@@ -360,7 +363,7 @@ def parse(section: configfile.Section) -> Policy:
         best_pool_consecutive_limit=section.get("best_pool_consecutive_limit", int, 2, minimum=0),
         memory_seconds=section.get("memory_seconds", float, 3600.0, minimum=0, maximum=7 * 86400),
         prior=section.get("prior", str, "profile", choices=PRIORS),
-        holdout=section.get("holdout", str, "capacity_matched", choices=HOLDOUT_MODES),
+        holdout=section.get("holdout", str, "matched_on_demand", choices=HOLDOUT_MODES),
         holdout_min_share=section.get("holdout_min_share", float, 0.0, minimum=0, maximum=1),
         alerts=alerts,
         default_pool=section.get("default_pool", str, None, nullable=True),

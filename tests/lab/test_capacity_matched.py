@@ -1,4 +1,6 @@
-"""Capacity-matched holdout in a simulator fleet: the no-spec replica runs at the speculative load."""
+"""Capacity-matched holdout in a simulator fleet: the no-spec replica runs at the speculative load
+(always with ``capacity_matched``; with ``matched_on_demand``, the default, only while a load
+bucket's live baseline is short)."""
 
 from __future__ import annotations
 
@@ -14,9 +16,11 @@ from specguard.rules.cost_config import CostSettings
 from specguard.sim import config as sim_config
 
 
-def fleet(holdout: str, seconds: float = 180.0) -> tuple[dict[str, list[float]], rp.SpecguardPolicy]:
-    """1 no-spec and 3 speculative (K=4) replicas, 80 closed-loop clients of every task type, the
-    shipped guard policy (timers x1/3) with ``holdout``; returns each engine's mean load."""
+def fleet(
+    holdout: str, seconds: float, loads: tuple[scenario.ClassLoad, ...], on_tick=None
+) -> tuple[dict[str, list[float]], rp.SpecguardPolicy]:
+    """1 no-spec and 3 speculative (K=4) replicas, 80 closed-loop clients (``loads``), the shipped
+    guard policy (timers x1/3) with ``holdout``; returns each engine's mean load."""
     cfg = monitor_config.load_default()
     pools = tuple(
         replace(p, replicas=3) if p.name == "spec-k4" else p
@@ -29,7 +33,7 @@ def fleet(holdout: str, seconds: float = 180.0) -> tuple[dict[str, list[float]],
         exporter.classes.load_buckets, exporter.tap.full_rollback_request_threshold
     )
     guard = rp.SpecguardPolicy(exporter, rp.scaled_policy(policy, 1 / 3), settings, seed=3)
-    loads = scenario._loads(24, 16, 24, 16)
+    guard.on_tick = on_tick
     scen = scenario.Scenario(
         "fleet", (scenario.Phase("warm", 60, loads), scenario.Phase("steady", seconds, loads))
     )
@@ -47,8 +51,17 @@ def fleet(holdout: str, seconds: float = 180.0) -> tuple[dict[str, list[float]],
     return run.mean_loads(), guard
 
 
-def test_capacity_matched_runs_the_nospec_replica_at_the_speculative_replicas_load():
-    loads, guard = fleet("capacity_matched")
+PAYING = scenario._loads(40, 40, 0, 0)  # greedy code and extraction: speculation pays, none planned off
+SECONDS = 300.0
+
+
+@pytest.fixture(scope="module")
+def always():
+    return fleet("capacity_matched", SECONDS, PAYING)
+
+
+def test_capacity_matched_runs_the_nospec_replica_at_the_speculative_replicas_load(always):
+    loads, guard = always
     spec = sum(loads["spec-k4"]) / 3
     nospec = loads["nospec"][0]
     assert spec > 16  # medium load: 80 clients over 4 replicas
@@ -60,3 +73,25 @@ def test_capacity_matched_runs_the_nospec_replica_at_the_speculative_replicas_lo
     assert {r.load_bucket for r in records if r.pool == "spec-k4"} <= nospec_buckets
     costs = [c for c in guard.last_costs if c.load_bucket == "medium" and c.n_spec]
     assert costs and {c.baseline_source for c in costs} == {"live"}
+
+
+def holdout_share(guard: rp.SpecguardPolicy) -> float:
+    records = guard.stats.records()
+    return sum(r.route == "holdout" for r in records) / len(records)
+
+
+def test_matched_on_demand_keeps_a_live_baseline_at_every_load_for_a_fraction_of_the_holdout(always):
+    sources: list[set[str]] = []  # per evaluation after warm-up: medium's baseline sources
+
+    def seen(now, costs, changed):
+        if now >= 120:
+            sources.append({c.baseline_source for c in costs if c.load_bucket == "medium" and c.n_spec})
+
+    _, matched = fleet("matched_on_demand", SECONDS, PAYING, on_tick=seen)
+    # capacity matching all the time runs a quarter of the replicas without speculation (14% of the
+    # requests: they are slower); refilling only while the baseline is short (2.7%) a small part
+    assert holdout_share(always[1]) > 0.1
+    held = holdout_share(matched), holdout_share(always[1])
+    assert held[0] < held[1] / 3, held
+    # and the baseline at medium load (which a 5% share never reaches) is live at every evaluation
+    assert sources and all(s == {"live"} for s in sources), sources

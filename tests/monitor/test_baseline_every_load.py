@@ -130,3 +130,7 @@ async def test_default_setup_gives_rc_at_every_load_bucket_with_traffic_within_5
     text = status_cmd.render(status)
     assert "baselines (no-spec TPOT per load bucket):" in text
     assert f"  medium   {rows['medium']['source']}" in text
+    # and the holdout in force: the default matched_on_demand, with its shares per load bucket
+    assert status["holdout"]["mode"] == "matched_on_demand"
+    assert status["holdout"]["shares"] and set(status["holdout"]["refilling"]) <= {"low", "medium", "high"}
+    assert "  holdout: matched_on_demand; share " in text

@@ -256,7 +256,8 @@ async def test_local_source_warm_starts_from_the_profile_and_sets_holdout_shares
     )
     guard, router = make_guard(tmp_path, source, clock, policy=policy)
     decisions = await guard.evaluate()
-    assert shares == [{"low": 0.0}]  # 60 planned no-spec requests cover the baseline (1.5 x 30)
+    # 60 planned no-spec requests cover the baseline (1.5 x 30)
+    assert [held.shares for held in shares] == [{"low": 0.0}]
     # chat has three requests so far (no live evidence yet): the profile's K=2 is ~5-10% cheaper
     # than K=4 in every bucket, the ones its load has not reached included
     warm = {d.key: (d.action, d.cause, d.to_pool) for d in decisions if d.action != "none"}
@@ -265,7 +266,7 @@ async def test_local_source_warm_starts_from_the_profile_and_sets_holdout_shares
     # a reload to `prior: none` and `holdout: fixed` is honoured on the next collection
     source.policy = replace(policy, prior="none", holdout="fixed")
     assert all(not ev.prior for ev in (await source.collect(clock.now, [])).values())
-    assert shares[-1] == {}  # the router is back on the tap's share everywhere
+    assert shares[-1].shares == {}  # the router is back on the tap's share everywhere
 
 
 async def test_dry_run_changes_nothing_but_the_record(tmp_path):

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from specguard.cli.commands import status as status_cmd
 from specguard.errors import InputError
 from specguard.exporters import routing
 from specguard.exporters.config import PoolConfig
@@ -30,6 +31,20 @@ def record(pool, route, load_bucket="low", output_tokens=20):
         streamed=True,
         output_tokens=output_tokens,
         decode_seconds=0.2,
+    )
+
+
+def two_pool_router(holdout_share: float, seed: int) -> routing.Router:
+    pools = [
+        PoolConfig("spec-k4", "http://a", num_speculative_tokens=4),
+        PoolConfig("nospec", "http://b", num_speculative_tokens=0),
+    ]
+    return routing.Router(
+        pools,
+        default_pool="spec-k4",
+        nospec_pool="nospec",
+        holdout_share=holdout_share,
+        rng=random.Random(seed),
     )
 
 
@@ -66,14 +81,58 @@ def test_probes_holdouts_and_unusable_requests_do_not_count_as_planned():
 
 def test_fixed_mode_and_per_class_baselines_keep_the_tap_share():
     rows, policy = records(100, 10), policy_mod.Policy(rules=(), holdout="on_demand")
-    assert holdout.for_policy(rows, POOLS, policy, CostSettings(), 0.05) == {"low": 0.0}
-    assert holdout.for_policy(rows, POOLS, policy, CostSettings(baseline_scope="class_then_load"), 0.05) == {}
+    assert holdout.for_policy(rows, POOLS, policy, CostSettings(), 0.05) == holdout.Holdout({"low": 0.0})
+    per_class = CostSettings(baseline_scope="class_then_load")
+    assert holdout.for_policy(rows, POOLS, policy, per_class, 0.05) == holdout.Holdout()
     fixed = policy_mod.Policy(rules=(), holdout="fixed")
-    assert holdout.for_policy(rows, POOLS, fixed, CostSettings(), 0.05) == {}  # no override: the tap's share
-    matched = policy_mod.Policy(rules=())  # the default: the router matches loads, no shares
-    assert matched.holdout == "capacity_matched" and holdout.router_mode(matched) == "capacity_matched"
-    assert holdout.for_policy(rows, POOLS, matched, CostSettings(), 0.05) == {}
+    assert holdout.for_policy(rows, POOLS, fixed, CostSettings(), 0.05) == holdout.Holdout()  # tap's share
+    matched = policy_mod.Policy(rules=(), holdout="capacity_matched")  # the router matches loads, no shares
+    assert holdout.router_mode(matched) == "capacity_matched"
+    assert holdout.for_policy(rows, POOLS, matched, CostSettings(), 0.05) == holdout.Holdout()
     assert holdout.router_mode(fixed) == "share"
+    default = policy_mod.Policy(rules=())
+    assert default.holdout == "matched_on_demand" and holdout.router_mode(default) == "matched_on_demand"
+
+
+def test_matched_on_demand_names_the_buckets_whose_live_baseline_is_short():
+    rows = records(100, 10, "low") + records(0, 200, "medium") + records(29, 200, "high")
+    rows += [record("spec-k4", "probe", "huge") for _ in range(50)]  # probes alone ask for nothing
+    held = holdout.for_policy(rows, POOLS, policy_mod.Policy(rules=()), CostSettings(), 0.05)
+    # medium has no no-spec request at its load, high has 29 (below baseline_min_samples): both refill
+    assert held.matched == {"medium", "high"}
+    assert held.shares["low"] == 0.0  # and the shares are on_demand's
+    rows += [record("nospec", "holdout", "high")]
+    held = holdout.for_policy(rows, POOLS, policy_mod.Policy(rules=()), CostSettings(), 0.05)
+    assert held.matched == {"medium"}
+    per_class = CostSettings(baseline_scope="class_then_load")
+    default = policy_mod.Policy(rules=())
+    assert holdout.for_policy(rows, POOLS, default, per_class, 0.05).matched == frozenset()
+
+
+def test_router_matches_capacity_only_in_the_named_buckets():
+    router = two_pool_router(0.05, seed=1)
+    router.set_holdout_mode("matched_on_demand")
+    router.set_holdout_shares({"low": 0.0, "medium": 0.0}, matched={"medium"})
+    loads = {"spec-k4": 20.0, "nospec": 3.0}  # the no-spec replica is far below the fleet's load
+    medium = router.choose("chat", "medium", lambda pool: "medium", loads.get)
+    low = [router.choose("chat", "medium", lambda pool: "low", loads.get).route for _ in range(200)]
+    assert medium.route == "holdout" and medium.pool == "nospec"
+    assert "holdout" not in low  # low keeps its share (0 here)
+    assert router.matched_buckets() == {"medium"}
+    report = router.holdout_report()  # what /status shows, and `specguard status` prints
+    assert report == {
+        "mode": "matched_on_demand",
+        "share": 0.05,
+        "shares": {"low": 0.0, "medium": 0.0},
+        "refilling": ["medium"],
+    }
+    text = status_cmd.render({"holdout": report})
+    assert (
+        "holdout: matched_on_demand; share low 0.0%, medium 0.0%; refilling (capacity matched): medium"
+        in (text)
+    )
+    loads["nospec"] = 25.0  # matched: nothing more once the no-spec replica is as loaded
+    assert router.choose("chat", "medium", lambda pool: "medium", loads.get).route == "plan"
 
 
 def _starvation_run(pin_back_at: float, end: float) -> list[tuple[float, int]]:
@@ -83,13 +142,7 @@ def _starvation_run(pin_back_at: float, end: float) -> list[tuple[float, int]]:
     no-spec pool; then that class is pinned back to speculation. Returns (time, no-spec requests in
     the window) at every evaluation.
     """
-    pools = [
-        PoolConfig("spec-k4", "http://a", num_speculative_tokens=4),
-        PoolConfig("nospec", "http://b", num_speculative_tokens=0),
-    ]
-    router = routing.Router(
-        pools, default_pool="spec-k4", nospec_pool="nospec", holdout_share=0.05, rng=random.Random(7)
-    )
+    router = two_pool_router(0.05, seed=7)
     router.set_holdout_mode("share")
     policy = policy_mod.Policy(rules=(), holdout="on_demand", window_seconds=300.0)
     settings = CostSettings(baseline_min_samples=30)
@@ -100,7 +153,7 @@ def _starvation_run(pin_back_at: float, end: float) -> list[tuple[float, int]]:
         if t % 30 == 0:
             window = [r for r in log if r.started_at >= t - 300]
             seen.append((t, sum(1 for r in window if r.pool == "nospec")))
-            router.set_holdout_shares(holdout.for_policy(window, POOLS, policy, settings, 0.05, now=t))
+            router.set_holdout_shares(holdout.for_policy(window, POOLS, policy, settings, 0.05, now=t).shares)
         router.set_plan({} if t >= pin_back_at else {("creative", "high", "low"): "nospec"})
         for task, count in (("chat", 10), ("creative", 2)):
             for _ in range(count):
@@ -147,13 +200,7 @@ def test_no_lowering_before_the_live_baseline_stands():
 
 
 def test_router_uses_the_share_of_the_request_load_bucket():
-    pools = [
-        PoolConfig("spec-k4", "http://a", num_speculative_tokens=4),
-        PoolConfig("nospec", "http://b", num_speculative_tokens=0),
-    ]
-    router = routing.Router(
-        pools, default_pool="spec-k4", nospec_pool="nospec", holdout_share=0.5, rng=random.Random(1)
-    )
+    router = two_pool_router(0.5, seed=1)
     router.set_holdout_shares({"low": 0.0})
     low = [router.choose("chat", "medium", lambda pool: "low").route for _ in range(400)]
     high = [router.choose("chat", "medium", lambda pool: "high").route for _ in range(400)]

@@ -139,7 +139,7 @@ def test_rc_rises_with_load_is_on_by_default_documented_and_can_be_turned_off():
 
 def test_best_pool_prior_and_holdout_keys_are_documented_and_parsed():
     default = policy.load_default()
-    assert (default.best_pool, default.prior, default.holdout) == (True, "profile", "capacity_matched")
+    assert (default.best_pool, default.prior, default.holdout) == (True, "profile", "matched_on_demand")
     text = policy.DEFAULT_POLICY_PATH.read_text().splitlines()
     for key in (
         "best_pool",

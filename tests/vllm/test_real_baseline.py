@@ -1,7 +1,8 @@
 """Issue 15 against two real vLLM engines: the shipped default config (its load buckets, its guard
-policy with capacity-matched holdout, no calibration profile) and 36 concurrent clients. Within 5
-minutes every load bucket carrying speculative traffic exports an RC whose baseline source is not
-``none``: the no-spec engine runs at the speculative engine's load, so the baseline there is live.
+policy with its ``matched_on_demand`` holdout, no calibration profile) and 36 concurrent clients.
+Within 5 minutes every load bucket carrying speculative traffic exports an RC whose baseline source
+is not ``none``: where a bucket's live baseline is short the no-spec engine is filled to the
+speculative engine's load, so the baseline there is live.
 
 Real time (the engines cannot be sped up): the guard evaluates every 30 s as shipped; the test
 stops as soon as the buckets are covered (about a minute on a 2-core machine).
@@ -80,7 +81,7 @@ async def test_default_config_gives_rc_with_a_baseline_at_every_load_bucket_on_r
     assert "specguard_relative_cost_baseline_info{" in metrics and 'source="live"' in metrics
     nospec = {r.load_bucket for r in monitor.stats.records() if r.pool == "nospec"}
     assert set(covered) <= nospec  # the baseline is live: the no-spec engine ran at those loads
-    assert guard.policy.holdout == "capacity_matched"
+    assert guard.policy.holdout == "matched_on_demand"
 
 
 def guard_costs(monitor):

@@ -160,6 +160,18 @@ def _baselines(report: Any) -> list[str]:
     return lines
 
 
+def _holdout(report: Any) -> list[str]:
+    """The router's holdout: its mode, shares per load bucket, and the buckets being refilled."""
+    if not isinstance(report, dict):
+        return []
+    shares = report.get("shares") or {}
+    held = ", ".join(f"{bucket} {share:.1%}" for bucket, share in shares.items())
+    line = f"  holdout: {report.get('mode')}; share {held or format(report.get('share', 0.0), '.1%')}"
+    if report.get("refilling"):
+        line += f"; refilling (capacity matched): {', '.join(report['refilling'])}"
+    return [line]
+
+
 def render(status: dict[str, Any]) -> str:
     lines = []
     if status.get("note"):
@@ -200,6 +212,7 @@ def render(status: dict[str, Any]) -> str:
     for r in rows:
         lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(r[:6])) + "  " + r[6])
     lines += _baselines(status.get("baselines"))
+    lines += _holdout(status.get("holdout"))
     decisions = status.get("decisions", [])
     lines.append("")
     lines.append("last decisions:" if decisions else "no decisions yet")
