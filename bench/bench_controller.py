@@ -10,8 +10,9 @@ swept with its own mix and seed (it cannot see the scenario):
 - the bound: the oracle's plan replayed with other acceptance draws gives the run-to-run noise; no
   row may beat the oracle by more than it (the run fails the check otherwise);
 - detection delay: simulated seconds from the temperature shift to the first plan change for the
-  shifted class (``shift`` scenario; 0 would mean it was planned before the shift, which a profile
-  that cannot see the scenario no longer does), and the same with no profile at all;
+  shifted class (``shift`` scenario; 0 when it was planned before the shift: the profile cannot see
+  the scenario, but its own sweep mix covers every task type and temperature bucket, and every
+  class it knows is planned at the first evaluation), and the same with no profile at all;
 - plan changes in stationary phases and the most per class in any hour.
 
     python3 bench/bench_controller.py [--seeds 0,1,2] [--scenarios default,load-wave,shift,stationary]

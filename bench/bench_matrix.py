@@ -209,7 +209,8 @@ MET = {
 
 def render(result: dict) -> dict[str, str]:
     """The markdown the docs carry for one matrix run: ``scenarios`` (throughput / oracle, mean over
-    the seeds per scenario and world), ``goals`` (each figure against its target) and ``readme``."""
+    the seeds per scenario and world), ``goals`` (each figure against its target), ``readme`` and
+    ``wall`` (how long it took: the time depends on the machine)."""
     rows, summary = result["rows"], result["summary"]
     names = sorted({r["scenario"] for r in rows})
     world_names = list(dict.fromkeys(r["world"] for r in rows))
@@ -256,7 +257,12 @@ def render(result: dict) -> dict[str, str]:
         f"{v['mean']:.3f} of the oracle on average; the worst run is {v['worst']:.3f} "
         f"({v['worst_run']}) and the worst phase {ph['worst']:.3f} ({ph['worst_run']})."
     )
-    return {"scenarios": scenarios_md, "goals": "\n".join(goal_lines), "readme": readme}
+    per_run = statistics.mean(r["wall_seconds"] for r in rows)
+    wall = (
+        f"{summary['runs']} runs in {result['wall_seconds'] / 60:.1f} min wall with "
+        f"{result.get('jobs', 2)} processes ({per_run:.1f} s per run)"
+    )
+    return {"scenarios": scenarios_md, "goals": "\n".join(goal_lines), "readme": readme, "wall": wall}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -309,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
             for seed in seeds
         ]
         rows = list(pool.map(run, jobs))
-    result = {"rows": rows, "summary": aggregate(rows), "wall_seconds": round(time.perf_counter() - t0, 1)}
+    wall = round(time.perf_counter() - t0, 1)
+    result = {"rows": rows, "summary": aggregate(rows), "wall_seconds": wall, "jobs": args.jobs}
     if args.json:
         print(json.dumps(result, indent=2))
     else:

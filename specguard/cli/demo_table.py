@@ -33,7 +33,8 @@ NAMES = {
 
 def _config(name: str, p: dict) -> str:
     if name.startswith("specguard"):
-        return f"{p['actions']} plan changes"
+        warm = p.get("profile_actions")
+        return f"{p['actions']} plan changes" + (f" ({warm} from the profile)" if warm else "")
     if name == "best_per_phase":
         return "/".join(p["config"])
     if name in ("best_per_class_static", "oracle"):

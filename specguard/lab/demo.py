@@ -226,6 +226,7 @@ def specguard_row(
         mode=SPECGUARD_MODE,
         decisions=result.decisions,
         actions=len(result.decisions),
+        profile_actions=sum(d.get("cause") == "profile" for d in result.decisions),  # warm starts
         actions_in_stationary_phases=summary.stationary_actions(result.decisions, setup.scenario),
         max_changes_per_class_hour=summary.max_changes_per_class_hour(result.decisions),
         evaluations=guard.evaluations,

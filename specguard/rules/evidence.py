@@ -173,18 +173,18 @@ def _group(costs: Iterable[ClassCost], needed: int | None = None) -> dict[ClassK
 def with_prior(
     evidence: Mapping[ClassKey, Evidence], prior: Mapping[ClassKey, Mapping[str, float]]
 ) -> dict[ClassKey, Evidence]:
-    """Attach the calibration profile's rc per pool (``rules.prior``) to every class it covers
-    that the window has seen, at any load bucket.
+    """Attach the calibration profile's rc per pool (``rules.prior``) to every (class, load bucket)
+    it covers, seen live or not.
 
-    A load bucket the class has not reached yet gets an Evidence of its own, so the guard plans it
-    before the load gets there (the warm start). A class the window has not seen at all is left
-    alone: a profile swept with a generic mix knows many classes the traffic may never send, and
-    planning those would be changes to a plan no request reads.
+    A (class, load bucket) with no live evidence gets an Evidence of its own, so the guard plans it
+    before its first requests or before the load gets there (the warm start): a class that arrives
+    in a flash crowd is already routed to its pool instead of the default one until the evaluation
+    after its first requests finish. A class the traffic never sends is planned once, at the first
+    evaluation, and then holds (no live evidence moves it).
     """
     out = dict(evidence)
-    seen = {(key[0], key[1]) for key in evidence}
     for key, rcs in prior.items():
-        if rcs and (key[0], key[1]) in seen:
+        if rcs:
             out[key] = replace(out.get(key) or Evidence(), prior=dict(rcs))
     return out
 

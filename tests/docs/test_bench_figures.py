@@ -41,6 +41,7 @@ def test_the_kept_summary_follows_from_its_rows():
     [
         ("scenarios", "docs/benchmarks.md"),
         ("goals", "docs/benchmarks.md"),
+        ("wall", "docs/benchmarks.md"),
         ("readme", "README.md"),
         ("readme", "docs/index.md"),
     ],

@@ -213,11 +213,9 @@ MIXED = sc.Scenario(
 
 
 @pytest.fixture(scope="module")
-def warm_and_cold():
-    """The same traffic with the demo's calibration profile as prior, and with ``prior: none``.
-
-    On the demo's half-size GPU (``demo.smaller_gpu``, load buckets halved), the shipped timers.
-    """
+def calibrated():
+    """MIXED on the demo's half-size GPU (``demo.smaller_gpu``, load buckets halved), the shipped
+    timers, and a calibration profile swept with its own mix and seed (``demo.calibrate``)."""
     cfg = config.load_default()
     setup = demo.DemoSetup(
         sim=demo.smaller_gpu(sim_config.load(), 2),
@@ -230,7 +228,13 @@ def warm_and_cold():
         fleet=3,  # about two requests per engine: chat's K=2 what-if is clear of the margin
     )
     setup.settings = demo.cost_settings(setup.exporter)
-    profile = demo.calibrate(setup)  # a virtual `specguard sweep` with its own mix and seed
+    return setup, demo.calibrate(setup)  # a virtual `specguard sweep` with its own mix and seed
+
+
+@pytest.fixture(scope="module")
+def warm_and_cold(calibrated):
+    """The same traffic with the demo's calibration profile as prior, and with ``prior: none``."""
+    setup, profile = calibrated
     warm, _ = demo.run_specguard(setup, profile)
     cold_setup = demo.DemoSetup(**{**vars(setup), "policy": replace(POLICY, prior="none")})
     cold, _ = demo.run_specguard(cold_setup, profile)
@@ -292,3 +296,30 @@ def test_a_class_off_speculation_is_probed_where_it_is_expected_cheapest():
     assert probed and {f.pool for f in probed} == {"spec-k2"}, {f.pool for f in probed}
     pool, share = policy.router.probes()[key]
     assert pool == "spec-k2" and share == policy.router.probe_share
+
+
+def test_a_class_arriving_in_a_crowd_starts_on_the_profile_pool_not_the_default(calibrated):
+    """Issue 16 (learning delay): with a profile, every class it knows is planned at the first
+    evaluation, seen or not, so a crowd of creative writing at temperature 1 (loses on every
+    speculative pool) that arrives at 60 s runs on the no-spec pool from its first request. Before,
+    its first requests ran on K=4 until the evaluation after the first of them finished."""
+    code = sc.ClassLoad("code", 2, ((0.0, 1.0),))
+    crowd = sc.Scenario(
+        "crowd",
+        (
+            sc.Phase("before", 60.0, (code,)),
+            sc.Phase("crowd", 30.0, (code, sc.ClassLoad("creative", 12, ((1.0, 1.0),)))),
+        ),
+        "a class no request sent before arrives in a crowd",
+    )
+    setup, profile = calibrated
+    setup = demo.DemoSetup(**{**vars(setup), "scenario": crowd})
+    warm, _ = demo.run_specguard(setup, profile)
+    planned = [f for f in warm.finished if f.task_type == "creative" and f.route == "plan"]
+    assert len(planned) > 12 and {f.pool for f in planned} == {"nospec"}, sorted({f.pool for f in planned})
+    first = min(d["time"] for d in warm.decisions if d["task_type"] == "creative")
+    assert first == POLICY.interval_seconds < 60  # planned before any creative request was sent
+    # without the profile the same crowd starts on the default pool (what the guard learns live)
+    cold, _ = demo.run_specguard(setup, None)
+    creative = [f for f in cold.finished if f.task_type == "creative" and f.route == "plan"]
+    assert min(creative, key=lambda f: f.started).pool == "spec-k4"

@@ -269,6 +269,28 @@ async def test_local_source_warm_starts_from_the_profile_and_sets_holdout_shares
     assert shares[-1].shares == {}  # the router is back on the tap's share everywhere
 
 
+async def test_local_source_plans_a_class_the_profile_knows_before_its_first_request(tmp_path):
+    """Issue 16 (learning delay): the first evaluation plans every class the profile covers, so the
+    router sends a class's first request to the profile's pool (before, only after the evaluation
+    following its first finished requests)."""
+    from specguard.rules.cost_config import CostSettings
+    from tests.rules.test_prior import profile
+
+    clock = Clock(1000.0)
+    settings = CostSettings().with_traffic([("low", 8), ("medium", 24), ("high", None)])
+    policy = replace(POLICY, prior="profile")
+    source = daemon.LocalSource(
+        WindowStub([]), POOLS, settings, profile=profile(), window_seconds=300, policy=policy
+    )
+    guard, router = make_guard(tmp_path, source, clock, policy=policy)
+    decisions = await guard.evaluate()
+    warm = {d.key: (d.action, d.cause) for d in decisions if d.changes_plan}
+    assert warm == {("chat", "medium", b): ("shorten", "profile") for b in ("low", "medium", "high")}
+    assert router.choose("chat", "medium", lambda pool: "low").pool == "spec-k2"
+    decisions = await run_rounds(guard, clock, 3)  # no requests: nothing moves it again
+    assert not [d for d in decisions if d.changes_plan]
+
+
 async def test_dry_run_changes_nothing_but_the_record(tmp_path):
     """Issue 18 item 3: dry-run offs counted against max_actions_per_hour and the cooldown, bumped
     plan_version and were persisted, so the first real move after dry-run was blocked for an hour."""

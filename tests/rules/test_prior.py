@@ -74,7 +74,7 @@ def test_for_policy_follows_the_prior_key_and_the_cost_buckets():
     assert prior.for_policy(profile(), replace(policy, prior="none"), settings) == {}
 
 
-def test_with_prior_adds_unseen_classes_and_keeps_live_pools():
+def test_with_prior_covers_every_class_it_knows_and_keeps_live_pools():
     key = ("chat", "medium", "low")
     live = {key: evidence_mod.Evidence(pools={"spec-k4": evidence_mod.PoolEvidence("spec-k4")})}
     rcs = prior.prior_rcs(profile(), POOLS, BUCKETS)
@@ -83,4 +83,5 @@ def test_with_prior_adds_unseen_classes_and_keeps_live_pools():
     assert out[key].prior == rcs[key] and out[key].prior["spec-k2"] < out[key].prior["spec-k4"]
     high = ("chat", "medium", "high")
     assert out[high].pools == {} and out[high].prior == rcs[high]  # a load bucket not reached yet
-    assert evidence_mod.with_prior({}, rcs) == {}  # a class never seen is not planned
+    unseen = evidence_mod.with_prior({}, rcs)  # a class before its first request is planned too
+    assert set(unseen) == set(rcs) and all(e.pools == {} and e.prior == rcs[k] for k, e in unseen.items())

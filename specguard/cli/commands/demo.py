@@ -9,6 +9,7 @@ import logging
 import os
 import shutil
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -224,6 +225,49 @@ def _decision_line(d: dict) -> str:
     )
 
 
+class Narrator:
+    """Prints plan changes; the profile's warm starts of one evaluation as one block per pool.
+
+    With a profile the first evaluation plans every (class, load bucket) the profile knows, most of
+    them before any request of theirs: one line each would bury the moves that live evidence made.
+    """
+
+    def __init__(self, out: Display, order: list[str]):
+        self.out = out
+        self.order = {name: i for i, name in enumerate(order)}
+        self.held: list[dict] = []
+
+    def decision(self, d: dict) -> None:
+        if self.held and d["time"] != self.held[0]["time"]:
+            self.flush()
+        if d.get("cause") == "profile":
+            self.held.append(d)
+        else:
+            self.out.line(_decision_line(d))
+
+    def flush(self) -> None:
+        if not self.held:
+            return
+        held, self.held = self.held, []
+        self.out.line(
+            f">> t={held[0]['time']:5.0f}s PROFILE  {len(held)} (class, load bucket)s with no live evidence "
+            "yet: the profile's cheapest pool"
+        )
+        by_pool: dict[str, dict[str, list[str]]] = {}
+        for d in held:
+            name = f"{d['task_type']}/{d['temperature_bucket']}"
+            by_pool.setdefault(d["to"], {}).setdefault(name, []).append(d["load_bucket"])
+        for pool in sorted(by_pool):
+            classes = by_pool[pool]
+            text = ", ".join(
+                f"{name} ({' '.join(sorted(loads, key=lambda b: self.order.get(b, len(self.order))))})"
+                for name, loads in sorted(classes.items())
+            )
+            first = f"     -> {pool}: "
+            for row in textwrap.wrap(text, WIDTH, initial_indent=first, subsequent_indent=" " * 8):
+                self.out.line(row)
+
+
 def run(args: argparse.Namespace) -> int:
     from specguard.lab import demo
     from specguard.rules import profile as profile_mod
@@ -258,6 +302,7 @@ def run(args: argparse.Namespace) -> int:
     from specguard.lab import replay
     from specguard.lab import replay_policies as rp
 
+    narrator = Narrator(out, [b.name for b in setup.exporter.classes.load_buckets])
     live = None
     if args.live:
         from specguard.lab import demo_live
@@ -270,6 +315,7 @@ def run(args: argparse.Namespace) -> int:
         )
 
         def on_status(now, phase, costs, states) -> None:
+            narrator.flush()
             out.status(now, phase, _rows(costs, states, ks))
 
         live = asyncio.run(
@@ -278,9 +324,10 @@ def run(args: argparse.Namespace) -> int:
                 profile,
                 time_scale=time_scale,
                 on_status=on_status,
-                on_decision=lambda d: out.line(_decision_line(d)),
+                on_decision=narrator.decision,
             )
         )
+        narrator.flush()
         out.done()
         out.line(
             f"    live: {live['requests']} requests through the tap, {live['actions']} plan changes, "
@@ -301,7 +348,8 @@ def run(args: argparse.Namespace) -> int:
             if delay > 0:
                 time.sleep(delay)
         for d in changed:
-            out.line(_decision_line(d))
+            narrator.decision(d)
+        narrator.flush()
         phase = scen.phases[scen.phase_at(now)].name
         out.status(now, phase, _rows(costs, guard_ref["policy"].states, ks))
 
