@@ -8,7 +8,6 @@ every class often enough for the guard's ``min_samples`` and a live no-spec base
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 import time
 from collections.abc import Iterable, Sequence
@@ -18,7 +17,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from specguard import columns
+from specguard import columns, signals
 from specguard.errors import ConfigError, ConfigIssue, UnreachableError
 from specguard.lab import loadgen, scenario
 from specguard.sim.config import MODEL_NAME
@@ -160,11 +159,8 @@ async def send(
         raise flag_error(f"--requests ({requests}) must be >= 1")
     await reachable(url)
     stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    with contextlib.suppress(NotImplementedError, RuntimeError):
-        loop.add_signal_handler(signal.SIGINT, stop.set)
     started = time.monotonic()
-    try:
+    with signals.stop_on(stop, (signal.SIGINT,)):
         results = await loadgen.run_load(
             url,
             default_mix(max_tokens),
@@ -176,7 +172,4 @@ async def send(
             model=model,
             stop=stop,
         )
-    finally:
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.remove_signal_handler(signal.SIGINT)
     return summarize(results, url, model, clients, time.monotonic() - started)

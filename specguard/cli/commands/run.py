@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 
+from specguard import signals
 from specguard.exporters.addresses import join_listen
 from specguard.monitor import app as monitor_app
 from specguard.monitor import config, guard_wiring
@@ -52,23 +52,18 @@ async def serve(cfg: config.SpecguardConfig, host: str | None = None, port: int 
     for configure in CONFIGURERS:
         configure(monitor, cfg)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    with signals.stop_on(stop):
         try:
-            loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError):
-            pass
-    try:
-        url = await monitor.start()
-    except OSError as exc:
-        from specguard.errors import ConfigError
+            url = await monitor.start()
+        except OSError as exc:
+            from specguard.errors import ConfigError
 
-        raise ConfigError(f"cannot listen on {cfg.exporter.tap.listen}: {exc.strerror}") from exc
-    pools = ", ".join(f"{p.name}={p.display_url}" for p in cfg.exporter.pools)
-    log.info("specguard tap on %s (metrics %s/metrics); pools: %s", url, url, pools)
-    try:
-        await stop.wait()
-    finally:
-        log.info("shutting down")
-        await monitor.stop()
+            raise ConfigError(f"cannot listen on {cfg.exporter.tap.listen}: {exc.strerror}") from exc
+        pools = ", ".join(f"{p.name}={p.display_url}" for p in cfg.exporter.pools)
+        log.info("specguard tap on %s (metrics %s/metrics); pools: %s", url, url, pools)
+        try:
+            await stop.wait()
+        finally:
+            log.info("shutting down")
+            await monitor.stop()
     return 0

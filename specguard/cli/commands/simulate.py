@@ -6,9 +6,9 @@ import argparse
 import asyncio
 import contextlib
 import json
-import signal
 import sys
 
+from specguard import signals
 from specguard.errors import ConfigError
 
 
@@ -78,10 +78,12 @@ def run(args: argparse.Namespace) -> int:
 
 async def _serve(sim) -> None:
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+    with signals.stop_on(stop):
+        await _serve_until(sim, stop)
+    print("simulator stopped")
+
+
+async def _serve_until(sim, stop: asyncio.Event) -> None:
     async with sim:
         cfg = sim.config
         print(f"specguard simulator ({cfg.dialect} dialect, seed {cfg.seed}, time scale {cfg.time_scale:g})")
@@ -92,4 +94,3 @@ async def _serve(sim) -> None:
         print(f"ground truth: {next(iter(sim.urls.values()))}/sim/truth   (Ctrl-C stops)")
         sys.stdout.flush()
         await stop.wait()
-    print("simulator stopped")
