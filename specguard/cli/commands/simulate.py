@@ -79,18 +79,15 @@ def run(args: argparse.Namespace) -> int:
 async def _serve(sim) -> None:
     stop = asyncio.Event()
     with signals.stop_on(stop):
-        await _serve_until(sim, stop)
+        async with sim:
+            cfg = sim.config
+            scale = f"time scale {cfg.time_scale:g}"
+            print(f"specguard simulator ({cfg.dialect} dialect, seed {cfg.seed}, {scale})")
+            for pool in cfg.pools:
+                k = pool.num_speculative_tokens
+                print(f"  {pool.name:<10} K={k}  {sim.urls[pool.name]}")
+            print(f"model: {cfg.model_name}   (the `model` field of requests)")
+            print(f"ground truth: {next(iter(sim.urls.values()))}/sim/truth   (Ctrl-C stops)")
+            sys.stdout.flush()
+            await stop.wait()
     print("simulator stopped")
-
-
-async def _serve_until(sim, stop: asyncio.Event) -> None:
-    async with sim:
-        cfg = sim.config
-        print(f"specguard simulator ({cfg.dialect} dialect, seed {cfg.seed}, time scale {cfg.time_scale:g})")
-        for pool in cfg.pools:
-            k = pool.num_speculative_tokens
-            print(f"  {pool.name:<10} K={k}  {sim.urls[pool.name]}")
-        print(f"model: {cfg.model_name}   (the `model` field of requests)")
-        print(f"ground truth: {next(iter(sim.urls.values()))}/sim/truth   (Ctrl-C stops)")
-        sys.stdout.flush()
-        await stop.wait()
