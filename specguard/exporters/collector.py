@@ -114,6 +114,11 @@ class TapCollector(Collector):
                 "Upstream failures by kind: connect, timeout, broken (mid-response), status_5xx.",
                 labels=["pool", "kind"],
             ),
+            CounterMetricFamily(
+                "specguard_upstream_resends",
+                "Requests sent to a pool once more because nothing of them reached the client, by reason.",
+                labels=["pool", "reason"],
+            ),
             GaugeMetricFamily(
                 "specguard_pool_in_flight_requests",
                 "Requests currently in flight through the tap to each pool.",
@@ -129,7 +134,7 @@ class TapCollector(Collector):
             for key, t in sorted(totals.items()):
                 family.add_metric(list(key), float(getattr(t, attr)))
             out.append(family)
-        hist, positions, unattributed, unclassified, errors, in_flight = self._other_families()
+        hist, positions, unattributed, unclassified, errors, resends, in_flight = self._other_families()
         for key, t in sorted(totals.items()):
             if t.tpot_count:  # 21 series per label set: only for label sets with observations
                 hist.add_metric(list(key), _buckets(t), t.tpot_sum)
@@ -141,9 +146,11 @@ class TapCollector(Collector):
             unclassified.add_metric([pool], float(value))
         for (pool, kind), value in sorted(self._stats.upstream_errors().items()):
             errors.add_metric([pool, kind], float(value))
+        for (pool, reason), value in sorted(self._stats.upstream_resends().items()):
+            resends.add_metric([pool, reason], float(value))
         for pool, value in sorted(dict(self._in_flight).items()):
             in_flight.add_metric([pool], float(value))
-        return [*out, hist, positions, unattributed, unclassified, errors, in_flight]
+        return [*out, hist, positions, unattributed, unclassified, errors, resends, in_flight]
 
 
 def _buckets(t: Totals) -> list[tuple[str, float]]:

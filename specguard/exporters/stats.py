@@ -146,6 +146,7 @@ class WindowedStats:
         self._unattributed: dict[tuple[str, str], int] = {}
         self._unclassified: dict[str, int] = {}
         self._errors: dict[tuple[str, str], int] = {}
+        self._resends: dict[tuple[str, str], int] = {}
         self.dropped = 0  # records evicted by the memory bound before their time
 
     def add(self, record: RequestRecord) -> None:
@@ -177,6 +178,11 @@ class WindowedStats:
         with self._lock:
             self._errors[(pool, kind)] = self._errors.get((pool, kind), 0) + 1
 
+    def count_resend(self, pool: str, reason: str) -> None:
+        """A request sent to ``pool`` once more because nothing of it reached the client (not an error)."""
+        with self._lock:
+            self._resends[(pool, reason)] = self._resends.get((pool, reason), 0) + 1
+
     def _prune(self) -> None:
         horizon = self._clock() - self.window_seconds
         window = self._window
@@ -207,6 +213,10 @@ class WindowedStats:
     def upstream_errors(self) -> dict[tuple[str, str], int]:
         with self._lock:
             return dict(self._errors)
+
+    def upstream_resends(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            return dict(self._resends)
 
     def window(self, since: float | None = None) -> dict[Key, WindowAggregate]:
         """Aggregates per key over the window, with TPOT p50/p90/p99."""

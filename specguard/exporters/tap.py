@@ -75,6 +75,18 @@ UPSTREAM_KEEPALIVE_SECONDS = 4.0
 """How long an idle connection to a pool is kept for reuse: below the engines' own keep-alive
 (uvicorn's 5 s default for vLLM and SGLang, llama.cpp's 5 s), so the tap never sends a request on a
 connection the engine is closing at that moment (a 502 ``ClientOSError`` on real vLLM, seen in CI)."""
+# a pooled connection the engine closed as the request went out (the keep-alive race, which the margin
+# above narrows but cannot close on a loaded machine: a 502 ``ServerDisconnectedError`` in CI)
+_DROPPED = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientConnectionResetError)
+
+
+def _upstream_session(connector: aiohttp.TCPConnector) -> aiohttp.ClientSession:
+    """Bytes as the pool sent them (the tap reads what it measures) and no headers of its own."""
+    return aiohttp.ClientSession(
+        connector=connector,
+        auto_decompress=False,
+        skip_auto_headers=("Accept-Encoding", "User-Agent", "Accept"),
+    )
 
 
 def openai_error(status: int, message: str, kind: str) -> web.Response:
@@ -129,6 +141,7 @@ class Tap:
         self.classifier = classifier or Classifier(config.classes)
         self._session = session
         self._own_session = session is None
+        self._fresh: aiohttp.ClientSession | None = None  # a new connection per request: the resend
         self._clock = clock
         self._mono = monotonic
         self._pools = {p.name: p for p in config.pools}
@@ -146,19 +159,21 @@ class Tap:
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
         if self._session is None:
-            connector = aiohttp.TCPConnector(
-                limit=0, ttl_dns_cache=300, keepalive_timeout=UPSTREAM_KEEPALIVE_SECONDS
+            self._session = _upstream_session(
+                aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=UPSTREAM_KEEPALIVE_SECONDS)
             )
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                auto_decompress=False,
-                skip_auto_headers=("Accept-Encoding", "User-Agent", "Accept"),
+        if self._fresh is None:
+            self._fresh = _upstream_session(
+                aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, force_close=True)
             )
 
     async def close(self) -> None:
         if self._own_session and self._session is not None:
             await self._session.close()
             self._session = None
+        if self._fresh is not None:
+            await self._fresh.close()
+            self._fresh = None
 
     async def cleanup_ctx(self, app: web.Application):  # aiohttp cleanup context
         await self.start()
@@ -231,14 +246,8 @@ class Tap:
         headers = forward_headers(request.headers, identity=False)
         out: web.StreamResponse | None = None
         try:
-            async with self._session.request(  # type: ignore[union-attr]
-                request.method,
-                pool.url + request.rel_url.raw_path_qs,
-                headers=headers,
-                data=raw or None,
-                timeout=self._timeout,
-                allow_redirects=False,
-            ) as resp:
+            url = pool.url + request.rel_url.raw_path_qs
+            async with await self._send(pool, request.method, url, headers, raw or None) as resp:
                 self._answered(pool)
                 reply_headers = forward_headers(resp.headers, identity=False)
                 if not resp.headers.get("Content-Type", "").startswith("text/event-stream"):
@@ -272,6 +281,28 @@ class Tap:
             if out is not None:
                 return self._abort(request, out)
             return openai_error(502, f"pool {pool.name} failed: {type(exc).__name__}", "upstream_error")
+
+    async def _send(
+        self, pool: PoolConfig, method: str, url: str, headers: CIMultiDict[str], data: bytes | None
+    ) -> aiohttp.ClientResponse:
+        """The pool's response, its headers read. A pooled connection the pool dropped before any
+        answer (the keep-alive race) costs the client nothing: the request goes once more, on a new
+        connection (as Go's transport and nginx do with a cached connection). A second drop is the
+        pool's failure (``ServerDisconnectedError``)."""
+        sent = dict(headers=headers, data=data, timeout=self._timeout, allow_redirects=False)
+        try:
+            return await self._session.request(method, url, **sent)  # type: ignore[union-attr,arg-type]
+        except _CONNECT_FAILED:
+            raise
+        except _DROPPED as exc:
+            self.stats.count_resend(pool.name, "dropped")
+            log.info("pool %s dropped a pooled connection (%s); sending again on a new one", pool.name, exc)
+        try:
+            return await self._fresh.request(method, url, **sent)  # type: ignore[union-attr,arg-type]
+        except _CONNECT_FAILED:
+            raise
+        except _DROPPED as exc:
+            raise aiohttp.ServerDisconnectedError(f"dropped on a new connection too: {exc}") from exc
 
     async def _tapped(self, request: web.Request, raw: bytes) -> web.StreamResponse:
         if untrusted.json_depth_exceeds(raw):  # no engine needs this; a parser's stack might not survive it
@@ -350,14 +381,8 @@ class Tap:
         pool = flow.pool
         out: web.StreamResponse | None = None
         try:
-            async with self._session.request(  # type: ignore[union-attr]
-                "POST",
-                pool.url + request.rel_url.raw_path_qs,
-                headers=headers,
-                data=payload,
-                timeout=self._timeout,
-                allow_redirects=False,
-            ) as resp:
+            url = pool.url + request.rel_url.raw_path_qs
+            async with await self._send(pool, "POST", url, headers, payload) as resp:
                 self._answered(pool)
                 flow.status = resp.status
                 if resp.status >= 500:
