@@ -202,9 +202,11 @@ class Replay:
 
     def run(self) -> ReplayResult:
         end = self.scenario.duration_s
+        tick = self.policy.tick_seconds
+        if tick:  # an evaluation before the first request, as the daemon's at start (the warm start)
+            self._push(0.0, "tick")
         for index, (start, _, _) in enumerate(self.scenario.boundaries()):
             self._push(start, "phase", index)
-        tick = self.policy.tick_seconds
         if tick:
             t = tick
             while t < end:

@@ -450,7 +450,7 @@ class Guard(FleetRoles):
             coalesce=True,
             max_instances=1,
             misfire_grace_time=max(1, int(interval)),
-            next_run_time=datetime.now(UTC) + timedelta(seconds=min(interval, 5.0)),
+            next_run_time=datetime.now(UTC) + timedelta(seconds=self._first_evaluation_delay()),
         )
         if self.reloader is not None:
             self._scheduler.add_job(
@@ -470,6 +470,13 @@ class Guard(FleetRoles):
         self._scheduler.start()
         self.running = True
         log.info("guard evaluation every %g s (%s)", interval, "dry-run" if self.policy.dry_run else "acting")
+
+    def _first_evaluation_delay(self) -> float:
+        """At once with a calibration prior (its warm start plans every class it knows before the
+        first request); otherwise after a few seconds of traffic (at most one interval)."""
+        if any(getattr(source, "has_prior", False) for source in self.sources):
+            return 0.0
+        return min(self.policy.interval_seconds, 5.0)
 
     async def _restore_alerts(self) -> None:
         """Take Alertmanager's active alerts as if its webhook had just delivered them."""

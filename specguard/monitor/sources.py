@@ -113,6 +113,11 @@ class LocalSource:
         found = evidence_from_costs(costs, policy=self.policy, load_order=order)
         return with_prior(found, self._prior_for(self.policy))
 
+    @property
+    def has_prior(self) -> bool:
+        """The policy takes the calibration profile's rc as evidence (``guard.prior: profile``)."""
+        return bool(self._prior_for(self.policy))
+
     def _prior_for(self, policy: policy_mod.Policy | None) -> dict:
         """The profile prior, made again only when the policy changes (a reload may switch it off)."""
         if self._prior[0] is not policy:

@@ -291,6 +291,34 @@ async def test_local_source_plans_a_class_the_profile_knows_before_its_first_req
     assert not [d for d in decisions if d.changes_plan]
 
 
+async def test_with_a_profile_the_first_evaluation_runs_at_start_before_any_request(tmp_path):
+    """The warm start is in force from the first request: the daemon evaluates at once when its
+    source has a calibration prior (the replay ticks at t=0 alike); without one, after 5 s."""
+    from specguard.rules.cost_config import CostSettings
+    from tests.rules.test_prior import profile
+
+    settings = CostSettings().with_traffic([("low", 8), ("medium", 24), ("high", None)])
+    delays = {}
+    for prior in ("profile", "none"):
+        policy = replace(POLICY, prior=prior)
+        source = daemon.LocalSource(
+            WindowStub([]), POOLS, settings, profile=profile(), window_seconds=300, policy=policy
+        )
+        guard, router = make_guard(tmp_path / prior, source, Clock(1000.0), policy=policy)
+        delays[prior] = guard._first_evaluation_delay()
+        if prior == "profile":
+            await guard.start()
+            try:
+                for _ in range(40):  # 2 s, well before the 5 s a source without a prior waits
+                    if guard.last_evaluation is not None:
+                        break
+                    await asyncio.sleep(0.05)
+            finally:
+                await guard.stop()
+            assert router.choose("chat", "medium", lambda pool: "low").pool == "spec-k2"
+    assert delays == {"profile": 0.0, "none": 5.0}
+
+
 async def test_dry_run_changes_nothing_but_the_record(tmp_path):
     """Issue 18 item 3: dry-run offs counted against max_actions_per_hour and the cooldown, bumped
     plan_version and were persisted, so the first real move after dry-run was blocked for an hour."""
