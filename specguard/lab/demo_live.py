@@ -128,7 +128,8 @@ async def _drive(setup, url, monitor, guard, profile, time_scale, on_status, on_
                 if decision.action != "none" and seen.get(key) != decision.at:
                     seen[key] = decision.at
                     entry = decision.to_json()
-                    entry["time"] = (decision.at - t0) / time_scale
+                    # the warm start is evaluated as the guard starts, just before the traffic: t=0
+                    entry["time"] = max(0.0, (decision.at - t0) / time_scale)
                     entry["phase"] = phase
                     decisions.append(entry)
                     if on_decision:

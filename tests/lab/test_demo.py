@@ -155,6 +155,9 @@ def test_live_run_went_through_the_tap_and_the_guard(live):
     assert live["tap_requests"] >= live["requests"]  # every request went through the tap
     assert live["tpot_mean_ms"] > 0 and live["time_scale"] > 0
     assert live["final_plan"]  # the guard evaluated classes and holds a plan for them
+    # the guard evaluates at start, just before the traffic: its warm start is at t=0, never before
+    warm = [d["time"] for d in live["decisions"] if d["cause"] == "profile"]
+    assert warm and min(warm) == 0.0 and all(d["time"] >= 0 for d in live["decisions"]), live["decisions"]
 
 
 def test_specguard_beats_always_and_never_speculate(result):
