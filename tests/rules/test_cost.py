@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from specguard.exporters.records import RequestRecord, SpecStats
 from specguard.rules import cost, profile
 from specguard.rules.cost_config import CostSettings, LoadBucket
+from tests.propkit import examples
 
 POOLS = {"spec-k4": 4, "spec-k2": 2, "nospec": 0}
 SETTINGS = CostSettings(min_samples=30, baseline_min_samples=30).with_traffic(
@@ -346,7 +347,7 @@ ZERO_SECOND_DRAWS = [
 ]
 
 
-@settings(deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.lists(record_strategy, max_size=40), st.sampled_from(["jackknife", "delta", "bootstrap"]))
 @example(ZERO_SECOND_DRAWS, "bootstrap")
 def test_any_records_give_consistent_results_and_never_raise(records, method):
