@@ -45,21 +45,23 @@ def test_rc_with_a_live_baseline_is_close_to_the_truth_and_its_interval_covers_i
     assert result.evaluated_at == 2000.0
 
 
-def test_tpot_is_a_ratio_of_sums_not_an_average_of_ratios():
-    def rec(pool, seconds, tokens):
-        return RequestRecord(
-            pool=pool,
-            task_type="code",
-            temperature_bucket="greedy",
-            load_bucket="low",
-            route="plan",
-            started_at=0.0,
-            status=200,
-            streamed=False,
-            output_tokens=tokens,
-            decode_seconds=seconds,
-        )
+def rec(pool, seconds, tokens):
+    """A successful code/greedy request in load bucket low, without spec stats."""
+    return RequestRecord(
+        pool=pool,
+        task_type="code",
+        temperature_bucket="greedy",
+        load_bucket="low",
+        route="plan",
+        started_at=0.0,
+        status=200,
+        streamed=False,
+        output_tokens=tokens,
+        decode_seconds=seconds,
+    )
 
+
+def test_tpot_is_a_ratio_of_sums_not_an_average_of_ratios():
     records = [
         rec("spec-k4", 1.0, 2),
         rec("spec-k4", 1.0, 101),
@@ -321,29 +323,14 @@ record_strategy = st.builds(
 )
 
 
-def _zero_time(pool, decode_seconds):
-    return RequestRecord(
-        pool=pool,
-        task_type="code",
-        temperature_bucket="greedy",
-        load_bucket="low",
-        route="plan",
-        started_at=0.0,
-        status=200,
-        streamed=True,
-        output_tokens=2,
-        decode_seconds=decode_seconds,
-    )
-
-
 # Found by this property: requests that took 0 s on both sides. The live baseline (one 0 s and one
 # 1 s request) is positive, but a quarter of its bootstrap draws are 0 s over 1 token; the
 # interval divided by them (0/0: NaN, a RuntimeWarning) instead of leaving them out.
 ZERO_SECOND_DRAWS = [
-    _zero_time("spec-k4", 0.0),
-    _zero_time("spec-k4", 0.0),
-    _zero_time("nospec", 0.0),
-    _zero_time("nospec", 1.0),
+    rec("spec-k4", 0.0, 2),
+    rec("spec-k4", 0.0, 2),
+    rec("nospec", 0.0, 2),
+    rec("nospec", 1.0, 2),
 ]
 
 
