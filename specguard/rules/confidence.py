@@ -15,7 +15,8 @@ ones. Three interval methods, all from the per-request samples:
   ``t`` is the Student quantile at the Welch-Satterthwaite degrees of freedom of the two sides
   (the normal ``z`` undercovers at a few dozen requests: 91.8% instead of 95% at 40 per side).
 - ``bootstrap``: both sides resampled independently (seeded numpy Generator), percentile
-  interval of the resampled RC. Slower; no normality assumption.
+  interval of the resampled RC. Slower; no normality assumption. A draw whose baseline TPOT is
+  zero has no RC and is left out; past one tail's share of such draws there is no interval.
 
 A profile baseline has no per-request samples: it enters as a fixed value with an optional
 standard error (zero when the profile has none, which makes the interval narrower than the truth;
@@ -162,12 +163,15 @@ def bootstrap_interval(
         base_ratio = _resampled_ratios(rng, base_seconds, base_tokens, resamples)
         if base_ratio is None:
             return None
-    rc = spec_ratio / base_ratio
-    rc = rc[np.isfinite(rc)]
-    if rc.size == 0:
+    # A draw whose baseline TPOT is zero (its no-spec requests all took 0 s) has no RC, as the
+    # point estimate has none without a positive baseline: it is left out, never divided.
+    defined = np.isfinite(spec_ratio) & np.isfinite(base_ratio) & (base_ratio > 0)
+    tail = (1.0 - confidence) / 2.0
+    if int(defined.sum()) == 0 or (1.0 - defined.mean()) > tail:
+        # more undefined draws than one tail holds: either bound could lie among them
         return None
-    tail = (1.0 - confidence) / 2.0 * 100.0
-    low, high = np.percentile(rc, [tail, 100.0 - tail])
+    rc = spec_ratio[defined] / base_ratio[defined]
+    low, high = np.percentile(rc, [tail * 100.0, 100.0 - tail * 100.0])
     return (float(low), float(high))
 
 
@@ -190,5 +194,7 @@ def _resampled_ratios(
     for start in range(0, resamples, chunk):
         stop = min(resamples, start + chunk)
         idx = rng.integers(0, n, size=(stop - start, n))
-        out[start:stop] = x[idx].sum(axis=1) / np.maximum(y[idx].sum(axis=1), 1e-300)
+        num, den = x[idx].sum(axis=1), y[idx].sum(axis=1)
+        # a draw with no tokens has no ratio (NaN), as ratio_of_sums has none
+        out[start:stop] = np.divide(num, den, out=np.full(stop - start, np.nan), where=den > 0)
     return out

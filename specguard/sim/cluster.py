@@ -7,6 +7,7 @@ async with SimCluster.from_config(None, seed=0, dialect="vllm", time_scale=0.1) 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ class SimCluster:
         self.servers: dict[str, Any] = {}
         self.urls: dict[str, str] = {}
         self._runners: list[web.AppRunner] = []
+        self._model: dict[str, Any] | None = None  # model_table of the (frozen) config, made once
 
     @classmethod
     def from_config(
@@ -121,13 +123,15 @@ class SimCluster:
 
     def truth(self) -> dict[str, Any]:
         """Ground truth for every pool plus the model's true RC table (JSON-ready)."""
+        if self._model is None:  # 0.1-0.3 s each time held the pools' event loop (tests poll this)
+            self._model = model_table(self.config)
         return {
             "seed": self.config.seed,
             "dialect": self.config.dialect,
             "time_scale": self.config.time_scale,
             "model_name": self.config.model_name,
             "pools": {name: runtime.truth.to_json() for name, runtime in self.runtimes.items()},
-            "model": model_table(self.config),
+            "model": copy.deepcopy(self._model),
         }
 
 

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from specguard.errors import InputError
 from specguard.exporters import derive, engines
 from specguard.exporters.snapshot import EngineSnapshot, HistogramTotals
+from tests.propkit import examples
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 K4 = (FIXTURES / "vllm-0.32-cpu-ngram-k4.metrics.txt").read_text()
@@ -142,7 +143,7 @@ def test_window_of_different_engines_is_an_input_error():
 _STEPS = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 1000), st.booleans()), min_size=1, max_size=30)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.integers(0, 10_000), _STEPS)
 def test_window_deltas_are_invariant_under_counter_resets(start, steps):
     """Sum of window deltas over consecutive scrapes = what really happened, resets or not.

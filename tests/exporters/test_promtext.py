@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specguard.errors import InputError
 from specguard.exporters import derive, engines, promtext
+from tests.propkit import examples
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 K4 = (FIXTURES / "vllm-0.32-cpu-ngram-k4.metrics.txt").read_text()
@@ -179,7 +180,7 @@ _EDITS = st.lists(
 )
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(SOURCES), _EDITS)
 def test_mutated_pages_parse_or_raise_input_error_only(text, edits):
     for position, action, piece in edits:

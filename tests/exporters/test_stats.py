@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from specguard.exporters.stats import WindowedStats, quantile
 from tests.exporters.recordkit import record
+from tests.propkit import examples
 
 
 class Clock:
@@ -83,7 +84,7 @@ def test_quantile_empty():
     assert quantile([], 0.5) is None
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     st.lists(
         st.tuples(

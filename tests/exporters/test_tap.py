@@ -22,6 +22,7 @@ from specguard.exporters import tap, tapstream
 from specguard.monitor import config
 from specguard.monitor.app import Monitor
 from tests.exporters import servekit
+from tests.propkit import examples
 
 VLLM_CHUNKS = [
     b'data: {"id":"c1","object":"text_completion","created":1,"model":"m",'
@@ -714,7 +715,7 @@ _json = st.recursive(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     before=st.dictionaries(st.text(max_size=6).filter(lambda k: k != "sglext"), _json, max_size=3),
     after=st.dictionaries(st.text(max_size=6).filter(lambda k: k != "sglext"), _json, max_size=3),

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specguard.exporters.taprelay import EventSplitter
+from tests.propkit import examples
 
 EVENT = st.binary(max_size=40).map(lambda b: b"data: " + b.replace(b"\n", b"").replace(b"\r", b""))
 STREAM = st.tuples(
@@ -15,7 +16,7 @@ STREAM = st.tuples(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(STREAM, st.lists(st.integers(0, 400), max_size=8), st.sampled_from([8, 30, 1 << 20]))
 def test_every_byte_comes_out_once_in_order_however_it_is_cut(stream, cuts, limit):
     events, tail = stream

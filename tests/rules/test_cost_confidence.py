@@ -108,3 +108,35 @@ def test_bootstrap_is_deterministic_per_seed_and_handles_a_fixed_baseline():
         confidence.bootstrap_interval(spec[0][:1], spec[1][:1], *base, confidence=0.95, resamples=300, seed=0)
         is None
     )
+
+
+def test_bootstrap_leaves_out_draws_with_a_zero_baseline_and_gives_none_past_one_tail():
+    """A resampled baseline of 0 s has no RC, as the point estimate has none: never divided by."""
+    spec = (np.array([1.0, 1.2, 0.9, 1.1]), np.array([10.0, 10.0, 10.0, 10.0]))
+    # 1 request of 0 s among 200: a draw is all-zero with probability 200**-200, never
+    many = (np.r_[np.zeros(1), np.full(199, 2.0)], np.full(200, 10.0))
+    kept = confidence.bootstrap_interval(*spec, *many, confidence=0.95, resamples=300, seed=1)
+    assert kept is not None and 0 < kept[0] <= kept[1]
+    # 1 of 2 requests took 0 s: a quarter of the draws have no baseline, more than one 2.5% tail
+    half = (np.array([0.0, 2.0]), np.array([10.0, 10.0]))
+    assert confidence.bootstrap_interval(*spec, *half, confidence=0.95, resamples=300, seed=1) is None
+    # shared baseline draws (one load bucket), some of them zero or without tokens (NaN)
+    drawn = np.r_[np.full(99, 0.2), 0.0]
+    shared = confidence.bootstrap_interval(
+        *spec, None, None, base_ratios=drawn, confidence=0.95, resamples=100, seed=1
+    )
+    assert shared is not None and math.isfinite(shared[1])
+    tokens_none = confidence.resampled_ratios(0, np.array([0.0, 0.0]), np.array([0.0, 0.0]), 50)
+    assert np.isnan(tokens_none).all()
+    assert (
+        confidence.bootstrap_interval(
+            *spec, *(np.zeros(3), np.zeros(3)), confidence=0.95, resamples=50, seed=0
+        )
+        is None
+    )
+    assert (
+        confidence.bootstrap_interval(
+            *spec, None, None, fixed_base=0.0, confidence=0.95, resamples=50, seed=0
+        )
+        is None
+    )

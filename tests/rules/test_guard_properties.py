@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from specguard.rules import guard
 from specguard.rules.evidence import Evidence, PoolEvidence
+from tests.propkit import examples
 from tests.rules.test_guard import KEY, POLICY
 
 RC = st.one_of(st.none(), st.floats(min_value=0.3, max_value=2.0))
@@ -28,7 +29,7 @@ def evidence(k4, k2, samples, error):
     return Evidence(pools=pools, error="down" if error else None)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(STEP, min_size=1, max_size=80))
 def test_actions_respect_cooldown_cap_and_stabilisation(steps):
     state = guard.initial_state(KEY, POLICY)
@@ -51,7 +52,7 @@ def test_actions_respect_cooldown_cap_and_stabilisation(steps):
             assert action.at - actions[i - 1].at >= stabilization
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(st.lists(STEP, min_size=1, max_size=60))
 def test_only_bad_evidence_moves_a_class_off_its_default_pool(steps):
     """Off the default pool only on a loss there, or on a pool cheaper by the margin, repeatedly."""

@@ -1,0 +1,74 @@
+"""Suite-wide setup: the Hypothesis profile, the xdist groups, and the time per tier.
+
+``scripts/test`` runs pytest-xdist with ``--dist loadgroup``: each xdist group is one unit of work,
+run whole by one worker. Every test module is its own group unless it names one (so a module's
+fixtures start once); a real tier's tests share the group named after the tier's marker (its
+engines start once, in one worker); tests that bind the same fixed ports share a group too.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+
+import pytest
+from hypothesis import settings
+
+from tests import propkit
+
+settings.load_profile(propkit.profile())
+
+# Markers of the real tiers: each tier's tests run in one worker, as the group of that name.
+REAL_TIERS = ("vllm",)
+# Modules that bind fixed ports (the README's 8001-8003 and 8090; docs/commands.md's simulator).
+FIXED_PORTS = "fixed-ports"
+FIXED_PORT_MODULES = ("tests/docs/test_readme_hand_run.py", "tests/docs/test_examples.py")
+
+
+def xdist_group(item: pytest.Item) -> str:
+    """The group ``item`` runs in: its own mark, its real tier, its fixed ports, else its module."""
+    mark = item.get_closest_marker("xdist_group")
+    if mark is not None:
+        return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+    for tier in REAL_TIERS:
+        if item.get_closest_marker(tier) is not None:
+            return tier
+    module = item.nodeid.split("::", 1)[0]
+    return FIXED_PORTS if module in FIXED_PORT_MODULES else module
+
+
+def start_order(item: pytest.Item) -> int:
+    """Longest groups first, so no long one is left for the end: real tiers, then the tests on a
+    real Prometheus (``stack``) and on fixed ports, then the rest in collection order."""
+    group = xdist_group(item)
+    if group in REAL_TIERS:
+        return 0
+    return 1 if group == FIXED_PORTS or item.get_closest_marker("stack") is not None else 2
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist appends the group to each node id
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the order units are handed out in (scripts/test
+        items.sort(key=start_order)  # passes --no-loadscope-reorder); one process keeps its order
+
+
+def tier(nodeid: str) -> str:
+    """``tests/<dir>`` of a node id (``tests`` for top-level modules)."""
+    parts = nodeid.split("::", 1)[0].split("/")
+    return "/".join(parts[:2]) if len(parts) > 2 else parts[0]
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """Seconds spent per tier (setup + call + teardown), to see which tier a slow run came from."""
+    spent: dict[str, float] = defaultdict(float)
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if isinstance(report, pytest.TestReport):
+                spent[tier(report.nodeid)] += report.duration
+    if spent:
+        rows = sorted(spent.items(), key=lambda kv: -kv[1])
+        terminalreporter.write_sep("=", "seconds per tier (summed over tests)")
+        terminalreporter.write_line("  ".join(f"{name} {seconds:.0f}" for name, seconds in rows))
