@@ -7,7 +7,8 @@ sends one chunk per generated token whatever a verify round produced (a chat str
 ``{"role": "assistant", "content": null}`` delta), then a chunk with the finish reason and an empty
 delta, then with ``stream_options.include_usage`` a ``choices: []`` chunk with ``usage``; the
 ``timings`` ride on the last of these, then ``data: [DONE]``. Errors use llama.cpp's envelope
-``{"error": {code, message, type}}``. One choice per request (``n`` > 1 is refused).
+``{"error": {code, message, type}}``. One choice per request (``n`` > 1 is refused). ``/props``
+carries only ``build_info``, ``model_alias``, ``model_path`` and ``total_slots`` of the real one.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class LlamacppServer(server.SimServer):
         app.router.add_get("/v1/health", self.health)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/metrics", self.metrics_page)
+        app.router.add_get("/props", self.props)
         app.router.add_get("/sim/truth", self.truth_page)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
@@ -77,6 +79,13 @@ class LlamacppServer(server.SimServer):
         name = self.config.model_name
         card = {"id": name, "object": "model", "created": self.created, "owned_by": "llamacpp", "meta": None}
         return json_response({"object": "list", "data": [card]})
+
+    async def props(self, request: web.Request) -> web.Response:
+        name = self.config.model_name
+        slots = self.runtime.pool.max_num_seqs
+        return json_response(
+            {"build_info": BUILD_INFO, "model_alias": name, "model_path": name, "total_slots": slots}
+        )
 
     async def metrics_page(self, request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_METRICS})
