@@ -1,12 +1,13 @@
 """llama.cpp server (build 11434)'s HTTP surface for one simulated pool.
 
-Shapes follow ``llama-server --metrics`` of that build: JSON objects with their keys sorted and no
-spaces (nlohmann::json), ``system_fingerprint`` ``b11434-unknown``, ``timings`` on every
-non-streamed response (``draft_n`` / ``draft_n_accepted`` only when the request drafted). A stream
-sends one chunk per generated token whatever a verify round produced (a chat stream opens with a
-``{"role": "assistant", "content": null}`` delta), then a chunk with the finish reason and an empty
-delta, then with ``stream_options.include_usage`` a ``choices: []`` chunk with ``usage``; the
-``timings`` ride on the last of these, then ``data: [DONE]``. Errors use llama.cpp's envelope
+Shapes follow ``llama-server --metrics`` of that build, key order included (nlohmann's ordered
+JSON, no spaces): ``system_fingerprint`` ``b11434-unknown``, ``timings`` on every non-streamed
+response (``draft_n`` / ``draft_n_accepted`` only when the request drafted). A stream sends one
+chunk per generated token whatever a verify round produced. A chat stream opens with a
+``{"role": "assistant", "content": null}`` delta and ends with a chunk with the finish reason and
+an empty delta, then with ``stream_options.include_usage`` a ``choices: []`` chunk with ``usage``;
+a completions stream ends with one chunk carrying ``text: ""``, the finish reason and (asked for)
+``usage``. The ``timings`` ride on the last chunk, then ``data: [DONE]``. Errors use llama.cpp's envelope
 ``{"error": {code, message, type}}``. One choice per request (``n`` > 1 is refused). ``/props``
 carries only ``build_info``, ``model_alias``, ``model_path`` and ``total_slots`` of the real one.
 """
@@ -36,8 +37,8 @@ _TYPES = {400: "invalid_request_error", 404: "not_found_error", 501: "not_suppor
 
 
 def dumps(payload: Any) -> bytes:
-    """JSON as nlohmann::json writes it: keys sorted, no spaces, UTF-8 as is."""
-    return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    """JSON as nlohmann's ordered JSON writes it: keys in insertion order, no spaces, UTF-8 as is."""
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def json_response(payload: Any, status: int = 200) -> web.Response:
@@ -51,7 +52,13 @@ def error_response(status: int, message: str, err_type: str | None = None, param
 
 
 def usage(generation: Generation) -> dict[str, Any]:
-    return {**server.usage(generation), "prompt_tokens_details": {"cached_tokens": 0}}
+    prompt, completion = generation.prompt_tokens, generation.completion_tokens
+    return {
+        "completion_tokens": completion,
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
 
 
 class LlamacppServer(server.SimServer):
@@ -105,14 +112,11 @@ class LlamacppServer(server.SimServer):
             lambda: json_response(self._full_response(spec, generation)),
         )
 
-    def _head(self, spec: GenerationSpec, cmpl_id: str) -> dict[str, Any]:
-        return {
-            "created": int(time.time()),
-            "id": cmpl_id,
-            "model": spec.model,
-            "system_fingerprint": BUILD_INFO,
-            "object": "chat.completion.chunk" if spec.chat else "text_completion",
-        }
+    @staticmethod
+    def _head(spec: GenerationSpec) -> dict[str, Any]:
+        """The envelope fields of a chunk or response, in the server's order (a completion puts
+        ``id`` last, a chat chunk second)."""
+        return {"created": int(time.time()), "model": spec.model, "system_fingerprint": BUILD_INFO}
 
     def _timings(self, generation: Generation) -> dict[str, Any]:
         stats = timings(generation.requests[0])
@@ -124,18 +128,13 @@ class LlamacppServer(server.SimServer):
         sim = generation.requests[0]
         text = generation.text(0)
         if spec.chat:
-            choice = {
-                "finish_reason": sim.finish_reason,
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-            }
+            message = {"role": "assistant", "content": text}
+            choice = {"finish_reason": sim.finish_reason, "index": 0, "message": message}
         else:
             choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": sim.finish_reason}
         return {
             "choices": [choice],
-            "created": int(time.time()),
-            "model": spec.model,
-            "system_fingerprint": BUILD_INFO,
+            **self._head(spec),
             "object": "chat.completion" if spec.chat else "text_completion",
             "usage": usage(generation),
             "id": "chatcmpl-" + secrets.token_hex(16),
@@ -147,32 +146,49 @@ class LlamacppServer(server.SimServer):
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        head = self._head(spec, "chatcmpl-" + secrets.token_hex(16))
+        cmpl_id = "chatcmpl-" + secrets.token_hex(16)
 
-        async def send(choice: dict[str, Any] | None, **extra: Any) -> None:
-            payload = {**head, "choices": [] if choice is None else [choice], **extra}
+        async def send(choices: list, **extra: Any) -> None:
+            head = self._head(spec)
+            if spec.chat:
+                payload = {"choices": choices, "created": head["created"], "id": cmpl_id}
+                payload.update(
+                    model=spec.model, system_fingerprint=BUILD_INFO, object="chat.completion.chunk"
+                )
+                payload.update(extra)
+            else:
+                payload = {"choices": choices, **head, "object": "text_completion", **extra}
+                payload = {**{k: v for k, v in payload.items() if k != "timings"}, "id": cmpl_id}
+                if "timings" in extra:
+                    payload["timings"] = extra["timings"]
             await response.write(b"data: " + dumps(payload) + b"\n\n")
 
-        def piece(delta: dict[str, Any] | str, finish: str | None = None) -> dict[str, Any]:
-            if spec.chat:
-                return {"delta": delta, "finish_reason": finish, "index": 0}
-            return {"text": delta, "index": 0, "logprobs": None, "finish_reason": finish}
+        def piece(content: str | None, finish: str | None = None, role: bool = False) -> dict[str, Any]:
+            if not spec.chat:
+                return {"text": content or "", "index": 0, "logprobs": None, "finish_reason": finish}
+            delta: dict[str, Any] = {"role": "assistant", "content": None} if role else {}
+            if content is not None:
+                delta["content"] = content
+            return {"finish_reason": finish, "index": 0, "delta": delta}
 
         first = True
         finish = None
         async for chunk in generation.steps():
             for token in _TOKEN.findall(chunk.text):  # one event per token, as the server sends them
                 if first and spec.chat:
-                    await send(piece({"role": "assistant", "content": None}))
+                    await send([piece(None, role=True)])
                 first = False
-                await send(piece({"content": token} if spec.chat else token))
+                await send([piece(token)])
             if chunk.emission.finished:
                 finish = chunk.emission.request.finish_reason
         stats = self._timings(generation)
-        if spec.include_usage:
-            await send(piece({} if spec.chat else "", finish))
-            await send(None, usage=usage(generation), timings=stats)
+        if not spec.chat:
+            extra = {"usage": usage(generation)} if spec.include_usage else {}
+            await send([piece("", finish)], **extra, timings=stats)
+        elif spec.include_usage:
+            await send([piece(None, finish)])
+            await send([], usage=usage(generation), timings=stats)
         else:
-            await send(piece({} if spec.chat else "", finish), timings=stats)
+            await send([piece(None, finish)], timings=stats)
         await server.end_events(response)
         return response
