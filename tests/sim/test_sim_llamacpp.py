@@ -5,9 +5,7 @@ the real server (tests/llamacpp/capture.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 import re
 from pathlib import Path
 
@@ -142,21 +140,6 @@ async def test_streams_send_one_chunk_per_token_and_timings_on_the_last(sim, kin
         if c["choices"] and (c["choices"][0].get("delta", {}).get("content") or c["choices"][0].get("text"))
     )
     assert tokens == ours[-1]["timings"]["predicted_n"] == 12
-
-
-async def test_a_client_that_leaves_mid_stream_is_an_abort_without_a_traceback(sim, caplog):
-    url = sim.urls["spec-k4"]
-    with caplog.at_level(logging.DEBUG):
-        async with aiohttp.ClientSession() as session:
-            body = {"prompt": "long", "max_tokens": 400, "stream": True, "ignore_eos": True}
-            async with session.post(url + "/v1/completions", json=body) as response:
-                await response.content.readline()
-        for _ in range(2000):  # a deadline of 20 s for a loaded machine, not a timing assertion
-            if sim.truth()["pools"]["spec-k4"]["totals"]["requests_aborted"]:
-                break
-            await asyncio.sleep(0.01)
-    assert sim.truth()["pools"]["spec-k4"]["totals"]["requests_aborted"] == 1
-    assert [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info] == []
 
 
 async def test_errors_use_the_llamacpp_envelope(sim):
