@@ -19,7 +19,7 @@ from tests import propkit
 settings.load_profile(propkit.profile())
 
 # Markers of the real tiers: each tier's tests run in one worker, as the group of that name.
-REAL_TIERS = ("vllm",)
+REAL_TIERS = ("vllm", "llamacpp")
 # Modules that bind fixed ports (the README's 8001-8003 and 8090; docs/commands.md's simulator).
 FIXED_PORTS = "fixed-ports"
 FIXED_PORT_MODULES = ("tests/docs/test_readme_hand_run.py", "tests/docs/test_examples.py")

@@ -3,7 +3,8 @@
 A calibration profile is fresh only while the stack it was measured on still serves the traffic
 (``rules.profile.staleness``): the same engine version and model as in its header. vLLM answers
 ``GET /version`` (``{"version": ...}``), SGLang ``GET /get_server_info`` (``version``,
-``served_model_name``), TGI ``GET /info`` (``version``, ``model_id``); every OpenAI-compatible
+``served_model_name``), TGI ``GET /info`` (``version``, ``model_id``), llama.cpp ``GET /props``
+(``build_info``, e.g. ``b11434-unknown``: build number and commit); every OpenAI-compatible
 server lists its models at ``GET /v1/models``. Anything unreadable is left out, never guessed.
 """
 
@@ -14,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-VERSION_PATHS = {"vllm": "/version", "sglang": "/get_server_info", "tgi": "/info"}
+VERSION_PATHS = {"vllm": "/version", "sglang": "/get_server_info", "tgi": "/info", "llamacpp": "/props"}
 MAX_BYTES = 256 * 1024  # these answers are small; a larger one is not what we asked for
 
 
@@ -40,8 +41,9 @@ async def fetch(
         out["engine"] = engine
         info = await _json(session, base_url + VERSION_PATHS[engine], timeout)
         if isinstance(info, dict):
-            if isinstance(info.get("version"), str):
-                out["engine_version"] = info["version"]
+            for key in ("version", "build_info"):
+                if isinstance(info.get(key), str):
+                    out["engine_version"] = info[key]
             for key in ("served_model_name", "model_id"):
                 if isinstance(info.get(key), str):
                     out["model"] = info[key]

@@ -59,7 +59,8 @@ class LoadResult:
     prompt_tokens: int = 0
     finish_reason: str | None = None
     chunks: int = 0  # content chunks received (streams)
-    spec: dict[str, Any] | None = None  # vLLM metrics.speculative_decoding / SGLang spec details
+    # vLLM metrics.speculative_decoding / {"sglext": SGLang spec details} / {"timings": llama.cpp's}
+    spec: dict[str, Any] | None = None
     error: str | None = None
     body: dict[str, Any] | None = field(default=None, repr=False)  # non-streamed response JSON
 
@@ -254,6 +255,9 @@ def _spec_of(payload: Mapping[str, Any]) -> dict[str, Any] | None:
     ext = payload.get("sglext")
     if isinstance(ext, Mapping) and ext.get("spec_tokens_details") is not None:
         return {"sglext": ext["spec_tokens_details"]}
+    timings = payload.get("timings")  # llama.cpp: the whole response's or the last chunk's
+    if isinstance(timings, Mapping) and "predicted_n" in timings:
+        return {"timings": dict(timings)}
     return None
 
 

@@ -118,10 +118,11 @@ Driver = Callable[[PoolSpec, int, Sequence[MixEntry], int], list[Sample]]
 def simulator_stack(sim, source: str) -> dict[str, str]:
     """The profile header of a sweep on the simulator: what its HTTP surface reports as engine
     version and model, so the profile is fresh against the simulator (and stale against anything else)."""
+    from specguard.sim.llamacpp_http import BUILD_INFO
     from specguard.sim.sglang_http import SGLANG_VERSION
     from specguard.sim.vllm_http import VLLM_VERSION
 
-    version = VLLM_VERSION if sim.dialect == "vllm" else SGLANG_VERSION
+    version = {"vllm": VLLM_VERSION, "llamacpp": BUILD_INFO}.get(sim.dialect, SGLANG_VERSION)
     return {
         "engine": "specguard-simulator",
         "engine_version": version,
@@ -275,7 +276,12 @@ def _cell(samples: list[Sample], k: int) -> dict:
             # p_i = share of rounds with >= i accepted drafts
             per_pos = [float(hist[i:].sum() / hist.sum()) for i in range(1, k + 1)]
             row["accepted_per_position"] = " ".join(f"{p:.4f}" for p in per_pos)
-    elif not k:
+    elif k:
+        # an engine reporting drafts per request but no rounds (llama.cpp): acceptance only
+        drafted = sum(s.draft_tokens or 0 for s in samples)
+        if drafted:
+            row["strict_accept_rate"] = sum(s.accepted_tokens or 0 for s in samples) / drafted
+    else:
         row["step_seconds"] = row["tpot_seconds"]
     return row
 

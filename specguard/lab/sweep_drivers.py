@@ -60,7 +60,7 @@ def http_driver(
 ) -> Driver:
     """Cells over HTTP with ``lab.loadgen`` (one asyncio run per cell); ``prompts`` "task" sends
     task-shaped prompts (``lab.prompts``) for a real model."""
-    from specguard.exporters.engines import vllm
+    from specguard.exporters.engines import llamacpp, vllm
     from specguard.lab import loadgen
 
     def run(pool: PoolSpec, concurrency: int, mix: Sequence[MixEntry], requests: int) -> list[Sample]:
@@ -100,13 +100,13 @@ def http_driver(
                 continue
             spec = None
             if r.spec is not None:
-                body = {
-                    "metrics": {"speculative_decoding": r.spec},
-                    "usage": {"completion_tokens": r.output_tokens},
-                }
+                usage = {"completion_tokens": r.output_tokens}
+                adapter, body = vllm, {"metrics": {"speculative_decoding": r.spec}, "usage": usage}
+                if "timings" in r.spec:
+                    adapter, body = llamacpp, {"timings": r.spec["timings"], "usage": usage}
                 try:
-                    spec = vllm.request_stats(body)
-                except Exception:  # noqa: BLE001 - an engine without vLLM's fields: no spec numbers
+                    spec = adapter.request_stats(body)
+                except Exception:  # noqa: BLE001 - an engine without these fields: no spec numbers
                     spec = None
             decode = (r.e2e_seconds - r.ttft_seconds) if r.ttft_seconds is not None else None
             samples.append(

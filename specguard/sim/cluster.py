@@ -51,7 +51,9 @@ class SimCluster:
             config = simconfig.load(config)
         if dialect is not None and dialect not in simconfig.DIALECTS:
             raise ConfigError(
-                ConfigIssue("--dialect", None, None, "", f"{dialect!r} must be one of vllm, sglang")
+                ConfigIssue(
+                    "--dialect", None, None, "", f"{dialect!r} must be one of {', '.join(simconfig.DIALECTS)}"
+                )
             )
         if time_scale is not None and not time_scale > 0:
             raise ConfigError(ConfigIssue("--time-scale", None, None, "", f"({time_scale}) must be > 0"))
@@ -80,6 +82,8 @@ class SimCluster:
         # Imported here so virtual-time users never load the HTTP layer.
         if self.config.dialect == "vllm":
             from specguard.sim.vllm_http import VllmServer as server_cls
+        elif self.config.dialect == "llamacpp":
+            from specguard.sim.llamacpp_http import LlamacppServer as server_cls
         else:
             from specguard.sim.sglang_http import SglangServer as server_cls
 

@@ -17,7 +17,7 @@ from typing import Any
 from specguard import configfile
 
 DEFAULT_FILE = Path(__file__).with_name("default.yaml")
-DIALECTS = ("vllm", "sglang")
+DIALECTS = ("vllm", "sglang", "llamacpp")
 FINGERPRINT_MODES = ("full", "hash", "none")  # vLLM --fingerprint-mode (no "custom")
 MERGED_SECTIONS = ("tasks", "cost", "truth")  # a user file's keys replace the default's one by one
 MODEL_NAME = "sim-llama-3.1-8b"  # served model name unless the config sets model_name

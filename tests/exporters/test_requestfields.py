@@ -194,9 +194,14 @@ def test_llamacpp_timings():
     assert (stats.draft_tokens, stats.accepted_tokens, stats.output_tokens) == (604, 515, 665)
     assert stats.rounds is None and stats.full_rollback_rounds is None and stats.accept_length is None
     assert stats.strict_accept_rate == pytest.approx(515 / 604)
+    # The server writes the draft fields only when the request drafted: without them it drafted
+    # nothing (known zeros, so the request is attributed)
     no_draft = {"timings": {"predicted_n": 10}}
-    assert llamacpp.request_stats(no_draft) is None
-    assert llamacpp.missing_reason(no_draft) == "no_draft_fields"
+    stats = llamacpp.request_stats(no_draft)
+    assert (stats.draft_tokens, stats.accepted_tokens, stats.output_tokens) == (0, 0, 10)
+    assert llamacpp.missing_reason(no_draft) is None
+    assert llamacpp.request_stats({"timings": {"prompt_n": 3}}) is None
+    assert llamacpp.missing_reason({"timings": {"prompt_n": 3}}) == "no_draft_fields"
     assert llamacpp.missing_reason({"choices": []}) == "no_timings"
     with pytest.raises(InputError, match="timings.draft_n_accepted"):
         llamacpp.request_stats({"timings": {"draft_n": 5, "draft_n_accepted": 6}})

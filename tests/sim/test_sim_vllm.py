@@ -377,7 +377,7 @@ async def test_response_keys_where_vllm_puts_them(sim):
     assert "prompt_logprobs" not in chat["choices"][0]
 
 
-@pytest.mark.parametrize("dialect", ["vllm", "sglang"])
+@pytest.mark.parametrize("dialect", ["vllm", "sglang", "llamacpp"])
 async def test_a_client_that_leaves_mid_stream_leaves_no_traceback(dialect, caplog):
     """Issue 18: the simulator printed a full ClientConnectionResetError traceback each time a
     streaming client disconnected."""

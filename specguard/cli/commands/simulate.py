@@ -22,7 +22,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     parser.add_argument("--config", metavar="FILE", help="simulator YAML (default: the shipped default.yaml)")
-    parser.add_argument("--dialect", choices=("vllm", "sglang"), help="HTTP dialect (default: from config)")
+    parser.add_argument(
+        "--dialect", choices=("vllm", "sglang", "llamacpp"), help="HTTP dialect (default: from config)"
+    )
     parser.add_argument("--seed", type=int, help="random seed (default: from config)")
     parser.add_argument("--host", help="listen address (default: 127.0.0.1)")
     parser.add_argument(
