@@ -15,7 +15,7 @@ log = logging.getLogger("specguard.run")
 
 # Other components hook in here: each is called with the Monitor before it starts
 # (attach background jobs, add routes, register collectors). The guard adds its own.
-CONFIGURERS: list = [guard_wiring.configure]  # the guard (issue 6)
+CONFIGURERS: list = [guard_wiring.configure]  # the guard
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
