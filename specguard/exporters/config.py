@@ -319,8 +319,9 @@ def parse_classes(section: Section) -> ClassesConfig:
 def parse_tap(section: Section, pools: tuple[PoolConfig, ...]) -> TapConfig:
     base = TapConfig()
     listen = section.get("listen", str, base.listen)
-    if addresses.split_listen(listen) is None:
-        section.error("listen", f"({listen!r}) must be host:port ([address]:port for IPv6)")
+    problem = addresses.listen_problem(listen)
+    if problem is not None:
+        section.error("listen", f"({listen!r}) {problem}")
         listen = base.listen
     names = [p.name for p in pools]
     default_pool = section.get("default_pool", str, names[0] if names else "")

@@ -146,6 +146,7 @@ class Monitor:
         self.app: web.Application | None = None
         self._runner: web.AppRunner | None = None
         self._server: asyncio.Server | None = None
+        self._host = self.exporter_config.tap.host
 
     def _on_snapshot(self, pool: PoolConfig, snapshot: EngineSnapshot) -> None:
         self.tap.set_engine(pool.name, snapshot.engine)
@@ -241,35 +242,53 @@ class Monitor:
             self.app = app
         return self.app
 
+    async def listen(self, host: str | None = None, port: int | None = None) -> None:
+        """Bind the listening socket (the config's ``tap.listen`` by default) without serving yet.
+
+        ``specguard run`` binds first, so a taken port is the first and only thing it reports,
+        before any component starts or logs. Connections wait in the backlog until ``start()``.
+        Raises OSError (e.g. the port is taken)."""
+        if self._server is not None:
+            return
+        tap_cfg = self.exporter_config.tap
+        self._server = await asyncio.get_running_loop().create_server(
+            self.clients.factory(self._handler),
+            host or tap_cfg.host,
+            tap_cfg.port if port is None else port,
+            reuse_address=True,
+            backlog=self.clients.backlog,
+            start_serving=False,
+        )
+        self._host = host or tap_cfg.host
+
+    def _handler(self) -> asyncio.Protocol:
+        """aiohttp's protocol for one connection (the runner exists by the time one is accepted)."""
+        assert self._runner is not None and self._runner.server is not None
+        return self._runner.server()
+
     async def start(self, host: str | None = None, port: int | None = None) -> str:
-        """Serve on host:port (the config's ``tap.listen`` by default); returns the base URL."""
+        """Serve on host:port (the config's ``tap.listen`` by default, or where ``listen()``
+        bound); returns the base URL."""
+        await self.listen(host, port)
+        assert self._server is not None
         app = self.build_app()
         listen = self.exporter_config.tap
-        self._runner = web.AppRunner(
-            app,
-            handler_cancellation=True,
-            access_log=None,
-            # a backstop only: the client guard closes idle connections first, and counts them
-            keepalive_timeout=listen.client_idle_timeout_seconds + 5.0,
-            logger=clientguard.ServerLog(logging.getLogger("specguard.http")),
-        )
-        await self._runner.setup()
-        host = host or listen.host
-        server = self._runner.server
-        assert server is not None
         try:
-            self._server = await asyncio.get_running_loop().create_server(
-                self.clients.factory(server),
-                host,
-                listen.port if port is None else port,
-                reuse_address=True,
-                backlog=self.clients.backlog,
+            self._runner = web.AppRunner(
+                app,
+                handler_cancellation=True,
+                access_log=None,
+                # a backstop only: the client guard closes idle connections first, and counts them
+                keepalive_timeout=listen.client_idle_timeout_seconds + 5.0,
+                logger=clientguard.ServerLog(logging.getLogger("specguard.http")),
             )
-        except BaseException:  # e.g. the port is taken: close what setup() opened (the tap's session)
+            await self._runner.setup()
+            await self._server.start_serving()
+        except BaseException:  # close what setup() opened (the tap's session) and the socket
             await self.stop()
             raise
         bound = self._server.sockets[0].getsockname()[1]
-        return f"http://{join_listen(host, bound)}"
+        return f"http://{join_listen(self._host, bound)}"
 
     async def stop(self) -> None:
         if self._server is not None:  # stop accepting; the runner then closes the connections

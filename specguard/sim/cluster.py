@@ -14,6 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from specguard.errors import ConfigError, ConfigIssue
+from specguard.exporters.addresses import bind_reason, join_listen
 from specguard.sim import config as simconfig
 from specguard.sim.config import SimConfig
 from specguard.sim.runtime import PoolRuntime
@@ -21,8 +22,9 @@ from specguard.sim.truth import model_table, relative_cost
 
 
 class SimCluster:
-    def __init__(self, config: SimConfig):
+    def __init__(self, config: SimConfig, port_flag: str | None = None):
         self.config = config
+        self.port_flag = port_flag  # the flag that numbered the ports (for a taken-port message)
         self.runtimes: dict[str, PoolRuntime] = {}
         self.servers: dict[str, Any] = {}
         self.urls: dict[str, str] = {}
@@ -65,7 +67,7 @@ class SimCluster:
             config = config.with_overrides(
                 pools=tuple(replace(p, port=port_base + i) for i, p in enumerate(config.pools))
             )
-        return cls(config)
+        return cls(config, "--port-base" if port_base else None)
 
     async def __aenter__(self) -> SimCluster:
         await self.start()
@@ -98,14 +100,20 @@ class SimCluster:
                 try:
                     await site.start()
                 except OSError as exc:
-                    raise ConfigError(
-                        f"pool {pool.name}: cannot listen on {self.config.host}:{pool.port}: {exc.strerror}"
-                    ) from exc
+                    raise self._listen_error(pool.name, pool.port, exc) from exc
                 port = _bound_port(runner, len(self.urls))
                 self.urls[pool.name] = f"http://{self.config.host}:{port}"
         except BaseException:
             await self.stop()
             raise
+
+    def _listen_error(self, name: str, port: int, exc: OSError) -> ConfigError:
+        where = self.port_flag or f"pools.{name}.port"
+        message = (
+            f"cannot listen on {join_listen(self.config.host, port)} for pool {name}: {bind_reason(exc)}; "
+            "choose free ports with --port-base PORT (the pools take PORT, PORT+1, ...)"
+        )
+        return ConfigError(ConfigIssue(where, None, None, "", message))
 
     async def stop(self) -> None:
         for runner in self._runners:
