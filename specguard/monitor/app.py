@@ -1,4 +1,4 @@
-"""Standalone wiring: the tap, one scrape loop per pool, ``/metrics`` and ``/healthz`` in one app.
+"""Standalone wiring: the tap, one scrape loop per pool, ``/metrics``, ``/healthz`` and ``/livez`` in one app.
 
 ``Monitor`` builds the parts from the config and owns their lifecycle through aiohttp's
 cleanup contexts. Other components join before ``build_app()``:
@@ -13,7 +13,6 @@ cleanup contexts. Other components join before ``build_app()``:
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import random
@@ -193,14 +192,34 @@ class Monitor:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(self, request: web.Request) -> web.Response:
+        """200 ``ok`` while at least one pool serves; 503 ``degraded`` when every pool is down
+        (the body names them and why). For people and external checks: the Kubernetes probes use
+        ``/livez``, since a pod whose readiness waited for the pools would never become ready
+        behind engine Services that list only ready pods."""
         pools = {name: watch.up for name, watch in self.watches.items()}
         # why a pool is down (unreachable, or its page refused: too large, a line too long...)
         errors = {
             name: (watch.last_error or "")[:300] for name, watch in self.watches.items() if not watch.up
         }
-        serving = {name: state.healthy for name, state in self.health.view().items()}
-        body = {"status": "ok", "pools_up": pools, "pools_serving": serving, "pools_error": errors}
-        return web.Response(text=json.dumps(body), content_type="application/json")
+        view = self.health.view()
+        serving = {name: state.healthy for name, state in view.items()}
+        body: dict[str, object] = {
+            "status": "ok",
+            "pools_up": pools,
+            "pools_serving": serving,
+            "pools_error": errors,
+        }
+        if serving and not any(serving.values()):
+            body["status"] = "degraded"
+            body["reason"] = "every pool is down: " + "; ".join(
+                f"{name} ({view[name].reason or errors.get(name) or 'unreachable'})" for name in serving
+            )
+            return web.json_response(body, status=503)
+        return web.json_response(body)
+
+    async def livez(self, request: web.Request) -> web.Response:
+        """200 while this process serves HTTP: the probes' endpoint, free of every dependency."""
+        return web.json_response({"status": "alive"})
 
     async def _lifecycle(self, app: web.Application):
         offload.acquire()
@@ -236,6 +255,7 @@ class Monitor:
             )
             app.router.add_get("/metrics", self.metrics)
             app.router.add_get("/healthz", self.healthz)
+            app.router.add_get("/livez", self.livez)
             app.router.add_routes(self._routes)
             app.router.add_routes(self.tap.routes())
             app.cleanup_ctx.append(self._lifecycle)

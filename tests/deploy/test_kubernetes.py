@@ -122,7 +122,7 @@ def test_specguard_is_a_native_sidecar_with_dependency_free_probes(spec: dict):
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         # a readiness probe on a native sidecar gates the pod's readiness: it may only check
         # specguard's own server, never the engine, Prometheus or the API server
-        assert side[probe]["httpGet"] == {"path": "/healthz", "port": "specguard"}, probe
+        assert side[probe]["httpGet"] == {"path": "/livez", "port": "specguard"}, probe
     assert {c["name"] for c in spec["containers"]} == {"engine"}
 
 
