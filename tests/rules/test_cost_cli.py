@@ -36,12 +36,12 @@ def test_measured_form_reproduces_the_worked_vectors(capsys):
     assert code == 0 and "0.981" in out and "1.02x" in out and "pays" in out
 
 
-def test_model_form_is_bonus_aware_and_labels_the_seed_form(capsys):
+def test_model_form_is_bonus_aware_and_labels_the_no_bonus_form(capsys):
     code, out, _ = run_cli(capsys, "--alpha", "0.6", "--rho", "0.2", "--k", "1", "--json")
     result = json.loads(out)
     assert code == 0 and result["rows"][0]["rc"] == pytest.approx(0.75)
     assert result["rows"][0]["no_bonus_conservative_rc"] == pytest.approx(2.0)
-    assert "no bonus token, conservative" in result["no_bonus_formula"]
+    assert "no bonus token counted: conservative" in result["no_bonus_formula"]
     code, out, _ = run_cli(capsys, "--alpha", "0.6", "--rho", "0.2", "--k", "1", "4")
     assert "no-bonus, conservative" in out and "0.750" in out and "2.000" in out
     code, out, _ = run_cli(capsys, "--alpha", "0", "--rho", "0.2", "--k", "4")
