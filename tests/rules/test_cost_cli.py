@@ -153,7 +153,11 @@ def test_collector_exports_the_latest_evaluation_and_leaves_unknown_rc_out():
     assert (
         got[("specguard_relative_cost_baseline_info", tuple(sorted((*chat_high, ("source", "none")))))] == 1
     )
+    assert got[("specguard_relative_cost_evidence_info", tuple(sorted((*code, ("evidence", "enough")))))] == 1
+    unknown = tuple(sorted((*chat_high, ("evidence", "unknown"))))
+    assert got[("specguard_relative_cost_evidence_info", unknown)] == 1
     assert {d.name for d in collector.describe()} == {
+        "specguard_relative_cost_evidence_info",
         "specguard_relative_cost_per_token_ratio",
         "specguard_relative_cost_per_token_lower_ratio",
         "specguard_relative_cost_per_token_upper_ratio",

@@ -13,6 +13,7 @@ import textwrap
 import time
 from pathlib import Path
 
+from specguard import columns as columns_mod
 from specguard.cli import demo_table
 from specguard.cli.demo_table import fmt
 from specguard.errors import ConfigError, ConfigIssue
@@ -186,43 +187,69 @@ class Display:
             self._block = 0
 
 
-def _rows(costs, states, ks) -> list[str]:
-    header = (
-        f"{'class':<20}{'load':<8}{'RC':>6}{'[lo, hi]':>14}{'A':>6}{'rollbk':>8}{'n':>6}  "
-        f"{'pool (K)':<14}{'base':<8}"
-    )
-    rows = [header]
+def _rows(costs, states, ks, order=()) -> list[str]:
+    """The live status block: a class per line, its RC with a space before its interval (a too-wide
+    interval is "not enough evidence", not a number) and a "!" where the model baseline's RC
+    contradicts a measured one at a neighbouring load."""
+    from specguard.rules import rcquality
+
     best = {}
     for c in costs:
         key = (c.task_type, c.temperature_bucket, c.load_bucket)
         if c.n_spec and (key not in best or c.n_spec > best[key].n_spec):
             best[key] = c
-    for key in sorted(best):
+    cells = [("class", "load", "RC [interval]", "A", "rollbk", "n", "pool (K)", "base")]
+    flagged = 0
+    rank = {name: i for i, name in enumerate(order)}
+    for key in sorted(best, key=lambda k: (k[0], k[1], rank.get(k[2], len(rank)), k[2])):
         c = best[key]
         state = states.get(key)
         pool = state.pool if state is not None and state.pool else "?"
-        interval = f"[{fmt(c.lower, '.2f')}, {fmt(c.upper, '.2f')}]"
-        rows.append(
-            f"{key[0] + '/' + key[1]:<20}{key[2]:<8}{fmt(c.rc, '6.2f'):>6}{interval:>14}"
-            f"{fmt(c.accept_length, '6.2f'):>6}{fmt(c.full_rollback_round_ratio, '8.2f'):>8}{c.n_spec:>6}  "
-            f"{pool + ' (' + str(ks.get(pool, '?')) + ')':<14}{c.baseline_source:<8}"
+        evidence, _ = rcquality.grade(c, costs, order)
+        rc = rcquality.shown(c.rc, c.lower, c.upper, state=evidence)
+        if evidence == rcquality.CONTRADICTED:
+            rc += " !"
+            flagged += 1
+        cells.append(
+            (
+                f"{key[0]}/{key[1]}",
+                key[2],
+                rc,
+                fmt(c.accept_length, ".2f"),
+                fmt(c.full_rollback_round_ratio, ".2f"),
+                str(c.n_spec),
+                f"{pool} ({ks.get(pool, '?')})",
+                c.baseline_source,
+            )
         )
+    rows = columns_mod.aligned(cells)
+    if flagged:
+        rows.append("! model-baseline RC against a measured loss at a lower load (or a gain at a higher one)")
     return rows
 
 
-def _decision_line(d: dict) -> str:
+def _decision_lines(d: dict, width: int = WIDTH) -> list[str]:
+    """A plan change: one headline, then its whole reason wrapped under it (never cut)."""
     numbers = d.get("numbers", {})
     rc = None
     for name, values in (numbers.get("rules") or {}).items():
         if name.startswith("relative-cost@") and "value" in values:
             rc = values["value"]
             break
-    why = d["reason"].split(";")[0]
     rc_text = f" rc_lower={rc:.2f}" if rc is not None else ""
-    return (
+    head = (
         f">> t={d['time']:5.0f}s {d['action'].upper():<8} {d['task_type']}/{d['temperature_bucket']} "
-        f"load={d['load_bucket']}: {d['from']} -> {d['to']}{rc_text} ({why})"
+        f"load={d['load_bucket']}: {d['from']} -> {d['to']}{rc_text}"
     )
+    why = textwrap.wrap(
+        d.get("reason") or "",
+        width,
+        initial_indent="     ",
+        subsequent_indent="       ",
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+    return [head, *why]
 
 
 class Narrator:
@@ -243,7 +270,8 @@ class Narrator:
         if d.get("cause") == "profile":
             self.held.append(d)
         else:
-            self.out.line(_decision_line(d))
+            for text in _decision_lines(d, self.out.width):
+                self.out.line(text)
 
     def flush(self) -> None:
         if not self.held:
@@ -302,7 +330,8 @@ def run(args: argparse.Namespace) -> int:
     from specguard.lab import replay
     from specguard.lab import replay_policies as rp
 
-    narrator = Narrator(out, [b.name for b in setup.exporter.classes.load_buckets])
+    order = [b.name for b in setup.exporter.classes.load_buckets]
+    narrator = Narrator(out, order)
     live = None
     if args.live:
         from specguard.lab import demo_live
@@ -316,7 +345,7 @@ def run(args: argparse.Namespace) -> int:
 
         def on_status(now, phase, costs, states) -> None:
             narrator.flush()
-            out.status(now, phase, _rows(costs, states, ks))
+            out.status(now, phase, _rows(costs, states, ks, order))
 
         live = asyncio.run(
             demo_live.run_live(
@@ -351,7 +380,7 @@ def run(args: argparse.Namespace) -> int:
             narrator.decision(d)
         narrator.flush()
         phase = scen.phases[scen.phase_at(now)].name
-        out.status(now, phase, _rows(costs, guard_ref["policy"].states, ks))
+        out.status(now, phase, _rows(costs, guard_ref["policy"].states, ks, order))
 
     if args.live:
         out.line("3/3 replaying the same scenario and seed in virtual time: specguard and the baselines")
