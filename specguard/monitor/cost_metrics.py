@@ -51,10 +51,10 @@ _HELP = {
     "profile, "
     "model), 0 otherwise; source=none is 1 when none can.",
     PREDICTED: "What-if RC of the class on pool (another K), from its acceptance measured on source_pool.",
-    EVIDENCE: "Always 1; evidence = enough (the RC is a number), not_enough_evidence (its interval spans "
-    f"more than a factor of {rcquality.MAX_SPREAD:g}: no point estimate is exported, the bounds are), "
-    "contradicted (a model-baseline RC on the other side of 1.0 from a measured one at the nearest load "
-    "below or above) or unknown.",
+    EVIDENCE: "Always 1; evidence = enough (the RC is a number), not_enough_evidence (its interval holds "
+    f"1.0 and spans more than a factor of {rcquality.MAX_SPREAD:g}: no point estimate is exported, the "
+    "bounds are), contradicted (a model-baseline RC on the other side of 1.0 from a measured one at the "
+    "nearest load below or above) or unknown.",
 }
 
 

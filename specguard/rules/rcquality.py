@@ -1,10 +1,11 @@
 """How much an RC number says: enough evidence, too little (an interval too wide to be a number),
 or a model-baseline RC that contradicts what was measured at the neighbouring loads.
 
-- **Not enough evidence**: the interval spans more than ``MAX_SPREAD`` (its upper bound over its
-  lower, e.g. ``[0.40, 1.70]``: the RC is not known within a factor of 2 either way), or it has no
-  interval, or a lower bound of 0. Then the point estimate is no number to show or export; the
-  bounds still are (a lower bound above 1.0 still says the class loses).
+- **Not enough evidence**: the interval holds 1.0 and spans more than ``MAX_SPREAD`` (its upper
+  bound over its lower, e.g. ``[0.40, 1.70]``: the RC is not known within a factor of 2 either
+  way, and whether speculation pays is open), or it has no interval at all. Then the point estimate
+  is no number to show or export; the bounds still are. A wide interval wholly on one side of 1.0
+  (``[0.18, 0.98]``) is evidence enough for the verdict, and is shown as a number with it.
 - **Contradicted**: an RC on the ``model`` baseline at one load bucket that sits on the other side
   of 1.0 from a measured (live or profile) RC of the same class and pool at the nearest bucket
   below or above with one,
@@ -24,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 MAX_SPREAD = 4.0
-"""An interval with upper / lower above this is not enough evidence for a number."""
+"""An interval holding 1.0 with upper / lower above this is not enough evidence for a number."""
 
 ENOUGH = "enough"
 NOT_ENOUGH = "not_enough_evidence"
@@ -40,12 +41,13 @@ def _finite(x: float | None) -> bool:
 
 
 def enough(rc: float | None, lower: float | None, upper: float | None) -> str:
-    """``ENOUGH``, ``NOT_ENOUGH`` (too wide, no interval, or a zero lower bound) or ``UNKNOWN``."""
+    """``ENOUGH``, ``NOT_ENOUGH`` (too wide to tell whether it pays, or no interval) or ``UNKNOWN``."""
     if not _finite(rc):
         return UNKNOWN
-    if not (_finite(lower) and _finite(upper)) or lower <= 0 or upper / lower > MAX_SPREAD:
+    if not (_finite(lower) and _finite(upper)):
         return NOT_ENOUGH
-    return ENOUGH
+    wide = lower <= 0 or upper / lower > MAX_SPREAD
+    return NOT_ENOUGH if wide and lower <= 1.0 <= upper else ENOUGH
 
 
 def _key(c: Any) -> tuple[str, str, str]:

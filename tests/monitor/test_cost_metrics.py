@@ -82,8 +82,9 @@ def cost(load, rc, lower, upper, source="live"):
 
 def test_a_too_wide_interval_is_not_enough_evidence_and_a_contradicting_model_rc_is_flagged():
     assert rcquality.enough(0.21, 0.0, 141.14) == rcquality.NOT_ENOUGH  # a zero lower bound
-    assert rcquality.enough(1.0, 0.45, 1.9) == rcquality.NOT_ENOUGH  # more than a factor 4
+    assert rcquality.enough(1.0, 0.45, 1.9) == rcquality.NOT_ENOUGH  # more than a factor 4, around 1.0
     assert rcquality.enough(1.37, 1.13, 1.66) == rcquality.ENOUGH
+    assert rcquality.enough(0.42, 0.18, 0.98) == rcquality.ENOUGH  # wide, but it pays either way
     assert rcquality.enough(1.0, None, None) == rcquality.NOT_ENOUGH  # no interval at all
     assert rcquality.shown(0.21, 0.0, 141.14) == "not enough evidence [0.00, 141.14]"
     collector = CostCollector(["spec-k4"], ["low", "medium", "high"])
