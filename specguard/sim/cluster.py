@@ -122,6 +122,11 @@ class SimCluster:
         for runtime in self.runtimes.values():
             await runtime.stop()
 
+    def late(self) -> dict[str, dict[str, Any]]:
+        """Each pool that ran behind its time scale lately (``PoolRuntime.schedule``): name -> schedule."""
+        found = {name: runtime.schedule() for name, runtime in self.runtimes.items()}
+        return {name: s for name, s in found.items() if s["late"]}
+
     def relative_cost(self, task: str, temperature: float, pool: str, concurrency: int) -> float:
         """The model's true RC of one class on ``pool`` at ``concurrency`` (1.0 on a K = 0 pool)."""
         k = self.config.pool(pool).num_speculative_tokens
@@ -134,7 +139,10 @@ class SimCluster:
             "dialect": self.config.dialect,
             "time_scale": self.config.time_scale,
             "model_name": self.config.model_name,
-            "pools": {name: runtime.truth.to_json() for name, runtime in self.runtimes.items()},
+            "pools": {
+                name: {**runtime.truth.to_json(), "schedule": runtime.schedule()}
+                for name, runtime in self.runtimes.items()
+            },
             "model": model_table(self.config),
         }
 

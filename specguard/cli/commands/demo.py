@@ -15,6 +15,7 @@ from pathlib import Path
 
 from specguard import columns as columns_mod
 from specguard.cli import demo_table
+from specguard.cli.commands import simulate
 from specguard.cli.demo_table import fmt
 from specguard.errors import ConfigError, ConfigIssue
 
@@ -346,9 +347,12 @@ def run(args: argparse.Namespace) -> int:
             f"{time_scale:.2f} wall s per simulated s"
         )
 
-        def on_status(now, phase, costs, states) -> None:
+        def on_status(now, phase, costs, states, late=None) -> None:
             narrator.flush()
-            out.status(now, phase, _rows(costs, states, ks, order))
+            rows = _rows(costs, states, ks, order)
+            if late:
+                rows.append(simulate.lateness_warning(late, time_scale))
+            out.status(now, phase, rows)
 
         live = asyncio.run(
             demo_live.run_live(
@@ -365,6 +369,13 @@ def run(args: argparse.Namespace) -> int:
             f"    live: {live['requests']} requests through the tap, {live['actions']} plan changes, "
             f"{live['failed_requests']} failed"
         )
+        behind = live["simulator_schedule"]
+        if behind["late_checks"]:
+            out.line(
+                f"    warning: the simulator ran behind its time scale at {behind['late_checks']} of "
+                f"{behind['checks']} checks (up to {behind['worst_stretch']:.2f}x; a busy CPU): the live "
+                "run's times and RC were skewed then; the replays below run in virtual time and are not"
+            )
         pace = 0.0
     else:
         out.line("2/3 specguard (virtual time): router + windowed stats + cost model + guard")
