@@ -100,7 +100,8 @@ def held(ports):
         "import socket, sys, time\n"
         "socks = []\n"
         "for p in sys.argv[1:]:\n"
-        "    s = socket.socket(); s.bind(('127.0.0.1', int(p))); s.listen(); socks.append(s)\n"
+        "    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        "    s.bind(('127.0.0.1', int(p))); s.listen(); socks.append(s)\n"
         "print('held', flush=True); time.sleep(3600)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code, *map(str, ports)], stdout=subprocess.PIPE, text=True)

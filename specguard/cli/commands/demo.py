@@ -300,7 +300,27 @@ class Narrator:
                 self.out.line(row)
 
 
+INTERRUPTED = 130
+"""Exit status after Ctrl-C (128 + SIGINT), as a shell reports it."""
+
+
 def run(args: argparse.Namespace) -> int:
+    """The demo; Ctrl-C stops it with what was done so far said, and exit status 130."""
+    done: list[str] = []
+    try:
+        return _run(args, done)
+    except KeyboardInterrupt:
+        finished = "; ".join(done) if done else "nothing yet (the calibration was under way)"
+        print(
+            f"\ninterrupted (Ctrl-C): done so far: {finished}. The comparison needs every part; "
+            "`specguard demo --no-live` skips the live run, `--duration 0` the pacing.",
+            file=sys.stderr,
+            flush=True,
+        )
+        return INTERRUPTED
+
+
+def _run(args: argparse.Namespace, done: list[str]) -> int:
     from specguard.lab import demo
     from specguard.rules import profile as profile_mod
 
@@ -327,6 +347,7 @@ def run(args: argparse.Namespace) -> int:
     )
     profile = demo.calibrate(setup)
     stale_profile = demo.calibrate(setup, sim=setup.stale_sim) if setup.stale_sim is not None else None
+    done.append(f"calibration ({len(profile.pools[0].levels)} concurrency levels per pool)")
     if args.profile_out:
         profile_mod.write_profile(profile, Path(args.profile_out))
         out.line(f"    calibration profile written to {args.profile_out}")
@@ -369,6 +390,7 @@ def run(args: argparse.Namespace) -> int:
             f"    live: {live['requests']} requests through the tap, {live['actions']} plan changes, "
             f"{live['failed_requests']} failed"
         )
+        done.append(f"the live run ({live['requests']} requests, {live['actions']} plan changes)")
         behind = live["simulator_schedule"]
         if behind["late_checks"]:
             out.line(
@@ -407,6 +429,7 @@ def run(args: argparse.Namespace) -> int:
     out.done()
     rows = {"specguard": demo.specguard_row(setup, result, guard, "fresh")}
     out.line(f"    specguard replay: {len(result.decisions)} plan changes in {guard.evaluations} evaluations")
+    done.append(f"the specguard replay ({len(result.decisions)} plan changes)")
     for key, variant, prof in (
         ("specguard_no_profile", "none", None),
         ("specguard_stale_profile", "stale", stale_profile),
@@ -416,9 +439,19 @@ def run(args: argparse.Namespace) -> int:
         out.line(f"    replaying specguard with {'no' if prof is None else 'the stale'} profile")
         other, other_guard = demo.run_specguard(setup, prof)
         rows[key] = demo.specguard_row(setup, other, other_guard, variant)
+        done.append(f"the replay with {'no' if prof is None else 'the stale'} profile")
     if not args.live:
         out.line("3/3 replaying the same scenario and seed under the baselines")
-    compared = demo.compare(setup, rows, progress=lambda text: out.line(f"    {text}"))
+
+    started_replay: list[str] = []
+
+    def progress(text: str) -> None:
+        if started_replay:  # the one before this has finished
+            done.append(started_replay.pop().replace("replaying", "replayed", 1))
+        started_replay.append(text)
+        out.line(f"    {text}")
+
+    compared = demo.compare(setup, rows, progress=progress)
     result_json = {
         "scenario": demo.scenario_json(scen),
         "seed": setup.seed,
