@@ -231,7 +231,7 @@ def inherit_losses_upward(
 ) -> dict[ClassKey, Evidence]:
     """Give a (class, pool, load bucket) with too few samples the loss bound of a lower bucket.
 
-    On one pool, relative cost per token does not fall as load rises (docs/cost-model.md: at
+    On one pool, a loss does not turn into a gain as load rises (docs/guard.md: at
     low load extra verify tokens ride along almost free, at high load they compete with real
     requests). So if the nearest lower load bucket with enough samples measured the class on a
     pool with ``rc_lower`` > 1, the class is at least as bad there at this bucket: its pool entry
@@ -277,7 +277,7 @@ def inherit_losses_upward(
                     continue
                 note = (
                     f"inherited from load_bucket={bucket} ({INHERITED_MEASURE} {bound:.2f} > {LOSS_BOUND}, "
-                    f"{found.samples} samples): rc does not fall as load rises"
+                    f"{found.samples} samples): a loss does not turn into a gain as load rises"
                 )
                 pools[name] = PoolEvidence(
                     pool=name,

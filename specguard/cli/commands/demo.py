@@ -300,6 +300,15 @@ class Narrator:
                 self.out.line(row)
 
 
+LIVE_SHARE = 0.7
+"""The share of ``--duration`` the live run is paced to (the replays after it run unpaced)."""
+
+
+def live_budget(duration: float) -> float:
+    """Wall seconds the live run aims at for ``--duration`` (0: as fast as possible)."""
+    return max(10.0, duration * LIVE_SHARE) if duration else 0.0
+
+
 INTERRUPTED = 130
 """Exit status after Ctrl-C (128 + SIGINT), as a shell reports it."""
 
@@ -361,7 +370,7 @@ def _run(args: argparse.Namespace, done: list[str]) -> int:
     if args.live:
         from specguard.lab import demo_live
 
-        budget = max(10.0, args.duration * 0.7) if args.duration else 0.0
+        budget = live_budget(args.duration)
         time_scale = demo_live.pick_time_scale(scen.duration_s, budget)
         out.line(
             f"2/3 specguard LIVE: simulator pools over HTTP + tap + exporter + guard daemon, "
