@@ -95,3 +95,15 @@ def test_a_taken_port_under_port_base_names_the_flag():
             f"Error: --port-base: cannot listen on 127.0.0.1:{port} for pool spec-k2: address already in use"
         )
         assert "choose free ports with --port-base PORT" in done.stderr
+
+
+def test_check_config_warns_for_a_pool_that_does_not_answer(tmp_path: Path):
+    with occupied() as port:  # bound, then closed: nothing listens there afterwards
+        pass
+    cfg = tmp_path / "dead.yaml"
+    cfg.write_text(Path(DEFAULT).read_text().replace("http://127.0.0.1:8002", f"http://127.0.0.1:{port}"))
+    done = specguard("check-config", str(cfg))
+    assert done.returncode == 0 and done.stdout.startswith(f"OK {cfg}")  # a warning, not an error
+    assert f"warning: pool spec-k2 (http://127.0.0.1:{port}): unreachable (connection refused)" in done.stderr
+    quiet = specguard("check-config", "--no-connect", str(cfg))
+    assert quiet.returncode == 0 and "warning" not in quiet.stderr
