@@ -13,32 +13,21 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from specguard.rules import classstate as cs
 from specguard.rules import policy as policy_mod
 from specguard.rules import timing
-from specguard.rules.classstate import (
-    HOLD_BAD,
-    HOLD_CONFIRMING,
-    HOLD_DATA,
-    HOLD_NOT_DUE,
-    HOLD_OPERATOR,
-    HOLD_RATE,
-    HOLD_RECOVERING,
-    HOLD_REVERSAL,
-    HOLD_STUCK,
-    ClassState,
-    Decision,
-)
+from specguard.rules.classstate import ClassState, Decision
 
 WORDS = {
-    HOLD_DATA: "too little data",
-    HOLD_BAD: "bad, within limits",
-    HOLD_RATE: "move waits (rate limit)",
-    HOLD_RECOVERING: "recovering",
-    HOLD_CONFIRMING: "confirming a move",
-    HOLD_REVERSAL: "move back waits (no flapping)",
-    HOLD_STUCK: "bad, nowhere to go",
-    HOLD_OPERATOR: "held by an operator",
-    HOLD_NOT_DUE: "not due",
+    cs.HOLD_DATA: "too little data",
+    cs.HOLD_BAD: "bad, within limits",
+    cs.HOLD_RATE: "move waits (rate limit)",
+    cs.HOLD_RECOVERING: "recovering",
+    cs.HOLD_CONFIRMING: "confirming a move",
+    cs.HOLD_REVERSAL: "move back waits (no flapping)",
+    cs.HOLD_STUCK: "bad, nowhere to go",
+    cs.HOLD_OPERATOR: "held by an operator",
+    cs.HOLD_NOT_DUE: "not due",
 }
 """A hold's kind as the phase column shows it: ``hold: too little data``."""
 
@@ -112,19 +101,19 @@ def wait(decision: Decision | None, state: ClassState, policy: policy_mod.Policy
     kind, at = decision.hold, decision.at
     words = WORDS.get(kind, kind)
     nxt = at + _interval(policy)
-    if kind == HOLD_OPERATOR:
+    if kind == cs.HOLD_OPERATOR:
         what = f"an operator to unpin it (pinned to {state.pin})" if state.pin else "an operator to resume it"
         return Wait(kind, words, what)
-    if kind == HOLD_DATA:
+    if kind == cs.HOLD_DATA:
         return Wait(kind, words, _data_wanted(decision, state, policy), nxt)
-    if kind == HOLD_BAD:
+    if kind == cs.HOLD_BAD:
         return _bad(decision, state, policy, words)
-    if kind == HOLD_RATE:
+    if kind == cs.HOLD_RATE:
         text, until = _gate_until(state, at, policy)
         return Wait(kind, words, text, until, EARLIEST_MOVE)
-    if kind == HOLD_RECOVERING:
+    if kind == cs.HOLD_RECOVERING:
         return _recovering(decision, state, policy, words)
-    if kind == HOLD_CONFIRMING:
+    if kind == cs.HOLD_CONFIRMING:
         limits = [r.limits.consecutive_success_limit for r in policy.rules if not r.dry_run]
         need = max(limits, default=1)
         more = max(1, need - state.confirm_successes)
@@ -133,11 +122,11 @@ def wait(decision: Decision | None, state: ClassState, policy: policy_mod.Policy
             f"({state.confirm_successes} of {need})"
         )
         return Wait(kind, words, what, at + more * _interval(policy), EARLIEST_MOVE)
-    if kind == HOLD_REVERSAL:
+    if kind == cs.HOLD_REVERSAL:
         return Wait(kind, words, "the cheaper pool to stay cheaper for longer before moving back", nxt)
-    if kind == HOLD_STUCK:
+    if kind == cs.HOLD_STUCK:
         return Wait(kind, words, f"nothing: no pool below {state.pool} to move to (see its reason)")
-    if kind == HOLD_NOT_DUE:
+    if kind == cs.HOLD_NOT_DUE:
         due = [
             state.rule(r.name).last_evaluated_at + r.limits.interval_seconds
             for r in policy.all_rules
@@ -169,7 +158,9 @@ def _bad(decision: Decision, state: ClassState, policy: policy_mod.Policy, words
     entries = _rule_entries(decision, "act", on=state.pool)
     rule = _rule(policy, entries[0][0]) if entries else None
     if rule is None:
-        return Wait(HOLD_BAD, words, "more bad evaluations", decision.at + _interval(policy), EARLIEST_MOVE)
+        return Wait(
+            cs.HOLD_BAD, words, "more bad evaluations", decision.at + _interval(policy), EARLIEST_MOVE
+        )
     limits, counters = rule.limits, state.rule(rule.name)
     more = []
     if limits.consecutive_failure_limit >= 0:
@@ -178,7 +169,7 @@ def _bad(decision: Decision, state: ClassState, policy: policy_mod.Policy, words
         more.append(limits.failure_limit + 1 - len(counters.failure_times))
     left = max(1, min(more)) if more else math.inf
     if left == math.inf:
-        return Wait(HOLD_BAD, words, f"nothing: {rule.name}'s failure limits are off (-1)")
+        return Wait(cs.HOLD_BAD, words, f"nothing: {rule.name}'s failure limits are off (-1)")
     left = int(left)
     until = decision.at + left * limits.interval_seconds
     gate, opens = _gate_until(state, until, policy)
@@ -190,7 +181,7 @@ def _bad(decision: Decision, state: ClassState, policy: policy_mod.Policy, words
         f"{limits.consecutive_failure_limit} in a row, or {limits.failure_limit} in "
         f"{limits.failure_window_seconds:.0f} s); sooner back to good and nothing moves"
     )
-    return Wait(HOLD_BAD, words, what, until, EARLIEST_MOVE)
+    return Wait(cs.HOLD_BAD, words, what, until, EARLIEST_MOVE)
 
 
 def _recovering(decision: Decision, state: ClassState, policy: policy_mod.Policy, words: str) -> Wait:
@@ -198,7 +189,7 @@ def _recovering(decision: Decision, state: ClassState, policy: policy_mod.Policy
     entries = _rule_entries(decision, "ok", off=state.pool)
     rule = _rule(policy, entries[0][0]) if entries else None
     if rule is None:
-        return Wait(HOLD_RECOVERING, words, "more good evaluations", decision.at + _interval(policy))
+        return Wait(cs.HOLD_RECOVERING, words, "more good evaluations", decision.at + _interval(policy))
     limits, counters = rule.limits, state.rule(rule.name)
     pool = entries[0][1]
     left = max(0, limits.consecutive_success_limit - counters.consecutive_successes)
@@ -210,4 +201,4 @@ def _recovering(decision: Decision, state: ClassState, policy: policy_mod.Policy
         f"({counters.consecutive_successes} of {limits.consecutive_success_limit}) and "
         f"{limits.stabilization_window_seconds:.0f} s of good evidence ({stable:.0f} s so far)"
     )
-    return Wait(HOLD_RECOVERING, words, what, until, EARLIEST_MOVE)
+    return Wait(cs.HOLD_RECOVERING, words, what, until, EARLIEST_MOVE)

@@ -61,28 +61,7 @@ def test_a_decision_reason_is_shown_whole_and_wrapped():
 
 def test_live_rows_keep_a_space_before_the_interval_and_say_when_it_is_too_wide():
     from specguard.cli.commands.demo import _rows
-    from specguard.rules.cost import ClassCost
-
-    def cost(load, rc, lower, upper, source="live", n=40):
-        return ClassCost(
-            "code",
-            "greedy",
-            load,
-            "spec-k4",
-            4,
-            "ok",
-            rc,
-            lower,
-            upper,
-            0.95,
-            "delta",
-            n,
-            50,
-            None,
-            None,
-            source,
-            "",
-        )
+    from tests.monitor.test_cost_metrics import cost
 
     rows = _rows(
         [
