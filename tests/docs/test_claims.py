@@ -47,3 +47,16 @@ def test_the_sweep_prints_its_own_wall_time(tmp_path):
     assert done.returncode == 0, done.stderr
     assert re.search(r"^done in \d+ s$", done.stdout, re.M), done.stdout[-500:]
     assert "(it prints its wall time)" in flat("docs/commands.md")
+
+
+def test_the_taken_port_message_quoted_in_commands_md_points_at_the_real_line():
+    from specguard import configfile
+    from specguard.monitor import config
+
+    text = flat("docs/commands.md")
+    quoted = re.search(
+        r"Error: specguard/monitor/default-config\.yaml:(\d+):(\d+): tap\.listen: cannot listen", text
+    )
+    assert quoted, "docs/commands.md no longer quotes the taken-port message"
+    line, column = configfile.load_file(config.DEFAULT_CONFIG).where("tap.listen")
+    assert (int(quoted.group(1)), int(quoted.group(2))) == (line, column)
