@@ -1,14 +1,14 @@
 """Failover from a dead pool: what the clients see when a pool is SIGKILLed during load.
 
 The tap (``specguard`` Monitor, in this process) fronts two simulated pools: spec-k4 (in this
-process) and nospec, which runs as its own ``specguard simulate`` process so that it can be
-killed with SIGKILL. creative/high is planned onto nospec (as in issue 18) and a holdout share
-of every other class goes there too. Each run: load for ``--before`` seconds, SIGKILL of nospec,
-``--down`` seconds dead, restart on the same port, ``--after`` seconds more. Reported per run:
-requests sent, requests failed (not a whole 2xx answer), of those the ones sent after the pool
-was marked down, the time from the kill to the pool marked down (time to failover), and from
-the restarted pool answering ``/health`` to it marked up (time back); and the same with
-``tap.failover: false`` (the behaviour before issue 18) for comparison.
+process) and nospec, which runs as its own ``specguard simulate`` process so that it can be killed
+with SIGKILL. creative/high is planned onto nospec (as in the run that found the defect) and a
+holdout share of every other class goes there too. Each run: load for ``--before`` seconds, SIGKILL
+of nospec, ``--down`` seconds dead, restart on the same port, ``--after`` seconds more. Reported per
+run: requests sent, requests failed (not a whole 2xx answer), of those the ones sent after the pool
+was marked down, the time from the kill to the pool marked down (time to failover), and from the
+restarted pool answering ``/health`` to it marked up (time back); and the same with ``tap.failover:
+false`` (no failover: the behaviour this replaced) for comparison.
 
     python3 bench/bench_failover.py [--runs 3] [--concurrency 8] [--before 3] [--down 5]
         [--after 3] [--time-scale 0.05] [--json]

@@ -1,4 +1,4 @@
-"""Proxied latency under hostile input, as a ratio to a quiet run (issue 21).
+"""Proxied latency under hostile input, as a ratio to a quiet run (docs/reliability.md#hostile-input).
 
 Three processes on loopback: an engine (20 ms per answer; its /metrics page can be switched to one
 with a 10 MB label value), ``specguard run`` (tap + guard, scraping every second and evaluating

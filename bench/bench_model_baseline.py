@@ -1,8 +1,8 @@
 """Model-baseline accuracy: TPOT_base and RC at loads the no-spec pool never ran, against the truth.
 
 For each simulator world (the default, plus worlds of our own), a virtual-time replay runs closed-loop
-traffic through the tap's ``Router`` with a fixed 5% holdout (the share holdout the issue started
-from), so the no-spec pool only ever runs at low load while the speculative pools (K=4 for most
+traffic through the tap's ``Router`` with a fixed 5% holdout (the share holdout of earlier
+releases), so the no-spec pool only ever runs at low load while the speculative pools (K=4 for most
 classes, K=2 for chat) run at low, medium and high load. One replica per pool, a fixed fleet. For
 each phase, the window's records go through ``rules.modelbase.fit`` (the ``model`` baseline the
 cost model uses when no live or fresh profile baseline exists) and the prediction for every load
@@ -11,7 +11,7 @@ the JSON ``GET /sim/truth`` serves): the no-spec step time at the bucket's load 
 TPOT_base) and each class's true RC there. Reported per world, bucket and class: relative errors
 and whether the truth lies in the model's 95% interval (coverage).
 
-Goals (issue 15): |error| <= 10% at medium load and <= 15% at high load, in the default world and
+Goals: |error| <= 10% at medium load and <= 15% at high load, in the default world and
 the worlds ``expensive-draft`` and ``early-knee``; ``saturating`` is a stress world beyond them (the
 no-spec pool itself turns compute-bound at loads it never ran at).
 

@@ -24,7 +24,7 @@ vLLM dialect).
         [--rounds 4] [--levels 1,16,128] [--pin on|off] [--proxy tap|push|bare|none] [--profile FILE]
         [--json]
 
-Targets (issue 4): p99 added latency <= 2 ms at 128 streams; tap RSS <= 150 MB.
+Targets: p99 added latency <= 2 ms at 128 streams; tap RSS <= 150 MB.
 """
 
 from __future__ import annotations

@@ -3,7 +3,44 @@
 
 from __future__ import annotations
 
+import errno
 from urllib.parse import SplitResult, urlsplit, urlunsplit
+
+LISTEN_FORM = "must be host:port ([address]:port for IPv6)"
+
+
+def listen_problem(listen: str) -> str | None:
+    """What is wrong with a ``host:port`` listen address, in words (None when it is fine)."""
+    if split_listen(listen) is not None:
+        return None
+    port = listen.rpartition(":")[2]
+    if port.isdigit() and int(port) > 65535:
+        return f"port {int(port)} is out of range (0-65535)"
+    return LISTEN_FORM
+
+
+def bind_reason(exc: OSError) -> str:
+    """Why a listening socket could not be bound, in a user's words (no ``[Errno 98]``)."""
+    reasons = {
+        errno.EADDRINUSE: "address already in use (another process listens there)",
+        errno.EACCES: "permission denied (ports below 1024 need privileges)",
+        errno.EADDRNOTAVAIL: "no such address on this machine",
+    }
+    if exc.errno in reasons:
+        return reasons[exc.errno]
+    text = exc.strerror or str(exc)
+    return text.rpartition(": ")[2] if text.startswith("error while attempting to bind") else text
+
+
+def shift_url_port(url: str, step: int) -> tuple[str, int]:
+    """``url`` with its port (explicit, or the scheme's default) moved by ``step``; and that port."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    moved = port + step
+    auth, _, hostport = parts.netloc.rpartition("@")
+    host = hostport.rsplit(":", 1)[0] if parts.port is not None else hostport
+    netloc = f"{auth}@{host}:{moved}" if auth else f"{host}:{moved}"
+    return urlunsplit(parts._replace(netloc=netloc)), moved
 
 
 def split_listen(listen: str) -> tuple[str, int] | None:

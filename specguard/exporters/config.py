@@ -103,7 +103,7 @@ class TapConfig:
     window_seconds: float = 900.0  # sliding window of the per-class statistics
     max_window_records: int = 100_000  # memory bound of the window, ~600 B per record (oldest dropped first)
     full_rollback_request_threshold: float = 0.5  # a request whose full-rollback round share > this
-    holdout_share: float = 0.05  # share of every class sent to the no-spec pool (baseline)
+    holdout_share: float = 0.05  # holdout to the no-spec pool: the share with holdout fixed, else a ceiling
     probe_share: float = 0.05  # share of a class routed off speculation kept on a spec pool
     default_pool: str = ""  # pool for classes without a plan entry (first pool when empty)
     nospec_pool: str | None = None  # the baseline pool (first K=0 pool when empty)
@@ -319,8 +319,9 @@ def parse_classes(section: Section) -> ClassesConfig:
 def parse_tap(section: Section, pools: tuple[PoolConfig, ...]) -> TapConfig:
     base = TapConfig()
     listen = section.get("listen", str, base.listen)
-    if addresses.split_listen(listen) is None:
-        section.error("listen", f"({listen!r}) must be host:port ([address]:port for IPv6)")
+    problem = addresses.listen_problem(listen)
+    if problem is not None:
+        section.error("listen", f"({listen!r}) {problem}")
         listen = base.listen
     names = [p.name for p in pools]
     default_pool = section.get("default_pool", str, names[0] if names else "")

@@ -1,6 +1,6 @@
 """Derived speculative-decoding metrics from one snapshot (cumulative) or the window between two.
 
-Definitions (CONCEPTS.md): strict accept rate = accepted drafts / proposed drafts; accept length
+Definitions (docs/concepts.md): strict accept rate = accepted drafts / proposed drafts; accept length
 A = output tokens per verify round, bonus included (``1 + accepted / rounds``, or SGLang's
 ``generation tokens / verify calls``); CI acceptance proxy = A / (K + 1); per-position acceptance
 p_i = rounds whose first i drafts were all accepted / rounds; full-rollback ratio (round level)

@@ -288,7 +288,8 @@ TARGETS = {
 
 
 def targets(policies: dict[str, dict], cap: int) -> dict[str, dict]:
-    """The issue's targets for this one run: each with its value and whether it is met."""
+    """The controller's targets (docs/benchmarks.md) for this one run: each with its value and whether
+    it is met."""
     r = ratios(policies)
     changes = policies["specguard"]["max_changes_per_class_hour"]
     values = {

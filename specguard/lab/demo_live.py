@@ -30,6 +30,7 @@ from specguard.monitor import guard_config, guard_wiring
 from specguard.rules import cost as cost_mod
 from specguard.rules import profile as profile_mod
 from specguard.sim.cluster import SimCluster
+from specguard.sim.runtime import LATE_STRETCH
 
 LIVE_MODE = "live: HTTP through the tap, scraped and guarded by the standalone app (guard daemon)"
 
@@ -59,7 +60,7 @@ async def run_live(
     profile: profile_mod.Profile,
     *,
     time_scale: float,
-    on_status: Callable[[float, str, list, dict], None] | None = None,
+    on_status: Callable[[float, str, list, dict, dict], None] | None = None,
     on_decision: Callable[[dict], None] | None = None,
     status_every_s: float = 1.0,
 ) -> dict:
@@ -96,6 +97,7 @@ async def run_live(
                 return await _drive(
                     setup,
                     url,
+                    sim,
                     monitor,
                     guard,
                     live_profile,
@@ -108,7 +110,7 @@ async def run_live(
                 await monitor.stop()
 
 
-async def _drive(setup, url, monitor, guard, profile, time_scale, on_status, on_decision, every) -> dict:
+async def _drive(setup, url, sim, monitor, guard, profile, time_scale, on_status, on_decision, every) -> dict:
     scen = setup.scenario
     ks = {p.name: p.num_speculative_tokens for p in setup.exporter.pools}
     settings = setup.settings
@@ -118,9 +120,17 @@ async def _drive(setup, url, monitor, guard, profile, time_scale, on_status, on_
     decisions: list[dict] = []
     tasks: list[asyncio.Task] = []
     stop = asyncio.Event()
+    schedule = {"checks": 0, "late_checks": 0, "worst_stretch": 1.0, "late_pools": set()}
 
     async def watch() -> None:
         while not stop.is_set():
+            late = sim.late()  # the simulator behind its time scale: what it serves now is skewed
+            schedule["checks"] += 1
+            if late:
+                schedule["late_checks"] += 1
+                schedule["late_pools"].update(late)
+                worst = max(s["stretch"] for s in late.values())
+                schedule["worst_stretch"] = max(schedule["worst_stretch"], worst)
             now = time.time()
             model_now = (now - t0) / time_scale
             phase = scen.phases[scen.phase_at(model_now)].name
@@ -137,7 +147,7 @@ async def _drive(setup, url, monitor, guard, profile, time_scale, on_status, on_
             if on_status:
                 records = monitor.stats.records(since=now - window)
                 costs = await asyncio.to_thread(cost_mod.evaluate, records, ks, profile, now, settings)
-                on_status(model_now, phase, costs, dict(guard.states))
+                on_status(model_now, phase, costs, dict(guard.states), late)
             try:
                 async with asyncio.timeout(every):
                     await stop.wait()
@@ -185,6 +195,15 @@ async def _drive(setup, url, monitor, guard, profile, time_scale, on_status, on_
         "actions": len(decisions),
         "tap_requests": int(sum(t.requests for t in monitor.stats.totals().values())),
         "final_plan": {"/".join(k): s.pool for k, s in sorted(guard.states.items()) if s.pool},
+        # status checks at which the simulator ran behind its time scale (PoolRuntime.schedule):
+        # then the live run's times, and its RC, were skewed by the CPU, not by the model
+        "simulator_schedule": {
+            "checks": schedule["checks"],
+            "late_checks": schedule["late_checks"],
+            "worst_stretch": round(schedule["worst_stretch"], 3),
+            "late_pools": sorted(schedule["late_pools"]),
+            "late_stretch": LATE_STRETCH,
+        },
         "time_units": "model seconds (wall / time_scale)",
         "note": "1 engine per pool over HTTP; not the replays' fleet capacity model, so compare within rows",
     }

@@ -28,6 +28,7 @@ class ReportData:
     step_s: float
     window: str
     rc: pd.DataFrame = field(default_factory=pd.DataFrame)
+    rc_samples: pd.DataFrame = field(default_factory=pd.DataFrame)  # spec-side requests behind each RC
     actions: pd.DataFrame = field(default_factory=pd.DataFrame)
     accept_length: pd.DataFrame = field(default_factory=pd.DataFrame)
     strict_rate: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -56,6 +57,7 @@ def collect(
     by = ",".join(CLASS)
     data = ReportData(source.url, start, end, step_s, window)
     data.rc = source.range("specguard_relative_cost_per_token_ratio", start, end, step_s)
+    data.rc_samples = source.range('specguard_relative_cost_samples{side="spec"}', start, end, step_s)
     data.actions = _increments(
         source.range("specguard_actions_total", start, end, step_s),
         source.instant("specguard_actions_created", at=end),
@@ -204,7 +206,7 @@ def build_figures(data: ReportData) -> dict[str, figures.Figure | None]:
         (data.rollback, "full-rollback ratio (rounds)"),
     ]
     return {
-        "Relative cost per token per class": figures.rc_figure(data.rc, data.actions, paint),
+        "Relative cost per token per class": figures.rc_figure(data.rc, data.actions, paint, data.rc_samples),
         "Acceptance and rollback trends": figures.trends_figure(trends, data.window, paint),
         "Pools: TPOT and output throughput": figures.pools_figure(data.tpot, data.throughput, paint),
     }

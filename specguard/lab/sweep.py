@@ -1,4 +1,4 @@
-"""``specguard sweep``: CONCEPTS.md section 5 step 2 as a tool.
+"""``specguard sweep``: sweep K and concurrency on the real request mix, recording RC per cell.
 
 For every pool (K), workload geometry and concurrency level, drive the request mix closed-loop and
 record what each request did; then per (pool, geometry, concurrency, class) compute TPOT (ratio of

@@ -1,5 +1,5 @@
 """The two answers a K sweep exists for: the best K per class per concurrency, and where each
-class's RC crosses 1.0 (CONCEPTS.md section 5 step 2).
+class's RC crosses 1.0 (docs/commands.md#specguard-sweep).
 
 Both read a ``sweep.to_frame`` frame, so they work the same on the simulator and on real engines.
 """

@@ -1,4 +1,4 @@
-"""Standalone wiring: the tap, one scrape loop per pool, ``/metrics`` and ``/healthz`` in one app.
+"""Standalone wiring: the tap, one scrape loop per pool, ``/metrics``, ``/healthz`` and ``/livez`` in one app.
 
 ``Monitor`` builds the parts from the config and owns their lifecycle through aiohttp's
 cleanup contexts. Other components join before ``build_app()``:
@@ -13,7 +13,6 @@ cleanup contexts. Other components join before ``build_app()``:
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import random
@@ -146,6 +145,7 @@ class Monitor:
         self.app: web.Application | None = None
         self._runner: web.AppRunner | None = None
         self._server: asyncio.Server | None = None
+        self._host = self.exporter_config.tap.host
 
     def _on_snapshot(self, pool: PoolConfig, snapshot: EngineSnapshot) -> None:
         self.tap.set_engine(pool.name, snapshot.engine)
@@ -192,14 +192,34 @@ class Monitor:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(self, request: web.Request) -> web.Response:
+        """200 ``ok`` while at least one pool serves; 503 ``degraded`` when every pool is down
+        (the body names them and why). For people and external checks: the Kubernetes probes use
+        ``/livez``, since a pod whose readiness waited for the pools would never become ready
+        behind engine Services that list only ready pods."""
         pools = {name: watch.up for name, watch in self.watches.items()}
         # why a pool is down (unreachable, or its page refused: too large, a line too long...)
         errors = {
             name: (watch.last_error or "")[:300] for name, watch in self.watches.items() if not watch.up
         }
-        serving = {name: state.healthy for name, state in self.health.view().items()}
-        body = {"status": "ok", "pools_up": pools, "pools_serving": serving, "pools_error": errors}
-        return web.Response(text=json.dumps(body), content_type="application/json")
+        view = self.health.view()
+        serving = {name: state.healthy for name, state in view.items()}
+        body: dict[str, object] = {
+            "status": "ok",
+            "pools_up": pools,
+            "pools_serving": serving,
+            "pools_error": errors,
+        }
+        if serving and not any(serving.values()):
+            body["status"] = "degraded"
+            body["reason"] = "every pool is down: " + "; ".join(
+                f"{name} ({view[name].reason or errors.get(name) or 'unreachable'})" for name in serving
+            )
+            return web.json_response(body, status=503)
+        return web.json_response(body)
+
+    async def livez(self, request: web.Request) -> web.Response:
+        """200 while this process serves HTTP: the probes' endpoint, free of every dependency."""
+        return web.json_response({"status": "alive"})
 
     async def _lifecycle(self, app: web.Application):
         offload.acquire()
@@ -235,41 +255,60 @@ class Monitor:
             )
             app.router.add_get("/metrics", self.metrics)
             app.router.add_get("/healthz", self.healthz)
+            app.router.add_get("/livez", self.livez)
             app.router.add_routes(self._routes)
             app.router.add_routes(self.tap.routes())
             app.cleanup_ctx.append(self._lifecycle)
             self.app = app
         return self.app
 
+    async def listen(self, host: str | None = None, port: int | None = None) -> None:
+        """Bind the listening socket (the config's ``tap.listen`` by default) without serving yet.
+
+        ``specguard run`` binds first, so a taken port is the first and only thing it reports,
+        before any component starts or logs. Connections wait in the backlog until ``start()``.
+        Raises OSError (e.g. the port is taken)."""
+        if self._server is not None:
+            return
+        tap_cfg = self.exporter_config.tap
+        self._server = await asyncio.get_running_loop().create_server(
+            self.clients.factory(self._handler),
+            host or tap_cfg.host,
+            tap_cfg.port if port is None else port,
+            reuse_address=True,
+            backlog=self.clients.backlog,
+            start_serving=False,
+        )
+        self._host = host or tap_cfg.host
+
+    def _handler(self) -> asyncio.Protocol:
+        """aiohttp's protocol for one connection (the runner exists by the time one is accepted)."""
+        assert self._runner is not None and self._runner.server is not None
+        return self._runner.server()
+
     async def start(self, host: str | None = None, port: int | None = None) -> str:
-        """Serve on host:port (the config's ``tap.listen`` by default); returns the base URL."""
+        """Serve on host:port (the config's ``tap.listen`` by default, or where ``listen()``
+        bound); returns the base URL."""
+        await self.listen(host, port)
+        assert self._server is not None
         app = self.build_app()
         listen = self.exporter_config.tap
-        self._runner = web.AppRunner(
-            app,
-            handler_cancellation=True,
-            access_log=None,
-            # a backstop only: the client guard closes idle connections first, and counts them
-            keepalive_timeout=listen.client_idle_timeout_seconds + 5.0,
-            logger=clientguard.ServerLog(logging.getLogger("specguard.http")),
-        )
-        await self._runner.setup()
-        host = host or listen.host
-        server = self._runner.server
-        assert server is not None
         try:
-            self._server = await asyncio.get_running_loop().create_server(
-                self.clients.factory(server),
-                host,
-                listen.port if port is None else port,
-                reuse_address=True,
-                backlog=self.clients.backlog,
+            self._runner = web.AppRunner(
+                app,
+                handler_cancellation=True,
+                access_log=None,
+                # a backstop only: the client guard closes idle connections first, and counts them
+                keepalive_timeout=listen.client_idle_timeout_seconds + 5.0,
+                logger=clientguard.ServerLog(logging.getLogger("specguard.http")),
             )
-        except BaseException:  # e.g. the port is taken: close what setup() opened (the tap's session)
+            await self._runner.setup()
+            await self._server.start_serving()
+        except BaseException:  # close what setup() opened (the tap's session) and the socket
             await self.stop()
             raise
         bound = self._server.sockets[0].getsockname()[1]
-        return f"http://{join_listen(host, bound)}"
+        return f"http://{join_listen(self._host, bound)}"
 
     async def stop(self) -> None:
         if self._server is not None:  # stop accepting; the runner then closes the connections

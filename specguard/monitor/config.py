@@ -15,7 +15,7 @@ from typing import Any
 
 from specguard import configfile
 from specguard.configfile import Document, Section
-from specguard.errors import ConfigError
+from specguard.errors import ConfigError, ConfigIssue
 from specguard.exporters import addresses
 from specguard.exporters import config as exporter_config
 from specguard.monitor import guard_wiring
@@ -27,13 +27,13 @@ EXPORTER_SECTIONS = ("pools", "classes", "tap", "scrape")
 # Hooks for the other sections: name -> parser(root) -> parsed value. The parser reads
 # ``root.section(name)`` (or ``root.items(name)``), records issues on the document and
 # returns its frozen config object. Owners register here:
-#   cost:       rules.cost settings           (issue 5)
-#   guard:      the policy                    (issue 6)
-#   server:, actuators:, alertmanager:        (issue 6)
+#   cost:       rules.cost settings
+#   guard:      the policy
+#   server:, actuators:, alertmanager: the guard's wiring
 SectionParser = Callable[[Section], Any]
 SECTIONS: dict[str, SectionParser] = {}
-SECTIONS["cost"] = cost_config.parse_root  # cost: (issue 5) -> rules.cost_config.CostSettings
-guard_wiring.register_sections(SECTIONS)  # guard:, server:, actuators:, alertmanager: (issue 6)
+SECTIONS["cost"] = cost_config.parse_root  # cost: -> rules.cost_config.CostSettings
+guard_wiring.register_sections(SECTIONS)  # guard:, server:, actuators:, alertmanager:
 
 # Sections another engineer will own but whose parser is not registered yet: accepted as-is
 # (a mapping) so that a config written for the full product does not fail on them.
@@ -70,10 +70,66 @@ def with_listen(cfg: SpecguardConfig, listen: str) -> SpecguardConfig:
     Applied before anything is built from the config, so every check of the listen address
     (e.g. ``server.insecure_loopback`` needs loopback) sees the address actually bound.
     """
-    if addresses.split_listen(listen) is None:
-        raise ConfigError(f"--listen ({listen!r}) must be host:port ([address]:port for IPv6)")
+    problem = addresses.listen_problem(listen)
+    if problem is not None:
+        raise ConfigError(ConfigIssue("--listen", None, None, "", f"({listen!r}) {problem}"))
     tap = replace(cfg.exporter.tap, listen=listen)
     return replace(cfg, exporter=replace(cfg.exporter, tap=tap))
+
+
+def with_port_base(cfg: SpecguardConfig, base: int) -> SpecguardConfig:
+    """``cfg`` with every port moved by the step that puts its first pool on ``base``
+    (``specguard run --port-base``): the pools' URLs and ``tap.listen`` alike, so the shipped
+    config follows ``specguard simulate --port-base`` with one number. A ``tap.listen`` port of 0
+    (any free port) stays 0."""
+    pools = cfg.exporter.pools
+    if not pools:
+        return cfg
+    first = addresses.shift_url_port(pools[0].url, 0)[1]
+    step = base - first
+    moved, bad = [], []
+    for pool in pools:
+        url, port = addresses.shift_url_port(pool.url, step)
+        moved.append(replace(pool, url=url))
+        if not 1 <= port <= 65535:
+            bad.append(f"pool {pool.name} to {port}")
+    tap = cfg.exporter.tap
+    listen = tap.listen
+    if tap.port:
+        listen = addresses.join_listen(tap.host, tap.port + step)
+        if not 1 <= tap.port + step <= 65535:
+            bad.append(f"tap.listen to {tap.port + step}")
+    if bad or not 1 <= base <= 65535:
+        why = f"moves {', '.join(bad)}" if bad else "is not a port number"
+        message = f"({base}) {why}: out of range (1-65535)"
+        raise ConfigError(ConfigIssue("--port-base", None, None, "", message))
+    exporter = replace(cfg.exporter, pools=tuple(moved), tap=replace(tap, listen=listen))
+    return replace(cfg, exporter=exporter)
+
+
+def listen_error(cfg: SpecguardConfig, exc: OSError, flag: str | None = None) -> ConfigError:
+    """A taken (or forbidden) ``tap.listen`` port, naming where the address came from: ``flag``
+    (``--listen``, ``--port-base``) or the config file's ``tap.listen`` line, and how to move it."""
+    listen, reason = cfg.exporter.tap.listen, addresses.bind_reason(exc)
+    if flag == "--listen":
+        message = f"cannot listen on {listen}: {reason}; choose another HOST:PORT"
+        return ConfigError(ConfigIssue(flag, None, None, "", message))
+    if flag is not None:
+        message = (
+            f"cannot listen on {listen} (where {flag} puts tap.listen): {reason}; choose another "
+            f"{flag}, or --listen HOST:PORT for the tap alone"
+        )
+        return ConfigError(ConfigIssue(flag, None, None, "", message))
+    message = (
+        f"cannot listen on {listen}: {reason}; choose another port with --listen HOST:PORT, or move "
+        "every port of the config with --port-base PORT"
+    )
+    line = column = None
+    try:
+        line, column = configfile.load_file(cfg.file).where("tap.listen")
+    except (OSError, ConfigError):
+        pass  # no file to point into (a config built in code): the key path alone
+    return ConfigError(ConfigIssue(cfg.file, line, column, "tap.listen", message))
 
 
 def parse_text(text: str, file: str = "<config>") -> SpecguardConfig:

@@ -2,7 +2,10 @@
 
 ``collect()`` renders whatever ``update()`` stored last (the daemon calls it after each
 evaluation); it never computes, waits or raises. An unknown RC (no samples or no baseline) is
-left out of the ratio families rather than exported as a made-up number; its sample counts and
+left out of the ratio families rather than exported as a made-up number, and so is the point
+estimate of an RC whose interval is too wide to be one (``rules.rcquality``: "not enough
+evidence"; its bounds are still exported); ``specguard_relative_cost_evidence_info`` says which,
+and flags a model-baseline RC that contradicts a measured one at a neighbouring load; its sample counts and
 ``baseline_info{source="none"}`` are still exported so dashboards can show why. Per load bucket,
 ``specguard_baseline_available{load_bucket, source}`` says which baseline sources could serve it
 (1) and which not (0); ``source="none"`` is 1 where none can. ``baseline_report()`` is the same for
@@ -20,6 +23,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from specguard.rules import baseline as baseline_mod
+from specguard.rules import rcquality
 from specguard.rules.cost import ClassCost
 
 log = logging.getLogger("specguard.cost_metrics")
@@ -33,6 +37,7 @@ SAMPLES = "specguard_relative_cost_samples"
 BASELINE = "specguard_relative_cost_baseline_info"
 PREDICTED = "specguard_predicted_relative_cost_per_token_ratio"
 AVAILABLE = "specguard_baseline_available"
+EVIDENCE = "specguard_relative_cost_evidence_info"
 
 _HELP = {
     RATIO: "Relative cost per token: TPOT with speculation on this pool / TPOT without, same load bucket "
@@ -46,14 +51,19 @@ _HELP = {
     "profile, "
     "model), 0 otherwise; source=none is 1 when none can.",
     PREDICTED: "What-if RC of the class on pool (another K), from its acceptance measured on source_pool.",
+    EVIDENCE: "Always 1; evidence = enough (the RC is a number), not_enough_evidence (its interval holds "
+    f"1.0 and spans more than a factor of {rcquality.MAX_SPREAD:g}: no point estimate is exported, the "
+    "bounds are), contradicted (a model-baseline RC on the other side of 1.0 from a measured one at the "
+    "nearest load below or above) or unknown.",
 }
 
 
 class CostCollector(Collector):
     """Exports the cost metric families of the last ``update()``; register it on any registry."""
 
-    def __init__(self, spec_pools: Iterable[str] = ()) -> None:
+    def __init__(self, spec_pools: Iterable[str] = (), load_order: Iterable[str] = ()) -> None:
         self._lock = threading.Lock()
+        self._order = tuple(load_order)
         self._costs: tuple[ClassCost, ...] = ()
         self._baselines: dict[str, baseline_mod.Baseline] = {}
         self._spec_pools = tuple(spec_pools)
@@ -104,8 +114,9 @@ class CostCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         families = _families()
         try:
-            for cost in self.costs:
-                _add(families, cost)
+            costs = self.costs
+            for cost in costs:
+                _add(families, cost, rcquality.grade(cost, costs, self._order)[0])
             for bucket, base in sorted(self.baselines().items()):
                 for source in baseline_mod.SOURCES:
                     families[AVAILABLE].add_metric([bucket, source], 1.0 if source in base.available else 0.0)
@@ -124,6 +135,7 @@ def _families() -> dict[str, GaugeMetricFamily]:
         BASELINE: GaugeMetricFamily(BASELINE, _HELP[BASELINE], labels=(*LABELS, "source")),
         PREDICTED: GaugeMetricFamily(PREDICTED, _HELP[PREDICTED], labels=(*LABELS, "source_pool")),
         AVAILABLE: GaugeMetricFamily(AVAILABLE, _HELP[AVAILABLE], labels=("load_bucket", "source")),
+        EVIDENCE: GaugeMetricFamily(EVIDENCE, _HELP[EVIDENCE], labels=(*LABELS, "evidence")),
     }
 
 
@@ -131,11 +143,13 @@ def _finite(value: float | None) -> bool:
     return value is not None and math.isfinite(value)
 
 
-def _add(families: dict[str, GaugeMetricFamily], cost: ClassCost) -> None:
+def _add(families: dict[str, GaugeMetricFamily], cost: ClassCost, evidence: str) -> None:
     labels = [cost.task_type, cost.temperature_bucket, cost.load_bucket, cost.pool]
-    for name, value in ((RATIO, cost.rc), (LOWER, cost.lower), (UPPER, cost.upper)):
+    point = cost.rc if evidence != rcquality.NOT_ENOUGH else None  # too wide to be a number
+    for name, value in ((RATIO, point), (LOWER, cost.lower), (UPPER, cost.upper)):
         if _finite(value):
             families[name].add_metric(labels, value)
+    families[EVIDENCE].add_metric([*labels, evidence], 1)
     families[SAMPLES].add_metric([*labels, "spec"], cost.n_spec)
     families[SAMPLES].add_metric([*labels, "baseline"], cost.n_base)
     families[BASELINE].add_metric([*labels, cost.baseline_source], 1)

@@ -42,12 +42,17 @@ EXECUTOR = "guard"
 
 
 def _quiet_job_log() -> None:
-    """APScheduler logs two INFO lines per job run ("Running job ...", "... executed successfully"):
-    at the default level they were 90% of ``specguard run``'s log. They are shown at DEBUG only
-    (unless that logger is configured explicitly); errors and missed runs still come through."""
-    jobs = logging.getLogger(f"apscheduler.executors.{EXECUTOR}")
-    if jobs.level == logging.NOTSET and not log.isEnabledFor(logging.DEBUG):
-        jobs.setLevel(logging.WARNING)
+    """APScheduler speaks in its own words: two INFO lines per job run ("Running job ...", "...
+    executed successfully", 90% of ``specguard run``'s log), "Adding job tentatively" at start,
+    and "Run time of job ... was missed by ..." whenever a busy event loop delays a run. Below
+    DEBUG (unless its loggers are configured explicitly) only its errors come through; the guard
+    says what a missed or failed evaluation means itself (``Guard._on_job_event``)."""
+    if log.isEnabledFor(logging.DEBUG):
+        return
+    for name in ("apscheduler", f"apscheduler.executors.{EXECUTOR}", "apscheduler.scheduler"):
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.ERROR)
 
 
 class Guard(FleetRoles):
@@ -121,6 +126,7 @@ class Guard(FleetRoles):
         self.last_evaluation_seconds: float | None = None
         self.adopted_updated_at: float | None = None  # updated_at of the last plan taken from a file/source
         self.running = False
+        self.missed_runs = 0  # scheduled runs skipped because the event loop was busy past the grace
         self._applied: dict[str, int] = {}
         self._reporting: set[tuple[ClassKey, str]] = set()  # report-only rules now breached
         self._lock = asyncio.Lock()
@@ -565,6 +571,12 @@ class Guard(FleetRoles):
             self.counters.reloads["ok"] += 1
 
     def _on_job_event(self, event: Any) -> None:
+        from apscheduler.events import EVENT_JOB_MISSED
+
+        if event.code == EVENT_JOB_MISSED:  # the loop was busy past the grace: the next run is on time
+            self.missed_runs += 1
+            log.debug("%s skipped: the event loop was busy past its grace time", event.job_id)
+            return
         log.warning(
             "guard evaluation: scheduler event %s (%s)", event.code, getattr(event, "exception", "") or ""
         )

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from specguard.rules import guard
+from specguard.rules import guard, holds, rcquality
 from specguard.rules import policy as policy_mod
 from specguard.rules.evidence import AlertBook, ClassKey
 
@@ -49,9 +49,12 @@ def class_row(
     down: frozenset[str] = frozenset(),
     costs: Sequence[Any] = (),
     probe: Any = None,
+    policy: policy_mod.Policy | None = None,
+    load_order: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """One class: where it routes, why, what holds it there, and its latest RC with the baseline
-    source it used (on its pool, or on the speculative pool with the most samples when it is off)."""
+    """One class: where it routes, why, what holds it there (the hold's kind, what it waits for and
+    until when: ``rules.holds``), and its latest RC with the baseline source it used (on its pool,
+    or on the speculative pool with the most samples when it is off)."""
     mine = [c for c in costs if (c.task_type, c.temperature_bucket, c.load_bucket) == key]
     rc = next((c for c in mine if c.pool == st.pool), None) or max(mine, key=lambda c: c.n_spec, default=None)
     return {
@@ -63,6 +66,8 @@ def class_row(
         "speculation_enabled": pools.get(st.pool, 0) > 0,
         "phase": last.phase.value if last else None,
         "reason": last.reason if last else None,
+        "decided_at": last.at if last else None,
+        **_wait(last, st, policy),
         "pin": st.pin,
         "paused": st.paused,
         "frozen": st.frozen,
@@ -74,18 +79,38 @@ def class_row(
         "failover": st.pool in down,
         # report-only rules whose limits are breached (never acted on): rule -> why
         "reports": dict(last.reports) if last else {},
-        "rc": None
-        if rc is None
-        else {
-            "pool": rc.pool,
-            "rc": rc.rc,
-            "lower": rc.lower,
-            "upper": rc.upper,
-            "baseline_source": rc.baseline_source,
-            "samples": rc.n_spec,
-        },
+        "rc": None if rc is None else _rc(rc, costs, load_order),
         # off speculation: where its probes go and how many (rules.probes, by expected cost)
         "probe": None if probe is None else _probe(probe),
+    }
+
+
+def _rc(rc: Any, costs: Sequence[Any], load_order: Sequence[str]) -> dict[str, Any]:
+    """The class's RC with how much it says (``rules.rcquality``): a too-wide interval is "not
+    enough evidence" (no point estimate), a model-baseline RC against measured neighbours is flagged."""
+    evidence, why = rcquality.grade(rc, costs, load_order)
+    return {
+        "pool": rc.pool,
+        "rc": rc.rc if evidence != rcquality.NOT_ENOUGH else None,
+        "lower": rc.lower,
+        "upper": rc.upper,
+        "baseline_source": rc.baseline_source,
+        "samples": rc.n_spec,
+        "evidence": evidence,
+        "evidence_note": why,
+    }
+
+
+def _wait(last: guard.Decision | None, st: guard.ClassState, policy: Any) -> dict[str, Any]:
+    found = holds.wait(last, st, policy) if policy is not None else None
+    if found is None:
+        return {"hold": None}
+    return {
+        "hold": found.kind,
+        "hold_words": found.words,
+        "waiting_for": found.waiting_for,
+        "until": found.until,
+        "until_what": found.until_what,
     }
 
 
@@ -103,8 +128,11 @@ def document(g: StatusSource, decisions: int = 50) -> dict[str, Any]:
     down = frozenset(p["pool"] for p in health if not p["healthy"])
     costs = g.cost_view() if g.cost_view is not None else ()
     probes = getattr(g, "probes", {})
+    order = list(getattr(g, "load_buckets", ()))
     classes = [
-        class_row(key, st, g.last_decisions.get(key), g.policy.pools, down, costs, probes.get(key))
+        class_row(
+            key, st, g.last_decisions.get(key), g.policy.pools, down, costs, probes.get(key), g.policy, order
+        )
         for key, st in sorted(g.states.items())
     ]
     return {

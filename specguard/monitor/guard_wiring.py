@@ -264,7 +264,10 @@ def election(
 
 def configure(monitor: Any, cfg: Any) -> daemon.Guard:
     """``run.CONFIGURERS`` hook: mount the guard on a Monitor before it starts."""
-    cost_collector = CostCollector(p.name for p in cfg.exporter.pools if p.speculative)
+    cost_collector = CostCollector(
+        (p.name for p in cfg.exporter.pools if p.speculative),
+        (b.name for b in cfg.exporter.classes.load_buckets),
+    )
     notice = start_baselines(cost_collector, cfg)
     guard, api = build(monitor, cfg, cost_collector)
     guard.baseline_report = cost_collector.baseline_report

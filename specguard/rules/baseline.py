@@ -1,6 +1,6 @@
 """Where T_base comes from, in order of trust; every RC says which one it used.
 
-Order, per load bucket (RC compares the same operating point, CONCEPTS.md section 2):
+Order, per load bucket (RC compares the same operating point, docs/concepts.md):
 
 1. ``live``: requests served by a no-speculation pool (K = 0) in the same load bucket, if at
    least ``cost.baseline_min_samples`` of them are in the window. With ``baseline_scope:

@@ -1,7 +1,7 @@
 """Which pool is cheapest for one class: the estimate of every pool's rc, and the pool to move to.
 
 RC < 1 only says speculation pays; the pool to be on is the one with the lowest relative cost per
-token (CONCEPTS.md section 2). For each pool the best evidence at hand is its estimate, in order:
+token (docs/concepts.md). For each pool the best evidence at hand is its estimate, in order:
 
 1. ``measured``: this window's measurement with at least ``min_samples`` requests;
 2. ``memory``: the class's last such measurement of a pool it has left (``guard.memory_seconds``),
@@ -60,7 +60,7 @@ class Estimate:
     basis: str
     samples: int = 0
     detail: str = ""
-    """Where the number comes from: which measurement, when, at which load bucket (issue 18)."""
+    """Where the number comes from: which measurement, when, at which load bucket."""
     lower: float | None = None  # the interval's lower bound, set when the baseline is the model
     model_baseline: bool = False
 
@@ -190,7 +190,7 @@ def choose(
         return None
     warm = current.basis == PROFILE and not any(e.basis in LIVE for e in found.values())
     # the pool the class is on needs this window's measurement: an older one (memory) may be from
-    # other traffic than now, and a move must never rest on it (issue 18: "spec-k4 1.040 (memory)"
+    # other traffic than now, and a move must never rest on it ("spec-k4 1.040 (memory)" once
     # moved a class whose few requests this window measured 0.49)
     if current.basis != MEASURED and not warm:
         return None
@@ -226,7 +226,7 @@ def reversal_wait(
     A move back to ``left_pool`` needs the cheaper estimate to have held for the stabilization
     window (the longest of the local rules'), doubled for every reversal in the last
     ``memory_seconds``: a load bucket that spans the knee makes the cheaper pool alternate as the
-    load swings inside it, and the class must not follow every swing (issue 16).
+    load swings inside it, and the class must not follow every swing.
     """
     recent = tuple(t for t in reversal_times if now - t < policy.memory_seconds)
     if target != left_pool:

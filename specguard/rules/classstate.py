@@ -60,6 +60,37 @@ class ClassState:
         return self.rules.get(name, RuleState())
 
 
+HOLD_DATA = "data"
+"""Too little data: a rule has no number to judge yet (samples, a baseline, a measurement)."""
+HOLD_BAD = "bad"
+"""Bad, within limits: the number is past the threshold, not yet for long enough to act."""
+HOLD_RATE = "rate"
+"""A move is due but waits for the cooldown or the hourly cap."""
+HOLD_RECOVERING = "recovering"
+"""Good again; restoring waits for a streak of good evaluations and the stabilisation window."""
+HOLD_CONFIRMING = "confirming"
+"""Moved on a prediction; waiting for measurements on the new pool to confirm it."""
+HOLD_REVERSAL = "reversal"
+"""A move back to the pool it left waits longer (no flapping)."""
+HOLD_STUCK = "stuck"
+"""Bad past the limits, but no lower pool to move to."""
+HOLD_OPERATOR = "operator"
+"""Pinned or paused by an operator."""
+HOLD_NOT_DUE = "not_due"
+"""No rule is due at this evaluation."""
+HOLD_KINDS = (
+    HOLD_DATA,
+    HOLD_BAD,
+    HOLD_RATE,
+    HOLD_RECOVERING,
+    HOLD_CONFIRMING,
+    HOLD_REVERSAL,
+    HOLD_STUCK,
+    HOLD_OPERATOR,
+    HOLD_NOT_DUE,
+)
+
+
 @dataclass(frozen=True)
 class Decision:
     """What one evaluation (or operator override) decided, why, and the numbers behind it."""
@@ -77,6 +108,8 @@ class Decision:
     """Bounded code for metrics: the rule that breached, "recovered", "source_errors", "operator"..."""
     reports: Mapping[str, str] = field(default_factory=dict)
     """Report-only (``dry_run``) rules whose failure limits are breached: rule name -> why."""
+    hold: str = ""
+    """With phase hold: its kind (one of ``HOLD_KINDS``); empty otherwise."""
 
     @property
     def changes_plan(self) -> bool:
@@ -99,4 +132,5 @@ class Decision:
             "dry_run": self.dry_run,
             "numbers": dict(self.numbers),
             **({"reports": dict(self.reports)} if self.reports else {}),
+            **({"hold": self.hold} if self.hold else {}),
         }

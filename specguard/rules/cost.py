@@ -1,6 +1,6 @@
 """Relative cost per token (RC) per (class, load bucket, pool): the number the guard decides on.
 
-``RC = TPOT_spec(class, load, pool) / TPOT_base(load)`` (CONCEPTS.md section 2), each TPOT a
+``RC = TPOT_spec(class, load, pool) / TPOT_base(load)`` (docs/concepts.md), each TPOT a
 ratio of sums (``sum decode seconds / sum (output tokens - 1)``), never an average of
 per-request ratios. The baseline comes from ``rules.baseline`` (live no-spec traffic, else a fresh
 calibration profile, else the step-cost model of ``rules.modelbase``, else none: RC unknown, never

@@ -7,7 +7,7 @@ HA duplicates) and handed to the state machine as evidence, never as a toggle.
 
 With the policy option ``guard.rc_rises_with_load`` a (class, pool, load bucket) with too few
 samples of its own inherits, as a labelled lower *bound*, a loss measured for the same class
-and pool at the nearest lower load bucket (``inherit_losses_upward``; CONCEPTS.md section 3).
+and pool at the nearest lower load bucket (``inherit_losses_upward``; docs/guard.md).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class PoolEvidence:
     """For a prediction: the pool whose measurement it was made from."""
 
     def provenance(self, load_bucket: str, window_seconds: float) -> str:
-        """Where this pool's numbers come from, for the reasons decisions give (issue 18)."""
+        """Where this pool's numbers come from, for the reasons decisions give."""
         if self.inherited_from is not None:
             return f"bound inherited from load {self.inherited_from}, n={self.samples}"
         window = f"over the last {window_seconds:.0f} s"
@@ -213,7 +213,7 @@ def measured_evidence(cost: ClassCost) -> PoolEvidence:
 INHERITED_MEASURE = "rc_lower"
 """The one number inherited: a lower bound stays a lower bound at a higher load."""
 LOSS_BOUND = 1.0
-"""RC above 1 means speculation slows the class down (CONCEPTS.md section 2)."""
+"""RC above 1 means speculation slows the class down (docs/concepts.md)."""
 
 
 def load_order(buckets: Iterable[Any]) -> tuple[str, ...]:
@@ -231,7 +231,7 @@ def inherit_losses_upward(
 ) -> dict[ClassKey, Evidence]:
     """Give a (class, pool, load bucket) with too few samples the loss bound of a lower bucket.
 
-    On one pool, relative cost per token does not fall as load rises (CONCEPTS.md section 3: at
+    On one pool, a loss does not turn into a gain as load rises (docs/guard.md: at
     low load extra verify tokens ride along almost free, at high load they compete with real
     requests). So if the nearest lower load bucket with enough samples measured the class on a
     pool with ``rc_lower`` > 1, the class is at least as bad there at this bucket: its pool entry
@@ -277,7 +277,7 @@ def inherit_losses_upward(
                     continue
                 note = (
                     f"inherited from load_bucket={bucket} ({INHERITED_MEASURE} {bound:.2f} > {LOSS_BOUND}, "
-                    f"{found.samples} samples): rc does not fall as load rises"
+                    f"{found.samples} samples): a loss does not turn into a gain as load rises"
                 )
                 pools[name] = PoolEvidence(
                     pool=name,

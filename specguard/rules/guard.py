@@ -1,7 +1,8 @@
 """The per-class guard: a pure state machine ``step(state, evidence, now, policy) -> (state, Decision)``.
 
 One class (task_type x temperature_bucket x load_bucket) at a time. Each evaluation yields
-one phase of ``ok / act / hold / error``, combined with one precedence (error > act > hold > ok):
+one phase of ``ok / act / hold / error``, combined with one precedence (error > act > hold > ok);
+a hold also says its kind (``Decision.hold``: too little data, bad within limits, rate-limited...):
 
 * the rules look at the class's current pool ("watch": is speculation hurting?) and, when the
   class is not on its default pool, at the best pool to go back to ("recover");
@@ -29,7 +30,21 @@ from typing import Any
 from specguard.rules import bestpool, timing
 from specguard.rules import policy as policy_mod
 from specguard.rules.assess import PRECEDENCE, Assessment, Phase, assess, worst
-from specguard.rules.classstate import ClassState, Decision, Pending, RuleState
+from specguard.rules.classstate import (
+    HOLD_BAD,
+    HOLD_CONFIRMING,
+    HOLD_DATA,
+    HOLD_NOT_DUE,
+    HOLD_OPERATOR,
+    HOLD_RATE,
+    HOLD_RECOVERING,
+    HOLD_REVERSAL,
+    HOLD_STUCK,
+    ClassState,
+    Decision,
+    Pending,
+    RuleState,
+)
 from specguard.rules.evidence import ClassKey, Evidence
 from specguard.rules.targets import k_of, lower_target, recover_candidate
 
@@ -112,23 +127,25 @@ def step(
         to: str | None = None,
         dry_run: bool = False,
         cause: str = "",
+        hold: str = "",
         **extra: Any,
     ) -> tuple[ClassState, Decision]:
         numbers = {"rules": {f"{a.rule.name}@{a.pool}": a.numbers() for a in assessments}, **extra}
         numbers.update(_counters(new))
         to_pool = to or state.pool
+        kind = hold if phase is Phase.HOLD else ""
         return new, Decision(
-            state.key, now, phase, action, state.pool, to_pool, reason, numbers, dry_run, cause, reports
+            state.key, now, phase, action, state.pool, to_pool, reason, numbers, dry_run, cause, reports, kind
         )
 
     assessments: list[Assessment] = []
     reports: dict[str, str] = {}
     state = timing.rebase(state, now)
     if state.pin is not None:
-        return decide(state, Phase.HOLD, f"pinned to {state.pin} by operator")
+        return decide(state, Phase.HOLD, f"pinned to {state.pin} by operator", hold=HOLD_OPERATOR)
     due = [r for r in policy.all_rules if timing.due(state, r, now)]
     if not due:
-        return decide(state, Phase.HOLD, "no rule due")
+        return decide(state, Phase.HOLD, "no rule due", hold=HOLD_NOT_DUE)
     rules = dict(state.rules)
     for rule in due:
         rules[rule.name] = replace(state.rule(rule.name), last_evaluated_at=now)
@@ -250,11 +267,11 @@ def step(
         cause = f"{a.rule.name} on {state.pool}: {a.reason}; {why}"
         target = lower_target(new, evidence, policy)
         if target is None:
-            return decide(new, Phase.HOLD, f"{cause}; no lower pool to move to")
+            return decide(new, Phase.HOLD, f"{cause}; no lower pool to move to", hold=HOLD_STUCK)
         action, pool, extra = target
         gate = timing.rate_gate(new, now, policy)
         if gate is not None:
-            return decide(new, Phase.HOLD, f"{cause}; waiting: {gate}", **extra)
+            return decide(new, Phase.HOLD, f"{cause}; waiting: {gate}", hold=HOLD_RATE, **extra)
         if action == "revert" and state.pending is not None:
             cause = f"measurement disagrees with the prediction ({state.pending.predicted_rc:.3f}): {cause}"
         pending = None
@@ -278,10 +295,11 @@ def step(
                 state.left_pool, state.reversal_times, choice.best.pool, streak, now, policy
             )
         if wait is not None:
-            return decide(replace(new, reversal_times=reversals), Phase.HOLD, f"{choice.reason}; {wait}")
+            reason = f"{choice.reason}; {wait}"
+            return decide(replace(new, reversal_times=reversals), Phase.HOLD, reason, hold=HOLD_REVERSAL)
         gate = timing.rate_gate(new, now, policy)
         if gate is not None:
-            return decide(new, Phase.HOLD, f"{why}; waiting: {gate}")
+            return decide(new, Phase.HOLD, f"{why}; waiting: {gate}", hold=HOLD_RATE)
         new = replace(new, reversal_times=reversals)
         target_k = k_of(policy, choice.best.pool)
         action = "off" if target_k == 0 else "shorten" if target_k < k_of(policy, state.pool) else "lengthen"
@@ -303,7 +321,7 @@ def step(
         if waiting is None:
             gate = timing.rate_gate(new, now, policy)
             if gate is not None:
-                return decide(new, Phase.HOLD, f"{candidate} recovered; waiting: {gate}")
+                return decide(new, Phase.HOLD, f"{candidate} recovered; waiting: {gate}", hold=HOLD_RATE)
             reasons = "; ".join(f"{a.rule.name} on {a.pool}: {a.reason}" for a in recover_acting)
             pending = None
             found = evidence.pools.get(candidate)
@@ -313,7 +331,7 @@ def step(
             return _act(
                 new, "restore", candidate, reasons, now, policy, decide, pending, {"cause": "recovered"}
             )
-        return decide(new, Phase.HOLD, f"recovering towards {candidate}: {waiting}")
+        return decide(new, Phase.HOLD, f"recovering towards {candidate}: {waiting}", hold=HOLD_RECOVERING)
 
     if state.pending is not None and watch_phase is Phase.OK and choice is None:
         needed = max(a.rule.limits.consecutive_success_limit for a in watch if not a.rule.dry_run)
@@ -328,7 +346,10 @@ def step(
                 cause="measured",
             )
         return decide(
-            new, Phase.HOLD, f"confirming {state.pool}: consecutive_successes ({confirm}) < {needed}"
+            new,
+            Phase.HOLD,
+            f"confirming {state.pool}: consecutive_successes ({confirm}) < {needed}",
+            hold=HOLD_CONFIRMING,
         )
 
     if watch_phase is Phase.ACT:
@@ -339,13 +360,15 @@ def step(
             Phase.HOLD,
             f"{a.rule.name} on {state.pool}: {a.reason}; consecutive_failures ({rs.consecutive_failures}) "
             f"<= consecutive_failure_limit ({a.rule.limits.consecutive_failure_limit})",
+            hold=HOLD_BAD,
         )
     if watch_phase is Phase.HOLD:
         a = next(a for a in watch if a.phase is Phase.HOLD and not a.rule.dry_run)
-        return decide(new, Phase.HOLD, f"{a.rule.name} on {state.pool}: {a.reason}")
+        return decide(new, Phase.HOLD, f"{a.rule.name} on {state.pool}: {a.reason}", hold=HOLD_DATA)
     if recover_acting and worst(a.phase for a in recover_acting) is Phase.HOLD:
         a = next(a for a in recover_acting if a.phase is Phase.HOLD)
-        return decide(new, Phase.HOLD if not watch else Phase.OK, f"{a.rule.name} on {a.pool}: {a.reason}")
+        phase = Phase.HOLD if not watch else Phase.OK
+        return decide(new, phase, f"{a.rule.name} on {a.pool}: {a.reason}", hold=HOLD_DATA)
     if recover_acting:
         a = next(a for a in recover_acting if a.phase is Phase.ACT)
         return decide(new, Phase.OK, f"staying on {state.pool}: {a.rule.name} on {a.pool}: {a.reason}")
@@ -439,7 +462,15 @@ def override(
         return new, Decision(state.key, now, Phase.OK, "unpin", state.pool, state.pool, why, cause="operator")
     if action == "pause":
         return replace(state, paused=True), Decision(
-            state.key, now, Phase.HOLD, "pause", state.pool, state.pool, why, cause="operator"
+            state.key,
+            now,
+            Phase.HOLD,
+            "pause",
+            state.pool,
+            state.pool,
+            why,
+            cause="operator",
+            hold=HOLD_OPERATOR,
         )
     if action == "resume":
         return replace(state, paused=False), Decision(

@@ -12,7 +12,7 @@
   live baseline is short (``short_buckets``): the no-spec replicas climb to the fleet's load there
   until the window holds ``cost.baseline_min_samples`` requests at that load, then fall back.
   Capacity matching all the time costs the no-spec replicas' share of the fleet (a quarter of a
-  4-engine fleet: issue 16); refilling costs that share only while a bucket refills, and the model
+  4-engine fleet in the demo's replays); refilling costs that share only while a bucket refills, and the model
   baseline (``rules.modelbase``) is still fitted on live points at every load;
 - ``fixed``: ``tap.holdout_share`` everywhere.
 
@@ -25,7 +25,7 @@ holdout share is just what tops the planned no-spec traffic up to 1.5 x
 ``tap.holdout_share``. Rates are taken over the recent quarter of the window, not the whole
 window: when planned no-spec traffic stops (a class moved back to speculation) the share rises
 before the old planned requests age out of the window, so the baseline never lapses while the
-bucket carries traffic (issue 18).
+bucket carries traffic.
 
 Pure: values in, values out.
 """

@@ -1,7 +1,8 @@
 """The ``model`` baseline: T_base at a load the no-spec pool has not run at, from a step-cost fit.
 
 A speculative pool at load B runs steps of the same B requests with more verify tokens
-(CONCEPTS.md section 3, seed 000 section 3): ``T_step ~ c0 + cB*B + cM*M`` with ``M = B*(1 + K*f)``
+(docs/cost-model.md#the-model-baseline, after the budget article in docs/concepts.md#sources):
+``T_step ~ c0 + cB*B + cM*M`` with ``M = B*(1 + K*f)``
 executed tokens (``f``: share of steps that drafted). Per pool the draft passes and the prefills
 its faster-finishing requests bring into each step shift the intercept and the slope, so each
 pool gets its own ``c0 + c*B``; what carries over from the speculative pools to the no-spec one is

@@ -145,7 +145,7 @@ class Policy:
     """Allow restoring on what-if predictions alone; default needs probe measurements."""
     rc_rises_with_load: bool = True
     """A class+pool with too few samples at a load bucket inherits a loss (rc_lower > 1) measured at
-    the nearest lower bucket, as a bound (CONCEPTS.md section 3); never a gain, never for restoring."""
+    the nearest lower bucket, as a bound (docs/guard.md); never a gain, never for restoring."""
     best_pool: bool = True
     """Move a speculating class to the pool with the lowest relative cost per token (another K, or no
     speculation) when that pool is cheaper by ``best_pool_margin`` for more than

@@ -2,7 +2,7 @@
 
 A class the plan routes to the no-spec pool keeps a small share on a speculative pool, so bringing
 it back is decided on measurements (``tap.probe_share``). Probing the default pool only (K=4) has
-two costs (issue 16): when K=4 loses but K=2 would pay, nothing ever measures K=2, so the class
+two costs: when K=4 loses but K=2 would pay, nothing ever measures K=2, so the class
 never comes back; and probes on a pool with rc about 2 are the slowest requests of the class, so a
 few percent of them set its TPOT p99. So, per class:
 

@@ -1,7 +1,7 @@
 """Step-cost model: ``T_step ~ c0 + cB*B + cM*M (+ cD*D + cK*K)`` fitted by least squares.
 
 ``B`` = live requests in the step, ``M`` = verify tokens executed (``B*(K+1)`` in static verify),
-``D`` = drafted tokens (``B*K``), ``K`` = sequential draft passes. CONCEPTS.md section 3: an
+``D`` = drafted tokens (``B*K``), ``K`` = sequential draft passes. An
 additive model fits well in practice (SGLang's DSpark planner uses one). In static verify
 ``M = B + D`` exactly, so one of the three is collinear; the fit drops such terms (in the order
 given) and says so, and its predictions stay exact within the data's span.

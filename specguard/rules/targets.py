@@ -56,7 +56,7 @@ def exact_prediction(evidence: Evidence, pool: str, policy: policy_mod.Policy) -
 
     A shorter K's accept length follows exactly from the per-position acceptance measured on a
     longer K (``method: histogram``); with at least ``min_samples`` requests behind it (an off
-    class's probes, say) it may restore a class, pending a measurement there (issue 16).
+    class's probes, say) it may restore a class, pending a measurement there.
     """
     found = evidence.pools.get(pool)
     needed = min((r.limits.min_samples for r in policy.rules if r.query is None), default=0)

@@ -2,7 +2,7 @@
 
 Per-position acceptance at the measured K comes from the summed per-request accepted
 histograms (``h[j]`` = rounds accepting exactly ``j`` drafts): ``p_i`` = share of rounds with
-``>= i`` accepted. Then ``A(K') = 1 + sum_{i<=K'} p_i`` (CONCEPTS.md section 1) is a measurement
+``>= i`` accepted. Then ``A(K') = 1 + sum_{i<=K'} p_i`` (docs/concepts.md) is a measurement
 for ``K' <= K``. For ``K' > K`` the tail is extrapolated geometrically with the last measured
 conditional acceptance (labelled ``extrapolated``). Without histograms, acceptance is modelled
 as i.i.d. per token, fitted to the measured accept length (labelled ``iid``; an assumption).
@@ -145,12 +145,13 @@ def predict(
 
 
 def model_rc(alpha: float, rho: float, k: int) -> float:
-    """Bonus-aware model form ``(1 + rho*K) / (1 + alpha*K)`` (CONCEPTS.md section 2)."""
+    """Bonus-aware model form ``(1 + rho*K) / (1 + alpha*K)`` (docs/concepts.md)."""
     return (1.0 + rho * k) / (1.0 + alpha * k)
 
 
 def model_rc_no_bonus(alpha: float, rho: float, k: int) -> float | None:
-    """Seed 002's ``(1 + rho*K) / (alpha*K)``: no bonus token, conservative; None (infinite) at alpha 0."""
+    """``(1 + rho*K) / (alpha*K)``, the acceptance-vs-speedup article's form (docs/concepts.md#sources):
+    no bonus token, conservative; None (infinite) at alpha 0."""
     if alpha <= 0 or k <= 0:
         return None
     return (1.0 + rho * k) / (alpha * k)

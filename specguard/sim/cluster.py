@@ -15,6 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from specguard.errors import ConfigError, ConfigIssue
+from specguard.exporters.addresses import bind_reason, join_listen
 from specguard.sim import config as simconfig
 from specguard.sim.config import SimConfig
 from specguard.sim.runtime import PoolRuntime
@@ -22,8 +23,9 @@ from specguard.sim.truth import model_table, relative_cost
 
 
 class SimCluster:
-    def __init__(self, config: SimConfig):
+    def __init__(self, config: SimConfig, port_flag: str | None = None):
         self.config = config
+        self.port_flag = port_flag  # the flag that numbered the ports (for a taken-port message)
         self.runtimes: dict[str, PoolRuntime] = {}
         self.servers: dict[str, Any] = {}
         self.urls: dict[str, str] = {}
@@ -69,7 +71,7 @@ class SimCluster:
             config = config.with_overrides(
                 pools=tuple(replace(p, port=port_base + i) for i, p in enumerate(config.pools))
             )
-        return cls(config)
+        return cls(config, "--port-base" if port_base else None)
 
     async def __aenter__(self) -> SimCluster:
         await self.start()
@@ -104,14 +106,20 @@ class SimCluster:
                 try:
                     await site.start()
                 except OSError as exc:
-                    raise ConfigError(
-                        f"pool {pool.name}: cannot listen on {self.config.host}:{pool.port}: {exc.strerror}"
-                    ) from exc
+                    raise self._listen_error(pool.name, pool.port, exc) from exc
                 port = _bound_port(runner, len(self.urls))
                 self.urls[pool.name] = f"http://{self.config.host}:{port}"
         except BaseException:
             await self.stop()
             raise
+
+    def _listen_error(self, name: str, port: int, exc: OSError) -> ConfigError:
+        where = self.port_flag or f"pools.{name}.port"
+        message = (
+            f"cannot listen on {join_listen(self.config.host, port)} for pool {name}: {bind_reason(exc)}; "
+            "choose free ports with --port-base PORT (the pools take PORT, PORT+1, ...)"
+        )
+        return ConfigError(ConfigIssue(where, None, None, "", message))
 
     async def stop(self) -> None:
         for runner in self._runners:
@@ -119,6 +127,11 @@ class SimCluster:
         self._runners.clear()
         for runtime in self.runtimes.values():
             await runtime.stop()
+
+    def late(self) -> dict[str, dict[str, Any]]:
+        """Each pool that ran behind its time scale lately (``PoolRuntime.schedule``): name -> schedule."""
+        found = {name: runtime.schedule() for name, runtime in self.runtimes.items()}
+        return {name: s for name, s in found.items() if s["late"]}
 
     def relative_cost(self, task: str, temperature: float, pool: str, concurrency: int) -> float:
         """The model's true RC of one class on ``pool`` at ``concurrency`` (1.0 on a K = 0 pool)."""
@@ -134,7 +147,10 @@ class SimCluster:
             "dialect": self.config.dialect,
             "time_scale": self.config.time_scale,
             "model_name": self.config.model_name,
-            "pools": {name: runtime.truth.to_json() for name, runtime in self.runtimes.items()},
+            "pools": {
+                name: {**runtime.truth.to_json(), "schedule": runtime.schedule()}
+                for name, runtime in self.runtimes.items()
+            },
             "model": copy.deepcopy(self._model),
         }
 

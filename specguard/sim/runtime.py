@@ -3,7 +3,11 @@
 Each step's model duration (times ``time_scale``) is slept against an absolute schedule: step n
 ends at ``anchor + sum of durations``, so wake-up jitter does not accumulate into drift. When the
 loop falls behind by more than ``max_lag_seconds`` (or the engine was idle) the schedule restarts
-at "now". Emissions go to per-request queues after the step ends; metrics sinks see every step.
+at "now", and the time lost is lost: on a busy CPU at a small ``time_scale`` the steps then take
+longer than the model says, and every time the simulator serves (TPOT, so RC) is skewed. The
+runtime knows: ``schedule()`` is the wall time its recent steps took over the time they should
+have taken (``stretch``), ``late`` above ``LATE_STRETCH``. Emissions go to per-request queues after
+the step ends; metrics sinks see every step.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -19,6 +24,11 @@ from specguard.sim.engine import Emission, EngineCore, SimRequest, StepOutcome
 from specguard.sim.truth import TruthRecorder
 
 log = logging.getLogger("specguard.sim")
+
+SCHEDULE_WINDOW_SECONDS = 10.0
+"""The recent wall time ``schedule()`` looks at."""
+LATE_STRETCH = 1.25
+"""Steps taking more than this times their scaled model time: the times served are skewed."""
 
 
 class MetricsSink(Protocol):
@@ -56,6 +66,7 @@ class PoolRuntime:
         self.keep_step_log = 0  # how many recent steps to keep (0 = none)
         self._occurrences: dict[str, int] = {}
         self.error: Exception | None = None  # set when the engine loop died
+        self._paced: deque[tuple[float, float, float]] = deque()  # (end, scheduled, realised) per step
 
     def now(self) -> float:
         return self._clock() if self._clock else asyncio.get_running_loop().time()
@@ -132,9 +143,31 @@ class PoolRuntime:
                 await asyncio.sleep(delay)
             actual = self.now()
             realised = actual - last_end if last_end is not None else None
+            if realised is not None:
+                self._paced.append((actual, outcome.duration * self.time_scale, realised))
             self._deliver(outcome, start, actual, realised, actual - end)
             last_end = actual
             next_start = end
+
+    def schedule(self, window_seconds: float = SCHEDULE_WINDOW_SECONDS) -> dict[str, Any]:
+        """How well the last ``window_seconds`` of steps kept their scaled model time.
+
+        ``stretch`` is the wall time they took over the time they should have taken (1.0 on time;
+        1.6: every time served is 60% too long, and not by the same share on every pool, so RC
+        is skewed too); ``late`` when it is above ``LATE_STRETCH``."""
+        now = self.now()
+        while self._paced and self._paced[0][0] < now - window_seconds:
+            self._paced.popleft()
+        scheduled = sum(s for _, s, _ in self._paced)
+        realised = sum(r for _, _, r in self._paced)
+        stretch = realised / scheduled if scheduled > 0 else 1.0
+        return {
+            "stretch": round(stretch, 4),
+            "late": stretch > LATE_STRETCH,
+            "steps": len(self._paced),
+            "window_seconds": window_seconds,
+            "time_scale": self.time_scale,
+        }
 
     def _deliver(
         self, outcome: StepOutcome, start: float, end: float, realised: float | None, late: float = 0.0

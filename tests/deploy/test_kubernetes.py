@@ -122,7 +122,7 @@ def test_specguard_is_a_native_sidecar_with_dependency_free_probes(spec: dict):
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         # a readiness probe on a native sidecar gates the pod's readiness: it may only check
         # specguard's own server, never the engine, Prometheus or the API server
-        assert side[probe]["httpGet"] == {"path": "/healthz", "port": "specguard"}, probe
+        assert side[probe]["httpGet"] == {"path": "/livez", "port": "specguard"}, probe
     assert {c["name"] for c in spec["containers"]} == {"engine"}
 
 
@@ -307,3 +307,17 @@ def test_guard_promql_rules_parse(tmp_path: Path):
     path.write_text(yaml.safe_dump({"groups": [{"name": "guard", "rules": rules}]}))
     out = run_promtool("check", "rules", str(path))
     assert rules and out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("name", ["specguard.yaml", "guard.yaml"])
+def test_a_shipped_config_without_a_shorter_k_pool_says_it_cannot_shorten_k(name):
+    from specguard.monitor import config as config_mod
+
+    path = KUSTOMIZE_DIR / "base" / name
+    ks = sorted(p.num_speculative_tokens for p in config_mod.load(path).exporter.pools)
+    shorter = [k for k in ks if 0 < k < max(ks)]
+    if shorter:
+        return  # a shorter-K pool ships: the guard can shorten K
+    assert "cannot shorten K" in path.read_text(), f"{name}: no shorter-K pool, and it does not say so"
+    deploy_md = " ".join((KUSTOMIZE_DIR.parents[1] / "docs" / "deploy.md").read_text().split())
+    assert "in this deployment the guard cannot shorten K" in deploy_md

@@ -1,9 +1,11 @@
 """The README's "Try it by hand" block, run as a newcomer would paste it into bash: the curl gets a
-streamed completion, and ``specguard status`` afterwards shows a numeric RC on a live baseline.
+streamed completion, and ``specguard status`` afterwards shows a numeric RC on a live baseline and
+at least one class the guard moved, with its reason.
 
-It uses the README's own fixed ports (8001-8003 for the simulator, 8090 for the tap); when one is
-taken the test fails saying which. Every process the block starts shares one process group, killed
-at the end whatever happened.
+Run twice: as written, on the README's own fixed ports (8001-8003 for the simulator, 8090 for the
+tap; when one is taken the test fails saying which), and with those ports held by another process,
+changed as the README says (``--port-base``, the tap's URL). Every process the block starts shares
+one process group, killed at the end whatever happened.
 """
 
 from __future__ import annotations
@@ -22,8 +24,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PORTS = (8001, 8002, 8003, 8090)
-# a status row: CLASS  LOAD  POOL  K  PHASE  RC (BASELINE, POOL)
-LIVE_RC = re.compile(r"^\S+/\S+\s+\S+\s+\S+\s+\d+\s+\S+\s+(\d+\.\d+) \(live, [^)]+\)", re.M)
+TAP_STEP = 8090 - 8001  # the tap keeps its place beside the pools when --port-base moves them
+# a status row: CLASS  LOAD  POOL  K  PHASE (hold: words)  RC [INTERVAL] (BASELINE, POOL)
+LIVE_RC = re.compile(
+    r"^\S+/\S+ +\S+ +\S+ +\d+ +\S+(?: [a-z,() ]+?)? +(\d+\.\d+) \[[^]]+\] \(live, [^)]+\)", re.M
+)
+# a decision that moved a class: "  2026-...Z  creative/high at load low: off, spec-k4 -> nospec"
+MOVED = re.compile(r"^  \S+Z  (\S+/\S+) at load (\S+): (\w+), (\S+) -> (\S+)\n {6}(\S.*)$", re.M)
 
 
 def hand_run_block() -> str:
@@ -61,11 +68,70 @@ def kill_group(pgid: int) -> None:
             time.sleep(0.1)
 
 
-def test_readme_hand_run_shows_rc_on_a_live_baseline(tmp_path):
-    block = hand_run_block()
+def moved_block(block: str, base: int) -> str:
+    """The block with its ports moved as the README says: ``--port-base BASE`` for ``--port-base
+    8001``, the tap's URL in the curl, and ``--url`` for ``specguard load`` and ``status``."""
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    said = (
+        "Give both `--port-base 9001` instead of `--port-base 8001`: the pools move to 9001-9003 and the "
+        "tap, which keeps its place beside them, to 9090; then use `http://127.0.0.1:9090` in the curl and "
+        "add `--url http://127.0.0.1:9090` to `specguard load` and `specguard status`."
+    )
+    assert said in readme, "README.md no longer says how to move the hand run's ports as this test does"
+    tap = f"http://127.0.0.1:{base + TAP_STEP}"
+    out = block.replace("--port-base 8001", f"--port-base {base}").replace("http://127.0.0.1:8090", tap)
+    out = re.sub(r"^specguard (load|status)\b", rf"specguard \1 --url {tap}", out, flags=re.M)
+    assert out.count(f"--port-base {base}") == 2 and out.count(f"--url {tap}") == 2, out
+    return out
+
+
+def free_base() -> int:
+    """A port base whose pools (base..base+2) and tap (base+89) are free, from the README's 9001."""
+    for base in range(9001, 20001, 100):
+        if not any(taken(p) for p in (base, base + 1, base + 2, base + TAP_STEP)):
+            return base
+    raise AssertionError("no free port base for the moved hand run")
+
+
+@contextlib.contextmanager
+def held(ports):
+    """Another process on ``ports``: a listener each, in a child process of its own."""
+    code = (
+        "import socket, sys, time\n"
+        "socks = []\n"
+        "for p in sys.argv[1:]:\n"
+        "    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        "    s.bind(('127.0.0.1', int(p))); s.listen(); socks.append(s)\n"
+        "print('held', flush=True); time.sleep(3600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, *map(str, ports)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held", (
+            "could not hold the ports"
+        )
+        yield
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_readme_hand_run_ends_in_a_decision_with_its_reason(tmp_path):
     busy = [p for p in map(taken, PORTS) if p]
     if busy:
         pytest.fail(f"the README's hand run needs ports {PORTS} free on 127.0.0.1; taken: {', '.join(busy)}")
+    check_hand_run(tmp_path, hand_run_block())
+
+
+def test_readme_hand_run_with_the_default_ports_taken(tmp_path):
+    busy = [p for p in map(taken, PORTS) if p]
+    if busy:
+        pytest.fail(f"this test holds {PORTS} itself; taken already: {', '.join(busy)}")
+    block = moved_block(hand_run_block(), free_base())
+    with held(PORTS):
+        check_hand_run(tmp_path, block)
+
+
+def check_hand_run(tmp_path: Path, block: str) -> None:
     # `specguard` as installed: this checkout's package under this interpreter
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -107,5 +173,9 @@ def test_readme_hand_run_shows_rc_on_a_live_baseline(tmp_path):
     assert any(re.search(r'"content": ?"[^"]+"', c) for c in chunks), f"the curl got no completion; {shown}"
     assert "data: [DONE]" in stdout, f"the curl's stream did not end; {shown}"
     # specguard status: at least one class with a numeric RC on a live no-spec baseline
-    assert "RC (BASELINE)" in stdout, f"specguard status printed no plan; {shown}"
+    assert "RC [INTERVAL] (BASELINE, POOL)" in stdout, f"specguard status printed no plan; {shown}"
     assert LIVE_RC.search(stdout), f"no class has a numeric RC on a live baseline; {shown}"
+    # ... and it ends in a decision: a class moved, with its reason whole under it
+    moves = [m for m in MOVED.finditer(stdout) if m.group(4) != m.group(5)]
+    assert moves, f"specguard status shows no class moved with its reason; {shown}"
+    assert "no decisions yet" not in stdout, shown

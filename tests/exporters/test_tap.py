@@ -465,6 +465,13 @@ async def test_unreachable_pool_is_502_in_openai_shape():
         assert monitor.stats.upstream_errors()[("spec", "connect")] == 2
         assert monitor.stats.unattributed()[("base", "upstream_error")] == 1  # one record per request
         assert [s.healthy for s in monitor.health.view().values()] == [False, False]
+        async with aiohttp.ClientSession() as session:
+            async with session.get(tap_url + "/healthz") as r:  # every pool down: degraded, and why
+                health = await r.json()
+                assert r.status == 503 and health["status"] == "degraded", health
+                assert "every pool is down: spec (" in health["reason"] and "base (" in health["reason"]
+            async with session.get(tap_url + "/livez") as r:  # the probes' endpoint: the process serves
+                assert r.status == 200 and (await r.json()) == {"status": "alive"}
     finally:
         await monitor.stop()
 

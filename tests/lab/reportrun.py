@@ -1,10 +1,11 @@
 """A fixed run for the report tests: Prometheus's answers recorded from a real stack, replayed.
 
 Recording (about a minute; the fixture is checked in, so only rerun to change the run), and the
-report rendered from the recording (the screenshot in docs/commands.md):
+report rendered from the recording (its RC figure is the picture in docs/commands.md):
 
     PYTHONPATH=. python3 tests/lab/reportrun.py tests/fixtures/report-run.json
     PYTHONPATH=. python3 tests/lab/reportrun.py --html report.html
+    PYTHONPATH=. python3 tests/lab/reportrun.py --png docs/images/report.png
 
 The stack: the engine simulator's three pools, specguard in process (tap, cost model, guard with
 the relative-cost rule acting) and Debian's Prometheus scraping it every second. An operator pin
@@ -149,20 +150,36 @@ async def _run(tmp: Path) -> dict[str, Any]:
     return {"meta": {**meta, "window": "5s"}, **recorder.recorded}
 
 
-def render(html_path: Path) -> None:
+def recorded_data():
     from specguard.lab import report
     from specguard.lab.report_data import PromData
 
     recorded = load()
     meta = recorded["meta"]
     source = PromData(meta["url"], connect=Replay(recorded))
-    data = report.collect(source, meta["start"], meta["end"], meta["step"], meta["window"])
-    html_path.write_text(report.render_html(data))
+    return report.collect(source, meta["start"], meta["end"], meta["step"], meta["window"])
+
+
+def render(html_path: Path) -> None:
+    from specguard.lab import report
+
+    html_path.write_text(report.render_html(recorded_data()))
+
+
+def render_png(png_path: Path) -> None:
+    """The report's RC figure of the recorded run, as the HTML embeds it."""
+    from specguard.lab import report
+
+    fig = report.build_figures(recorded_data())["Relative cost per token per class"]
+    fig.savefig(png_path, dpi=90, bbox_inches="tight")
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--html"]:
         render(Path(sys.argv[2]))
+        sys.exit(0)
+    if sys.argv[1:2] == ["--png"]:
+        render_png(Path(sys.argv[2]))
         sys.exit(0)
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else FIXTURE
     with tempfile.TemporaryDirectory() as tmp:

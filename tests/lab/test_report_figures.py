@@ -131,3 +131,42 @@ def test_a_decision_before_the_first_scrape_is_at_its_real_time(data):
     meta = RECORDED["meta"]
     fallback = report._increments(frame, pd.DataFrame(), meta["start"], meta["step"])
     assert fallback[fallback["action"] == "pin"]["timestamp"].iloc[0] > pin.timestamp
+
+
+def test_time_ticks_are_whole_times_in_one_format_without_matplotlibs_warnings(data, recwarn):
+    figs = report.build_figures(data)
+    for heading, fig in figs.items():
+        fig.canvas.draw()
+        labels = [
+            t.get_text() for ax in fig.axes if ax.get_visible() for t in ax.get_xticklabels() if t.get_text()
+        ]
+        assert labels, heading
+        assert all(re.fullmatch(r"\d\d:\d\d(:\d\d)?", text) for text in labels), (heading, labels)
+        assert len({len(text) for text in labels}) == 1, (heading, labels)  # never "20:04, 30, 20:05"
+        assert any(ax.get_xlabel().startswith("time (UTC, ") for ax in fig.axes), heading
+        report_figures.plt.close(fig)
+    assert not [w for w in recwarn.list if "AutoDateLocator" in str(w.message)]
+
+
+def test_decisions_are_labelled_marks_told_apart_by_kind(data):
+    fig = report.build_figures(data)["Relative cost per token per class"]
+    texts = {t.get_text().strip(): t.get_color() for ax in fig.axes for t in ax.texts}
+    actions = set(data.actions["action"])
+    assert actions and actions <= set(texts), (actions, texts)  # every decision carries its action
+    kinds = {report_figures.mark_kind(a) for a in actions}
+    assert len({report_figures.MARKS[k][1] for k in kinds}) == len(kinds)  # a colour per kind
+    legend = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    assert "guard move (plan change)" in legend and "operator (pin, pause)" in legend
+    assert report_figures.mark_kind("report") == "report" and report_figures.mark_kind("off") == "move"
+    report_figures.plt.close(fig)
+
+
+def test_rc_on_few_requests_is_drawn_faint_not_as_a_measurement(data):
+    fig = report.build_figures(data)["Relative cost per token per class"]
+    alphas = {line.get_alpha() for ax in fig.axes for line in ax.lines if line.get_gid()}
+    assert alphas == {1.0, 0.35}  # measured, and start-up / probe points on fewer than 30 requests
+    few = data.rc_samples[data.rc_samples["value"] < report_figures.FEW_SAMPLES]
+    assert not few.empty  # the recorded run starts with RC on a handful of requests
+    legend = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    assert f"fewer than {report_figures.FEW_SAMPLES} requests (start-up)" in legend
+    report_figures.plt.close(fig)

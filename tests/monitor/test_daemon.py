@@ -430,6 +430,30 @@ async def test_scheduler_runs_do_not_fill_the_log(tmp_path, caplog):
     assert any("guard evaluation every" in r.getMessage() for r in caplog.records)  # ours still there
 
 
+async def test_a_run_missed_on_a_busy_loop_is_counted_not_printed_in_apschedulers_words(tmp_path, caplog):
+    from apscheduler.events import EVENT_JOB_MISSED, JobEvent
+
+    clock, source = Clock(), ScriptedSource({CREATIVE: 0.5})
+    guard, _ = make_guard(tmp_path, source, clock, POLICY)
+    for name in ("apscheduler", "apscheduler.scheduler", "apscheduler.executors.guard"):
+        logging.getLogger(name).setLevel(logging.NOTSET)  # as in a fresh `specguard run`
+    with caplog.at_level(logging.INFO), caplog.at_level(logging.INFO, logger="specguard.guard"):
+        await guard.start()
+        try:
+            # what APScheduler logs when a busy event loop delays a run past its grace time
+            logging.getLogger("apscheduler.scheduler").warning(
+                'Run time of job "guard evaluation" was missed by 0:00:01.5'
+            )
+            guard._on_job_event(JobEvent(EVENT_JOB_MISSED, "guard-evaluation", "default"))
+        finally:
+            await guard.stop()
+    assert guard.missed_runs == 1
+    words = [r.getMessage() for r in caplog.records if r.name.startswith("apscheduler")]
+    assert words == [], words  # not "Adding job tentatively", "Scheduler started" or "was missed"
+    assert not any("scheduler event" in r.getMessage() for r in caplog.records)
+    assert any("guard evaluation every" in r.getMessage() for r in caplog.records)
+
+
 class TwoPoolSource:
     """creative: K=4 measured at rc 2.0 and K=2's exact what-if at ``k2`` (from the same requests)."""
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
+import time
 
 from specguard import cli
+from specguard.cli.commands import status as status_cmd
 from specguard.monitor import state as state_mod
 from specguard.monitor.audit import AuditLog
 from specguard.rules.guard import ClassState
@@ -67,8 +70,9 @@ def test_human_output(tmp_path, capsys):
     )
     out = capsys.readouterr().out
     assert "plan version 4" in out
-    assert "creative/high  low   nospec  0  -      -              pinned to nospec" in out
-    assert "pin  spec-k4 -> nospec  operator: INC-7" in out
+    assert "creative/high  low   nospec  0  -      -" in out
+    assert "    note: pinned to nospec" in out
+    assert "creative/high at load low: pin, spec-k4 -> nospec\n      operator: INC-7" in out
 
 
 def test_unreachable_without_a_plan_file_is_an_error(capsys):
@@ -79,3 +83,75 @@ def test_unreachable_without_a_plan_file_is_an_error(capsys):
 def test_missing_plan_file_is_an_error(tmp_path, capsys):
     assert cli.main(["status", "--plan-file", str(tmp_path / "none.json")]) == 2
     assert "no plan file" in capsys.readouterr().err
+
+
+LONG = (
+    "relative-cost on spec-k4: rc_lower (1.130) > threshold (1.0) [measured on spec-k4 at load low over "
+    "the last 300 s, n=139, baseline live (no-spec requests at this load: 48)]; consecutive_failures (1) <= "
+    "consecutive_failure_limit (2) and the rest of a reason long enough to pass every terminal width: END"
+)
+
+
+def live_status(now: float) -> dict:
+    def row(load, phase, hold_words, reason, rc, waiting=None, until=None):
+        return {
+            "task_type": "creative",
+            "temperature_bucket": "high",
+            "load_bucket": load,
+            "pool": "spec-k4",
+            "num_speculative_tokens": 4,
+            "phase": phase,
+            "hold": "x" if hold_words else None,
+            "hold_words": hold_words,
+            "reason": reason,
+            "waiting_for": waiting,
+            "until": until,
+            "until_what": "earliest move",
+            "rc": rc,
+        }
+
+    live = {"pool": "spec-k4", "rc": 1.37, "lower": 1.13, "upper": 1.66, "baseline_source": "live"}
+    wide = {"pool": "spec-k4", "rc": None, "lower": 0.0, "upper": 141.14, "baseline_source": "model"}
+    wide["evidence"] = "not_enough_evidence"
+    return {
+        "plan_version": 3,
+        "policy_version": "abc",
+        "last_evaluation": now - 3,
+        "interval_seconds": 10,
+        "classes": [
+            row(
+                "low",
+                "hold",
+                "bad, within limits",
+                LONG,
+                {**live, "evidence": "enough"},
+                "1 more bad evaluation of relative-cost",
+                now + 17,
+            ),
+            row(
+                "medium",
+                "hold",
+                "too little data",
+                "samples (23) < min_samples (30)",
+                wide,
+                "7 more requests of this class on spec-k4",
+                now + 7,
+            ),
+        ],
+        "decisions": [],
+    }
+
+
+def test_status_shows_reasons_whole_and_what_a_hold_waits_for():
+    now = time.time()
+    out = status_cmd.render(live_status(now), columns=80)
+    wrapped = [line for line in out.splitlines() if line.startswith("    ")]  # all but the table's rows
+    assert len(wrapped) >= 5 and all(len(line) <= 80 for line in wrapped), wrapped
+    flat = " ".join(out.split())
+    assert " ".join(LONG.split()) in flat  # whole, wrapped: never cut
+    assert "hold: bad, within limits" in out and "hold: too little data" in out
+    assert "1.37 [1.13, 1.66] (live, spec-k4)" in out
+    assert "not enough evidence [0.00, 141.14] (model, spec-k4)" in out
+    waiting = r"waiting for: 1 more bad evaluation of relative-cost; earliest move in 1[67] s \("
+    assert re.search(waiting, flat)
+    assert re.search(r"evaluations every 10 s: last 3 s ago, next in [67] s \(\d\d:\d\d:\d\dZ\)", out)

@@ -213,12 +213,12 @@ def test_run_listens_on_ipv6_masks_credentials_and_fails_cleanly_on_a_taken_port
     command = [sys.executable, "-m", "specguard", "run", "--config", str(cfg), "--listen", f"[::1]:{port}"]
     first = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     try:
-        health = asyncio.run(_get(f"http://[::1]:{port}/healthz"))
+        health = asyncio.run(_get(f"http://[::1]:{port}/livez"))
         second = subprocess.run(command, capture_output=True, text=True, timeout=60)
     finally:
         first.terminate()
         _, log = first.communicate(timeout=20)
-    assert health["status"] == "ok"
+    assert health["status"] == "alive"
     assert "s3cret-pw" not in log and "scraper:*****@127.0.0.1:9" in log
     assert second.returncode == 2 and "cannot listen on [::1]" in second.stderr
     assert "Unclosed client session" not in second.stderr and "Traceback" not in second.stderr + log

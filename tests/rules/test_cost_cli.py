@@ -36,12 +36,12 @@ def test_measured_form_reproduces_the_worked_vectors(capsys):
     assert code == 0 and "0.981" in out and "1.02x" in out and "pays" in out
 
 
-def test_model_form_is_bonus_aware_and_labels_the_seed_form(capsys):
+def test_model_form_is_bonus_aware_and_labels_the_no_bonus_form(capsys):
     code, out, _ = run_cli(capsys, "--alpha", "0.6", "--rho", "0.2", "--k", "1", "--json")
     result = json.loads(out)
     assert code == 0 and result["rows"][0]["rc"] == pytest.approx(0.75)
     assert result["rows"][0]["no_bonus_conservative_rc"] == pytest.approx(2.0)
-    assert "no bonus token, conservative" in result["no_bonus_formula"]
+    assert "no bonus token counted: conservative" in result["no_bonus_formula"]
     code, out, _ = run_cli(capsys, "--alpha", "0.6", "--rho", "0.2", "--k", "1", "4")
     assert "no-bonus, conservative" in out and "0.750" in out and "2.000" in out
     code, out, _ = run_cli(capsys, "--alpha", "0", "--rho", "0.2", "--k", "4")
@@ -153,7 +153,11 @@ def test_collector_exports_the_latest_evaluation_and_leaves_unknown_rc_out():
     assert (
         got[("specguard_relative_cost_baseline_info", tuple(sorted((*chat_high, ("source", "none")))))] == 1
     )
+    assert got[("specguard_relative_cost_evidence_info", tuple(sorted((*code, ("evidence", "enough")))))] == 1
+    unknown = tuple(sorted((*chat_high, ("evidence", "unknown"))))
+    assert got[("specguard_relative_cost_evidence_info", unknown)] == 1
     assert {d.name for d in collector.describe()} == {
+        "specguard_relative_cost_evidence_info",
         "specguard_relative_cost_per_token_ratio",
         "specguard_relative_cost_per_token_lower_ratio",
         "specguard_relative_cost_per_token_upper_ratio",

@@ -112,7 +112,7 @@ def decider_config(engines: dict[str, str], source: str, workdir: Path, promethe
 
 
 def start_run(stack: Stack, name: str, config: dict, port: int, *, wait: bool = True) -> tuple[Proc, str]:
-    """`specguard run` named `name` on 127.0.0.1:`port`, once its /healthz answers (unless not `wait`)."""
+    """`specguard run` named `name` on 127.0.0.1:`port`, once its /livez answers (unless not `wait`)."""
     path = stack.workdir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     argv = [sys.executable, "-m", "specguard", "run", "--config", str(path), "--listen", f"127.0.0.1:{port}"]
@@ -124,7 +124,7 @@ def start_run(stack: Stack, name: str, config: dict, port: int, *, wait: bool = 
 
 
 def wait_healthy(proc: Proc, url: str) -> None:
-    wait_until(f"{proc.name} /healthz", lambda: http_get(url + "/healthz")[0] == 200, 30, [proc])
+    wait_until(f"{proc.name} /livez", lambda: http_get(url + "/livez")[0] == 200, 30, [proc])
 
 
 def truth(engine_url: str) -> dict:

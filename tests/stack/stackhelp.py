@@ -300,7 +300,7 @@ class Stack(ExitStack):
         ]
         proc = self.spawn("specguard", argv)
         url = f"http://127.0.0.1:{port}"
-        wait_until("specguard /healthz", lambda: http_get(url + "/healthz")[0] == 200, 30, [proc])
+        wait_until("specguard /livez", lambda: http_get(url + "/livez")[0] == 200, 30, [proc])
         return url
 
     def start_alertmanager(self, *webhook_urls: str, only: str | None = None) -> str:

@@ -1,10 +1,11 @@
-"""The sidecar's probes (deploy/kubernetes: startup/readiness/liveness on /healthz) must never
+"""The sidecar's probes (deploy/kubernetes: startup/readiness/liveness on /livez) must never
 fail because of specguard's dependencies: with every engine pool unreachable, no Prometheus and
-no Kubernetes API, `specguard run` still answers /healthz with 200 while /metrics reports the
-pools down."""
+no Kubernetes API, `specguard run` still answers /livez with 200, while /metrics reports the pools
+down and /healthz says degraded (503, naming every pool and why) for people and external checks."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from stackhelp import Stack, free_port, http_get, specguard_config, wait_until
 pytestmark = pytest.mark.stack
 
 
-def test_healthz_stays_ok_when_every_dependency_is_down(tmp_path: Path):
+def test_livez_stays_ok_and_healthz_says_degraded_when_every_dependency_is_down(tmp_path: Path):
     dead = {name: f"http://127.0.0.1:{free_port()}" for name in ("spec-k4", "spec-k2", "nospec")}
     config = specguard_config(dead, tmp_path)
     with Stack(tmp_path) as stack:
@@ -34,6 +35,11 @@ def test_healthz_stays_ok_when_every_dependency_is_down(tmp_path: Path):
         wait_until("every pool scraped and down", pools_down, 20, stack.procs)
         deadline = time.monotonic() + 3  # a few more scrape rounds with everything failing
         while time.monotonic() < deadline:
-            status, _ = http_get(url + "/healthz")
+            status, _ = http_get(url + "/livez")
             assert status == 200
             time.sleep(0.5)
+        status, body = http_get(url + "/healthz")
+        health = json.loads(body)
+        assert status == 503 and health["status"] == "degraded", health
+        assert all(name in health["reason"] for name in dead), health
+        assert health["pools_serving"] == dict.fromkeys(dead, False)

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 from specguard.errors import ConfigError
+from specguard.exporters.config import PoolConfig
 from specguard.monitor import config
+
+PROBE_SECONDS = 3.0
+"""How long each pool's /metrics gets to answer the reachability check."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -14,9 +21,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "check-config",
         help="validate a config file (every error with file:line:col: path)",
         description="Validate a specguard config file; every error is printed with its file, line, "
-        "column and key path. Exit status 2 when there are errors.",
+        "column and key path. Exit status 2 when there are errors. Each pool's metrics page is "
+        "fetched once: a pool that does not answer is a warning (exit status 0).",
     )
     parser.add_argument("file", help="the YAML config file")
+    parser.add_argument(
+        "--no-connect", action="store_true", help="check the file only: do not try to reach the pools"
+    )
     parser.set_defaults(func=run)
 
 
@@ -47,7 +58,33 @@ def run(args: argparse.Namespace) -> int:
     extra = sorted(cfg.sections)
     if extra:
         print(f"  sections: {', '.join(extra)}")
+    if not args.no_connect:
+        sys.stdout.flush()
+        with ThreadPoolExecutor(max_workers=min(8, len(ex.pools))) as pool:
+            problems = list(pool.map(unreachable, ex.pools))
+        for found, problem in zip(ex.pools, problems, strict=True):
+            if problem:
+                print(
+                    f"warning: pool {found.name} ({found.display_url}): {problem}; is the engine up? "
+                    "`specguard run` keeps it marked down until it answers",
+                    file=sys.stderr,
+                )
     return 0
+
+
+def unreachable(pool: PoolConfig, timeout: float = PROBE_SECONDS) -> str | None:
+    """Why ``pool``'s metrics page cannot be read now (None when it answers 200)."""
+    url = pool.url + pool.metrics_path
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            response.read(1)
+    except urllib.error.HTTPError as exc:
+        return f"{pool.metrics_path} answers HTTP {exc.code}"
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        text = reason.strerror if isinstance(reason, OSError) and reason.strerror else str(reason)
+        return f"unreachable ({text.lower() or type(reason).__name__})"
+    return None
 
 
 def _check_profile(cfg: config.SpecguardConfig) -> None:

@@ -1,8 +1,9 @@
 """``specguard cost``: relative cost per token from measured times, from the model, or from a profile.
 
-Measured form (CONCEPTS.md section 2): ``RC = (T_round / A) / T_base``.
-Model form: ``RC = (1 + rho*K) / (1 + alpha*K)`` (bonus-aware); seed 002's ``(1 + rho*K) / (alpha*K)``
-is shown beside it, labelled "no-bonus, conservative".
+Measured form (docs/concepts.md): ``RC = (T_round / A) / T_base``.
+Model form: ``RC = (1 + rho*K) / (1 + alpha*K)`` (bonus-aware); the no-bonus ``(1 + rho*K) / (alpha*K)``
+of the acceptance-vs-speedup article (docs/concepts.md#sources) is shown beside it, labelled
+"no-bonus, conservative".
 Profile form: RC per pool and concurrency (and class) from a calibration profile.
 """
 
@@ -176,7 +177,7 @@ def model_form(
         "formula": formula,
         "no_bonus_formula": None
         if iid
-        else "(1 + rho*K) / (alpha*K)  [seed 002; no bonus token, conservative]",
+        else "(1 + rho*K) / (alpha*K)  [no bonus token counted: conservative]",
         "alpha": alpha,
         "rho": rho,
         "rows": rows,

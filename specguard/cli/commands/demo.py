@@ -13,7 +13,9 @@ import textwrap
 import time
 from pathlib import Path
 
+from specguard import columns as columns_mod
 from specguard.cli import demo_table
+from specguard.cli.commands import simulate
 from specguard.cli.demo_table import fmt
 from specguard.errors import ConfigError, ConfigIssue
 
@@ -52,7 +54,8 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--config",
         default=None,
-        help="specguard config (pools/classes/tap/guard); default: the shipped example",
+        help="specguard config (pools/classes/tap/guard); default: the shipped example with the shipped "
+        "guard policy",
     )
     parser.add_argument("--sim-config", default=None, help="simulator config YAML (default: the shipped one)")
     parser.add_argument(
@@ -120,7 +123,9 @@ def _setup(args: argparse.Namespace):
     stale_missing = [p.name for p in cfg.exporter.pools if p.name not in {q.name for q in stale.pools}]
     if stale_missing:
         raise ConfigError(f"--stale-world {args.stale_world}: no pools {stale_missing}")
-    guard_section = cfg.sections.get("guard") if hasattr(cfg, "sections") else None
+    # the shipped example's guard section is tuned for hand runs at --time-scale 0.1; the demo scales
+    # the shipped policy's timers itself (--timer-scale), so only a config of the user's sets its policy
+    guard_section = cfg.sections.get("guard") if args.config else None
     policy = guard_section if isinstance(guard_section, policy_mod.Policy) else policy_mod.load_default()
     scen = scenario.load_scenario(args.scenario)
     if args.gpu_scale != 1:
@@ -186,43 +191,69 @@ class Display:
             self._block = 0
 
 
-def _rows(costs, states, ks) -> list[str]:
-    header = (
-        f"{'class':<20}{'load':<8}{'RC':>6}{'[lo, hi]':>14}{'A':>6}{'rollbk':>8}{'n':>6}  "
-        f"{'pool (K)':<14}{'base':<8}"
-    )
-    rows = [header]
+def _rows(costs, states, ks, order=()) -> list[str]:
+    """The live status block: a class per line, its RC with a space before its interval (a too-wide
+    interval is "not enough evidence", not a number) and a "!" where the model baseline's RC
+    contradicts a measured one at a neighbouring load."""
+    from specguard.rules import rcquality
+
     best = {}
     for c in costs:
         key = (c.task_type, c.temperature_bucket, c.load_bucket)
         if c.n_spec and (key not in best or c.n_spec > best[key].n_spec):
             best[key] = c
-    for key in sorted(best):
+    cells = [("class", "load", "RC [interval]", "A", "rollbk", "n", "pool (K)", "base")]
+    flagged = 0
+    rank = {name: i for i, name in enumerate(order)}
+    for key in sorted(best, key=lambda k: (k[0], k[1], rank.get(k[2], len(rank)), k[2])):
         c = best[key]
         state = states.get(key)
         pool = state.pool if state is not None and state.pool else "?"
-        interval = f"[{fmt(c.lower, '.2f')}, {fmt(c.upper, '.2f')}]"
-        rows.append(
-            f"{key[0] + '/' + key[1]:<20}{key[2]:<8}{fmt(c.rc, '6.2f'):>6}{interval:>14}"
-            f"{fmt(c.accept_length, '6.2f'):>6}{fmt(c.full_rollback_round_ratio, '8.2f'):>8}{c.n_spec:>6}  "
-            f"{pool + ' (' + str(ks.get(pool, '?')) + ')':<14}{c.baseline_source:<8}"
+        evidence, _ = rcquality.grade(c, costs, order)
+        rc = rcquality.shown(c.rc, c.lower, c.upper, state=evidence)
+        if evidence == rcquality.CONTRADICTED:
+            rc += " !"
+            flagged += 1
+        cells.append(
+            (
+                f"{key[0]}/{key[1]}",
+                key[2],
+                rc,
+                fmt(c.accept_length, ".2f"),
+                fmt(c.full_rollback_round_ratio, ".2f"),
+                str(c.n_spec),
+                f"{pool} ({ks.get(pool, '?')})",
+                c.baseline_source,
+            )
         )
+    rows = columns_mod.aligned(cells)
+    if flagged:
+        rows.append("! model-baseline RC against a measured loss at a lower load (or a gain at a higher one)")
     return rows
 
 
-def _decision_line(d: dict) -> str:
+def _decision_lines(d: dict, width: int = WIDTH) -> list[str]:
+    """A plan change: one headline, then its whole reason wrapped under it (never cut)."""
     numbers = d.get("numbers", {})
     rc = None
     for name, values in (numbers.get("rules") or {}).items():
         if name.startswith("relative-cost@") and "value" in values:
             rc = values["value"]
             break
-    why = d["reason"].split(";")[0]
     rc_text = f" rc_lower={rc:.2f}" if rc is not None else ""
-    return (
+    head = (
         f">> t={d['time']:5.0f}s {d['action'].upper():<8} {d['task_type']}/{d['temperature_bucket']} "
-        f"load={d['load_bucket']}: {d['from']} -> {d['to']}{rc_text} ({why})"
+        f"load={d['load_bucket']}: {d['from']} -> {d['to']}{rc_text}"
     )
+    why = textwrap.wrap(
+        d.get("reason") or "",
+        width,
+        initial_indent="     ",
+        subsequent_indent="       ",
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+    return [head, *why]
 
 
 class Narrator:
@@ -243,7 +274,8 @@ class Narrator:
         if d.get("cause") == "profile":
             self.held.append(d)
         else:
-            self.out.line(_decision_line(d))
+            for text in _decision_lines(d, self.out.width):
+                self.out.line(text)
 
     def flush(self) -> None:
         if not self.held:
@@ -268,7 +300,36 @@ class Narrator:
                 self.out.line(row)
 
 
+LIVE_SHARE = 0.7
+"""The share of ``--duration`` the live run is paced to (the replays after it run unpaced)."""
+
+
+def live_budget(duration: float) -> float:
+    """Wall seconds the live run aims at for ``--duration`` (0: as fast as possible)."""
+    return max(10.0, duration * LIVE_SHARE) if duration else 0.0
+
+
+INTERRUPTED = 130
+"""Exit status after Ctrl-C (128 + SIGINT), as a shell reports it."""
+
+
 def run(args: argparse.Namespace) -> int:
+    """The demo; Ctrl-C stops it with what was done so far said, and exit status 130."""
+    done: list[str] = []
+    try:
+        return _run(args, done)
+    except KeyboardInterrupt:
+        finished = "; ".join(done) if done else "nothing yet (the calibration was under way)"
+        print(
+            f"\ninterrupted (Ctrl-C): done so far: {finished}. The comparison needs every part; "
+            "`specguard demo --no-live` skips the live run, `--duration 0` the pacing.",
+            file=sys.stderr,
+            flush=True,
+        )
+        return INTERRUPTED
+
+
+def _run(args: argparse.Namespace, done: list[str]) -> int:
     from specguard.lab import demo
     from specguard.rules import profile as profile_mod
 
@@ -295,6 +356,7 @@ def run(args: argparse.Namespace) -> int:
     )
     profile = demo.calibrate(setup)
     stale_profile = demo.calibrate(setup, sim=setup.stale_sim) if setup.stale_sim is not None else None
+    done.append(f"calibration ({len(profile.pools[0].levels)} concurrency levels per pool)")
     if args.profile_out:
         profile_mod.write_profile(profile, Path(args.profile_out))
         out.line(f"    calibration profile written to {args.profile_out}")
@@ -302,21 +364,25 @@ def run(args: argparse.Namespace) -> int:
     from specguard.lab import replay
     from specguard.lab import replay_policies as rp
 
-    narrator = Narrator(out, [b.name for b in setup.exporter.classes.load_buckets])
+    order = [b.name for b in setup.exporter.classes.load_buckets]
+    narrator = Narrator(out, order)
     live = None
     if args.live:
         from specguard.lab import demo_live
 
-        budget = max(10.0, args.duration * 0.7) if args.duration else 0.0
+        budget = live_budget(args.duration)
         time_scale = demo_live.pick_time_scale(scen.duration_s, budget)
         out.line(
             f"2/3 specguard LIVE: simulator pools over HTTP + tap + exporter + guard daemon, "
             f"{time_scale:.2f} wall s per simulated s"
         )
 
-        def on_status(now, phase, costs, states) -> None:
+        def on_status(now, phase, costs, states, late=None) -> None:
             narrator.flush()
-            out.status(now, phase, _rows(costs, states, ks))
+            rows = _rows(costs, states, ks, order)
+            if late:
+                rows.append(simulate.lateness_warning(late, time_scale))
+            out.status(now, phase, rows)
 
         live = asyncio.run(
             demo_live.run_live(
@@ -333,6 +399,14 @@ def run(args: argparse.Namespace) -> int:
             f"    live: {live['requests']} requests through the tap, {live['actions']} plan changes, "
             f"{live['failed_requests']} failed"
         )
+        done.append(f"the live run ({live['requests']} requests, {live['actions']} plan changes)")
+        behind = live["simulator_schedule"]
+        if behind["late_checks"]:
+            out.line(
+                f"    warning: the simulator ran behind its time scale at {behind['late_checks']} of "
+                f"{behind['checks']} checks (up to {behind['worst_stretch']:.2f}x; a busy CPU): the live "
+                "run's times and RC were skewed then; the replays below run in virtual time and are not"
+            )
         pace = 0.0
     else:
         out.line("2/3 specguard (virtual time): router + windowed stats + cost model + guard")
@@ -351,7 +425,7 @@ def run(args: argparse.Namespace) -> int:
             narrator.decision(d)
         narrator.flush()
         phase = scen.phases[scen.phase_at(now)].name
-        out.status(now, phase, _rows(costs, guard_ref["policy"].states, ks))
+        out.status(now, phase, _rows(costs, guard_ref["policy"].states, ks, order))
 
     if args.live:
         out.line("3/3 replaying the same scenario and seed in virtual time: specguard and the baselines")
@@ -364,6 +438,7 @@ def run(args: argparse.Namespace) -> int:
     out.done()
     rows = {"specguard": demo.specguard_row(setup, result, guard, "fresh")}
     out.line(f"    specguard replay: {len(result.decisions)} plan changes in {guard.evaluations} evaluations")
+    done.append(f"the specguard replay ({len(result.decisions)} plan changes)")
     for key, variant, prof in (
         ("specguard_no_profile", "none", None),
         ("specguard_stale_profile", "stale", stale_profile),
@@ -373,9 +448,19 @@ def run(args: argparse.Namespace) -> int:
         out.line(f"    replaying specguard with {'no' if prof is None else 'the stale'} profile")
         other, other_guard = demo.run_specguard(setup, prof)
         rows[key] = demo.specguard_row(setup, other, other_guard, variant)
+        done.append(f"the replay with {'no' if prof is None else 'the stale'} profile")
     if not args.live:
         out.line("3/3 replaying the same scenario and seed under the baselines")
-    compared = demo.compare(setup, rows, progress=lambda text: out.line(f"    {text}"))
+
+    started_replay: list[str] = []
+
+    def progress(text: str) -> None:
+        if started_replay:  # the one before this has finished
+            done.append(started_replay.pop().replace("replaying", "replayed", 1))
+        started_replay.append(text)
+        out.line(f"    {text}")
+
+    compared = demo.compare(setup, rows, progress=progress)
     result_json = {
         "scenario": demo.scenario_json(scen),
         "seed": setup.seed,

@@ -15,7 +15,7 @@ log = logging.getLogger("specguard.run")
 
 # Other components hook in here: each is called with the Monitor before it starts
 # (attach background jobs, add routes, register collectors). The guard adds its own.
-CONFIGURERS: list = [guard_wiring.configure]  # the guard (issue 6)
+CONFIGURERS: list = [guard_wiring.configure]  # the guard
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -27,43 +27,61 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--config", required=True, metavar="FILE", help="the YAML config file")
     parser.add_argument("--listen", metavar="HOST:PORT", help="override tap.listen")
+    parser.add_argument(
+        "--port-base",
+        type=int,
+        metavar="PORT",
+        help="move every port of the config (pool URLs and tap.listen) by the step that puts the first "
+        "pool on PORT: with the shipped config, the same PORT as `specguard simulate --port-base`",
+    )
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = config.load(args.config)  # a bad file is reported (exit 2) before anything starts
+    if args.port_base is not None:
+        cfg = config.with_port_base(cfg, args.port_base)
     if args.listen:
         # override tap.listen before the guard is wired: its checks must see the bound address
         cfg = config.with_listen(cfg, args.listen)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    return asyncio.run(serve(cfg))
+    flag = "--listen" if args.listen else "--port-base" if args.port_base is not None else None
+    return asyncio.run(serve(cfg, listen_flag=flag))
 
 
-async def serve(cfg: config.SpecguardConfig, host: str | None = None, port: int | None = None) -> int:
-    """Serve until SIGINT/SIGTERM; ``host``/``port`` override ``tap.listen`` (checked like it)."""
+async def serve(
+    cfg: config.SpecguardConfig,
+    host: str | None = None,
+    port: int | None = None,
+    *,
+    listen_flag: str | None = None,
+) -> int:
+    """Serve until SIGINT/SIGTERM; ``host``/``port`` override ``tap.listen`` (checked like it).
+
+    The port is bound before anything else starts, so a taken one is reported first, naming
+    ``listen_flag`` (the flag that set the address) or the config file's ``tap.listen``."""
     if host is not None or port is not None:
         tap = cfg.exporter.tap
         listen = join_listen(host or tap.host, tap.port if port is None else port)
         cfg = config.with_listen(cfg, listen)
     monitor = monitor_app.Monitor(cfg)
-    for configure in CONFIGURERS:
-        configure(monitor, cfg)
-    stop = asyncio.Event()
-    with signals.stop_on(stop):
-        try:
+    try:
+        await monitor.listen()
+    except OSError as exc:
+        raise config.listen_error(cfg, exc, listen_flag) from exc
+    try:
+        for configure in CONFIGURERS:
+            configure(monitor, cfg)
+        stop = asyncio.Event()
+        with signals.stop_on(stop):
             url = await monitor.start()
-        except OSError as exc:
-            from specguard.errors import ConfigError
-
-            raise ConfigError(f"cannot listen on {cfg.exporter.tap.listen}: {exc.strerror}") from exc
-        pools = ", ".join(f"{p.name}={p.display_url}" for p in cfg.exporter.pools)
-        log.info("specguard tap on %s (metrics %s/metrics); pools: %s", url, url, pools)
-        try:
+            pools = ", ".join(f"{p.name}={p.display_url}" for p in cfg.exporter.pools)
+            log.info("specguard tap on %s (metrics %s/metrics); pools: %s", url, url, pools)
             await stop.wait()
-        finally:
             log.info("shutting down")
-            await monitor.stop()
+    finally:
+        await monitor.stop()
     return 0

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import sys
 
 from specguard import signals
@@ -91,5 +92,39 @@ async def _serve(sim) -> None:
             print(f"model: {cfg.model_name}   (the `model` field of requests)")
             print(f"ground truth: {next(iter(sim.urls.values()))}/sim/truth   (Ctrl-C stops)")
             sys.stdout.flush()
+            watch = asyncio.create_task(watch_schedule(sim, stop))
             await stop.wait()
+            await watch
     print("simulator stopped")
+
+
+SCHEDULE_CHECK_SECONDS = 5.0
+
+
+def lateness_warning(late: dict, time_scale: float) -> str:
+    """What to tell a user whose simulator runs behind its time scale, and what keeps up."""
+    worst = max(s["stretch"] for s in late.values())
+    pools = ", ".join(f"{name} {s['stretch']:.2f}x" for name, s in sorted(late.items()))
+    window = next(iter(late.values()))["window_seconds"]
+    keeps_up = math.ceil(time_scale * worst * 1.5 * 10) / 10
+    return (
+        f"warning: the simulator runs behind its schedule ({pools} the time --time-scale {time_scale:g} "
+        f"asks, over the last {window:g} s; a busy CPU?): the times it serves now are skewed, and so is "
+        f"any RC measured on them; --time-scale {keeps_up:g} would keep up"
+    )
+
+
+async def watch_schedule(sim, stop: asyncio.Event, every: float = SCHEDULE_CHECK_SECONDS) -> None:
+    """Say when the simulator falls behind its time scale, and when it keeps up again (stderr)."""
+    was_late = False
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), every)
+        late = sim.late()
+        if late and not was_late:
+            print(lateness_warning(late, sim.config.time_scale), file=sys.stderr, flush=True)
+        elif was_late and not late:
+            print(
+                "the simulator keeps its schedule again: the times it serves are the model's", file=sys.stderr
+            )
+        was_late = bool(late)

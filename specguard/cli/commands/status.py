@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
+import textwrap
 import time
 import urllib.error
 import urllib.request
 from typing import Any
 
+from specguard import columns as columns_mod
 from specguard import untrusted
 from specguard.errors import InputError, SourceError
 from specguard.monitor import audit as audit_mod
 from specguard.monitor import state as state_mod
+from specguard.rules import rcquality
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -133,15 +137,72 @@ def _ago(ts: float | None) -> str:
     return f"{max(0.0, time.time() - ts):.0f} s ago"
 
 
+def _clock(ts: float) -> str:
+    return time.strftime("%H:%M:%SZ", time.gmtime(ts))
+
+
+def _when(ts: float | None) -> str:
+    """``in 25 s (23:50:45Z)``; ``due now`` once the time has passed."""
+    if ts is None:
+        return "no time can be given"
+    left = ts - time.time()
+    return f"in {left:.0f} s ({_clock(ts)})" if left >= 0.5 else f"due now ({_clock(ts)})"
+
+
 def _rc(found: Any) -> str:
-    """``1.05 (model)`` / ``- (none)``: the class's RC and the baseline source it used."""
+    """``1.37 [1.13, 1.66] (live, spec-k4)``: the class's RC, its interval and the baseline source
+    and pool it used; ``not enough evidence [...]`` when the interval is too wide for a number."""
     if not isinstance(found, dict):
         return "-"
-    value = found.get("rc")
-    text = "-" if value is None else f"{value:.2f}"
-    return (
-        f"{text} ({found.get('baseline_source')}{'' if found.get('pool') is None else ', ' + found['pool']})"
+    evidence = found.get("evidence")
+    text = rcquality.shown(found.get("rc"), found.get("lower"), found.get("upper"), state=evidence)
+    if evidence == rcquality.CONTRADICTED:
+        text += " !"
+    pool = "" if found.get("pool") is None else ", " + str(found["pool"])
+    return f"{text} ({found.get('baseline_source')}{pool})"
+
+
+def _phase(c: dict[str, Any]) -> str:
+    """The engine's phase, with a hold's kind in words: ``hold: too little data``."""
+    phase = c.get("phase") or "-"
+    return f"{phase}: {c['hold_words']}" if phase == "hold" and c.get("hold_words") else phase
+
+
+def _wrapped(label: str, text: str, width: int, indent: str = "    ") -> list[str]:
+    """``text`` whole, wrapped to ``width`` under ``label`` (never cut)."""
+    return textwrap.wrap(
+        text,
+        width,
+        initial_indent=f"{indent}{label}",
+        subsequent_indent=indent + "  ",
+        break_long_words=False,
+        break_on_hyphens=False,
     )
+
+
+def _class_lines(c: dict[str, Any], width: int) -> list[str]:
+    """The reason, notes and what a held class waits for, each whole and wrapped."""
+    note = []
+    if c.get("pin"):
+        note.append(f"pinned to {c['pin']}")
+    if c.get("paused"):
+        note.append("paused")
+    if c.get("frozen"):
+        note.append("frozen")
+    if c.get("failover"):
+        note.append(f"{c['pool']} is down: served by another pool meanwhile")
+    found = c.get("rc") if isinstance(c.get("rc"), dict) else {}
+    if found.get("evidence_note"):
+        note.append(f"RC flagged: {found['evidence_note']}")
+    for why in (c.get("reports") or {}).values():
+        note.append(why)
+    lines = _wrapped("why: ", c["reason"], width) if c.get("reason") else []
+    if note:
+        lines += _wrapped("note: ", "; ".join(note), width)
+    if c.get("waiting_for"):
+        what = c.get("until_what") or "next evaluation"
+        lines += _wrapped("waiting for: ", f"{c['waiting_for']}; {what} {_when(c.get('until'))}", width)
+    return lines
 
 
 def _baselines(report: Any) -> list[str]:
@@ -172,45 +233,57 @@ def _holdout(report: Any) -> list[str]:
     return [line]
 
 
-def render(status: dict[str, Any]) -> str:
+def width() -> int:
+    """The terminal's width (100 when not a terminal), within 60..160."""
+    return max(60, min(160, shutil.get_terminal_size((100, 24)).columns))
+
+
+def render(status: dict[str, Any], columns: int | None = None) -> str:
+    columns = columns or width()
     lines = []
     if status.get("note"):
-        lines.append(f"note: {status['note']}")
+        lines += _wrapped("note: ", status["note"], columns, indent="")
     head = [f"plan version {status.get('plan_version')}"]
     if status.get("mode") == "file":
         head.append(f"written {_ago(status.get('updated_at'))} (from the plan file)")
     else:
         head.append(f"policy {status.get('policy_version')}")
-        head.append(f"last evaluation {_ago(status.get('last_evaluation'))}")
         head.append("dry-run" if status.get("dry_run") else "acting")
         if status.get("frozen"):
             head.append("FROZEN (data source errors)")
     lines.append(" | ".join(head))
-    rows = [("CLASS", "LOAD", "POOL", "K", "PHASE", "RC (BASELINE)", "NOTE")]
+    if status.get("mode") != "file":
+        last, every = status.get("last_evaluation"), status.get("interval_seconds")
+        evaluated = f"last evaluation {_ago(last)}"
+        if last is not None and every:
+            evaluated = f"evaluations every {every:g} s: last {_ago(last)}, next {_when(last + every)}"
+        lines.append(evaluated)
+    rows = [("CLASS", "LOAD", "POOL", "K", "PHASE", "RC [INTERVAL] (BASELINE, POOL)")]
+    details = []
     for c in status.get("classes", []):
-        note = []
-        if c.get("pin"):
-            note.append(f"pinned to {c['pin']}")
-        if c.get("paused"):
-            note.append("paused")
-        if c.get("frozen"):
-            note.append("frozen")
-        if c.get("reason"):
-            note.append(c["reason"])
         rows.append(
             (
                 f"{c['task_type']}/{c['temperature_bucket']}",
                 c["load_bucket"],
                 c["pool"],
                 str(c.get("num_speculative_tokens", "")),
-                c.get("phase") or "-",
+                _phase(c),
                 _rc(c.get("rc")),
-                "; ".join(note)[:100],
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(6)]
-    for r in rows:
-        lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(r[:6])) + "  " + r[6])
+        details.append(_class_lines(c, columns))
+    table = columns_mod.aligned(rows)
+    lines.append(table[0])
+    for row, more in zip(table[1:], details, strict=True):
+        lines.append(row)
+        lines += more
+    if any(
+        isinstance(c.get("rc"), dict) and c["rc"].get("evidence") == rcquality.CONTRADICTED
+        for c in status.get("classes", [])
+    ):
+        lines.append(
+            "  ! the model baseline's RC contradicts a measured one at a neighbouring load (see its note)"
+        )
     lines += _baselines(status.get("baselines"))
     lines += _holdout(status.get("holdout"))
     decisions = status.get("decisions", [])
@@ -220,9 +293,11 @@ def render(status: dict[str, Any]) -> str:
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(d.get("time", 0)))
         dry = " (dry-run)" if d.get("dry_run") else ""
         lines.append(
-            f"  {when}  {d.get('class', '?')} {d.get('load_bucket', '?')}  {d.get('action')}{dry}  "
-            f"{d.get('from')} -> {d.get('to')}  {d.get('reason', '')}"
+            f"  {when}  {d.get('class', '?')} at load {d.get('load_bucket', '?')}: {d.get('action')}{dry}, "
+            f"{d.get('from')} -> {d.get('to')}"
         )
+        if d.get("reason"):
+            lines += _wrapped("", d["reason"], columns, indent="      ")
     if status.get("policy_reload_error"):
         lines.append(f"policy reload failed (the previous policy stays): {status['policy_reload_error']}")
     if status.get("plan_file_recovered"):

@@ -153,6 +153,7 @@ class Progress:
 def run(args: argparse.Namespace) -> int:
     from specguard.lab import replay, sweep
 
+    started = time.monotonic()
     cfg = monitor_config_load(args.config)
     levels = sweep.levels_up_to(args.max_concurrency) if args.max_concurrency else parse_levels(args.levels)
     mix = parse_mix(args.mix)
@@ -182,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
     summary["geometries"] = [g.name for g in geometries]
     if engines:
         summary["engines"] = engines
+    summary["wall_seconds"] = round(time.monotonic() - started, 1)
     if args.json:
         json.dump(summary, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
@@ -195,6 +197,7 @@ def run(args: argparse.Namespace) -> int:
         for line in summary["crossovers"]:
             print(f"  {line}")
         print(f"use it: set cost.calibration_profile: {summary['profile']} in your config")
+        print(f"done in {summary['wall_seconds']:.0f} s")
     return 0
 
 
