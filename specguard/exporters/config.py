@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from specguard.configfile import Section
 from specguard.exporters import addresses, clientguard, promtext
+from specguard.exporters.tapgate import METHODS, ForwardPath
 
 ENGINES = ("vllm", "sglang", "trtllm", "llamacpp", "tgi", "auto")
 OTHER = "other"  # task type for everything outside the configured set
@@ -35,6 +36,8 @@ class PoolConfig:
     # engine replicas behind ``url`` (a Service, a data-parallel engine): the load bucket is the
     # pool's in-flight requests per replica, and capacity-matched holdout weighs pools by it
     replicas: int = 1
+    # file holding the engine's --api-key: the tap sends it as a bearer token (requests and scrapes)
+    api_key_file: str | None = None
 
     @property
     def speculative(self) -> bool:
@@ -115,6 +118,14 @@ class TapConfig:
     # a pool that cannot be connected to is marked down; its traffic goes to the best healthy pool
     # and a request whose connect failed is retried there (exporters.health, exporters.routing)
     failover: bool = True
+    # exact paths forwarded besides the inference API (POST /v1/chat/completions, POST
+    # /v1/completions, GET /v1/models); anything else is answered 404 by the tap (exporters.tapgate)
+    forward_paths: tuple[ForwardPath, ...] = ()
+    # outlier ejection (exporters.health): this many 5xx answers or resets in a row take a pool out
+    # of service for eject_seconds, doubled on each repeat up to eject_max_seconds
+    eject_consecutive_5xx: int = 5
+    eject_seconds: float = 30.0
+    eject_max_seconds: float = 300.0
 
     @property
     def client_limits(self) -> clientguard.ClientLimits:
@@ -178,7 +189,11 @@ def parse_pools(root: Section) -> tuple[PoolConfig, ...]:
         metrics_path = item.get("metrics_path", str, "/metrics")
         force_usage = item.get("force_include_usage", bool, False)
         replicas = item.get("replicas", int, 1, minimum=1, maximum=100_000)
+        key_file = item.get("api_key_file", str, None, nullable=True)
         item.reject_unknown()
+        if key_file is not None and not key_file.strip():
+            item.error("api_key_file", "must name a file")
+            key_file = None
         if name is not None:
             if not item.check(bool(NAME_RE.match(name)), "name", f"({name!r}) must match {NAME_RE.pattern}"):
                 name = None
@@ -207,6 +222,7 @@ def parse_pools(root: Section) -> tuple[PoolConfig, ...]:
                 metrics_path or "/metrics",
                 force_usage is True,
                 replicas or 1,
+                key_file,
             )
         )
     if "pools" in root.data and isinstance(root.data["pools"], list) and not root.data["pools"]:
@@ -375,9 +391,61 @@ def parse_tap(section: Section, pools: tuple[PoolConfig, ...]) -> TapConfig:
             "max_inspect_bytes", int, base.max_inspect_bytes, minimum=4096, maximum=256 << 20
         ),
         failover=section.get("failover", bool, base.failover),
+        forward_paths=_forward_paths(section),
+        eject_consecutive_5xx=section.get(
+            "eject_consecutive_5xx", int, base.eject_consecutive_5xx, minimum=1, maximum=10_000
+        ),
+        eject_seconds=section.get("eject_seconds", float, base.eject_seconds, minimum=0.1, maximum=86_400),
+        eject_max_seconds=section.get(
+            "eject_max_seconds", float, base.eject_max_seconds, minimum=0.1, maximum=86_400
+        ),
     )
     section.reject_unknown()
+    low, high = cfg.eject_seconds, cfg.eject_max_seconds
+    if low is not None and high is not None and high < low:
+        section.error("eject_max_seconds", f"({high}) must be >= eject_seconds ({low})")
     return cfg
+
+
+_PATH_RE = re.compile(r"^/[A-Za-z0-9._~!$&'()*+,;=:@/-]*$")
+
+
+def _forward_paths(section: Section) -> tuple[ForwardPath, ...]:
+    """``tap.forward_paths``: ``[{path: /exact/path, methods: [POST]}]``, each path once."""
+    out: list[ForwardPath] = []
+    seen: set[str] = set()
+    for item in section.items("forward_paths"):
+        path = item.get("path", str)
+        methods: list[str] = []
+        if "methods" in item.data:
+            for index, value in item.values("methods"):
+                where = f"methods[{index}]"
+                if not isinstance(value, str) or value.upper() not in METHODS:
+                    item.error(where, f"({value!r}) must be one of {', '.join(METHODS)}")
+                elif value.upper() not in methods:
+                    methods.append(value.upper())
+            if not methods and isinstance(item.data.get("methods"), list):
+                item.error("methods", "must list at least one method")
+        else:
+            methods = ["POST"]
+        item.reject_unknown()
+        if path is None:
+            continue
+        bad = ".." in path.split("/") or "." in path.split("/") or "//" in path
+        if not _PATH_RE.match(path) or bad:
+            item.error(
+                "path",
+                f"({path!r}) must be an exact path starting with '/', without a query, '%'-escapes, "
+                "'.' or '..' segments or '//'",
+            )
+            continue
+        if path in seen:
+            item.error("path", f"duplicate forward path {path!r}")
+            continue
+        seen.add(path)
+        if methods:
+            out.append(ForwardPath(path, tuple(methods)))
+    return tuple(out)
 
 
 def parse_scrape(section: Section) -> ScrapeConfig:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
@@ -56,8 +56,10 @@ async def fetch_page(
     timeout: float = 5.0,
     session: aiohttp.ClientSession | None = None,
     limits: promtext.Limits = promtext.LIMITS,
+    headers: Mapping[str, str] | None = None,
 ) -> bytes:
-    """GET one page's bytes; SourceError on a transport failure or a non-200 status.
+    """GET one page's bytes (with ``headers``: the pool's ``Authorization``); SourceError on a
+    transport failure or a non-200 status.
 
     The page is checked while it arrives: past ``limits.max_page_bytes`` or with a line longer
     than ``limits.max_line_bytes`` it is refused at once (``promtext.PageRejected``) and the rest
@@ -71,7 +73,8 @@ async def fetch_page(
         # the connect gets most of the budget on its own clock: a connect that times out is a
         # pool that is down (UnreachableError), a page that is slow to come is not
         budget = aiohttp.ClientTimeout(total=timeout, sock_connect=timeout * 0.8)
-        async with session.get(url, headers={"Accept": ACCEPT}, timeout=budget) as response:
+        sent = {"Accept": ACCEPT, **(headers or {})}
+        async with session.get(url, headers=sent, timeout=budget) as response:
             if response.status != 200:
                 raise SourceError(f"{shown}: HTTP {response.status} {response.reason or ''}".rstrip())
             return await _read_page(response, shown, limits)
@@ -167,6 +170,7 @@ async def scrape(
     session: aiohttp.ClientSession | None = None,
     clock: Callable[[], float] = time.monotonic,
     limits: promtext.Limits = promtext.LIMITS,
+    headers: Mapping[str, str] | None = None,
 ) -> Scrape:
     """Fetch and normalise one page. ``clock`` (monotonic seconds) times the scrape.
 
@@ -174,7 +178,7 @@ async def scrape(
     never holds up the event loop that serves traffic; ``limits`` bound what a page may cost.
     """
     started = clock()
-    body = await fetch_page(url, timeout=timeout, session=session, limits=limits)
+    body = await fetch_page(url, timeout=timeout, session=session, limits=limits, headers=headers)
     snap = await offload.run(normalise, body, mask_url(url), engine, limits, weight=len(body))
     return Scrape(url, clock() - started, snap)
 
@@ -193,6 +197,8 @@ async def fetch_snapshot(
     timeout: float = 5.0,
     session: aiohttp.ClientSession | None = None,
     limits: promtext.Limits = promtext.LIMITS,
+    headers: Mapping[str, str] | None = None,
 ) -> EngineSnapshot:
     """Fetch one page (``url`` is the full page URL) and return only the normalised snapshot."""
-    return (await scrape(url, engine=engine, timeout=timeout, session=session, limits=limits)).snapshot
+    found = await scrape(url, engine=engine, timeout=timeout, session=session, limits=limits, headers=headers)
+    return found.snapshot

@@ -1,7 +1,11 @@
 """The request tap: an OpenAI-compatible reverse proxy that classifies, routes and measures.
 
-``/v1/completions`` and ``/v1/chat/completions`` are tapped; every other path is passed
-through to the default pool. The client receives the engine's status, headers (minus
+``/v1/completions`` and ``/v1/chat/completions`` are tapped; the other paths on the allowlist
+(``exporters.tapgate``: ``GET /v1/models`` and what ``tap.forward_paths`` adds) are passed
+through to the default pool; anything else is refused by the tap itself (404 or 405). The
+client's ``Authorization`` never reaches a pool; a pool with an API key gets its own.
+
+The client receives the engine's status, headers (minus
 hop-by-hop), body and stream events byte for byte, except for what the tap itself asked
 the engine for, which it removes again (see ``tapstream``). Each finished tapped request
 becomes one ``RequestRecord`` in the ``WindowedStats``.
@@ -34,6 +38,7 @@ from specguard.exporters import (
     loadmeter,
     readwatch,
     tapflow,
+    tapgate,
     taprelay,
     tapstream,
 )
@@ -60,6 +65,8 @@ HOP_BY_HOP = frozenset(
         "Upgrade",
         "Host",
         "Content-Length",
+        # the client's credential for the tap, never the engine's (a pool's own key is set per pool)
+        "Authorization",
     )
 )
 # keys that make a stream chunk worth parsing (the tap's numbers or its own additions ride there)
@@ -151,6 +158,12 @@ class Tap:
         self.clients: clientguard.ClientGuard | None = None  # counts body timeouts (set by the app)
         self.health = health
         self.failover = config.tap.failover and health is not None
+        self.gate = tapgate.Gate(config.tap.forward_paths)
+        self.keys = {
+            p.name: tapgate.read_key(p.api_key_file, f"pools[{i}].api_key_file")
+            for i, p in enumerate(config.pools)
+            if p.api_key_file
+        }
         tap = config.tap
         self._timeout = aiohttp.ClientTimeout(
             total=None, connect=tap.connect_timeout_seconds, sock_read=tap.upstream_timeout_seconds
@@ -195,6 +208,9 @@ class Tap:
     # -- request handling --------------------------------------------------------------------
     async def handle(self, request: web.Request) -> web.StreamResponse:
         tap = self.config.tap
+        verdict = self.gate.check(request.method, request.rel_url.raw_path, request.path)
+        if not verdict.allowed:  # answered before the body is read: nothing of it reaches a pool
+            return self._refuse(request, verdict)
         try:
             raw = await httpbody.read_limited(
                 request.content,
@@ -207,9 +223,24 @@ class Tap:
             return openai_error(413, f"request body exceeds {limit} bytes", "invalid_request_error")
         except httpbody.BodyTimeout as exc:
             return self.body_timeout(request, exc)
-        if request.method == "POST" and request.path in TAPPED_PATHS:
+        if request.method == "POST" and request.rel_url.raw_path in TAPPED_PATHS:
             return await self._tapped(request, raw)
         return await self._passthrough(request, raw)
+
+    @staticmethod
+    def _refuse(request: web.Request, verdict: tapgate.Verdict) -> web.Response:
+        shown = untrusted.printable(request.rel_url.raw_path, 200)
+        if verdict.status == 405:
+            allow = ", ".join(verdict.allow)
+            response = openai_error(
+                405,
+                f"{request.method} is not forwarded for {shown} (allowed: {allow})",
+                "invalid_request_error",
+            )
+            response.headers["Allow"] = allow
+            return response
+        message = f"{shown} is not forwarded by this proxy (it forwards the inference API only)"
+        return openai_error(404, message, "not_found_error")
 
     def _connect_failed(self, pool: PoolConfig, exc: Exception) -> None:
         """Passive health: a connect to ``pool`` failed."""
@@ -289,6 +320,10 @@ class Tap:
         answer (the keep-alive race) costs the client nothing: the request goes once more, on a new
         connection (as Go's transport and nginx do with a cached connection). A second drop is the
         pool's failure (``ServerDisconnectedError``)."""
+        key = self.keys.get(pool.name)
+        if key:
+            headers = CIMultiDict(headers)
+            headers["Authorization"] = f"Bearer {key}"
         sent = dict(headers=headers, data=data, timeout=self._timeout, allow_redirects=False)
         try:
             return await self._session.request(method, url, **sent)  # type: ignore[union-attr,arg-type]

@@ -17,7 +17,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
@@ -35,6 +35,7 @@ from specguard.exporters import (
     stackinfo,
     stats,
     tap,
+    tapgate,
 )
 from specguard.exporters.addresses import join_listen
 from specguard.exporters.classify import Classifier
@@ -53,15 +54,20 @@ class Component:
     stop: Callable[[], Awaitable[None]]
 
 
-def page_fetch(limits: promtext.Limits = promtext.LIMITS) -> poolwatch.Fetch:
+def page_fetch(
+    limits: promtext.Limits = promtext.LIMITS, keys: Mapping[str, str] | None = None
+) -> poolwatch.Fetch:
     """A fetch that scrapes one pool's page through the adapters (``exporters.scrape``), within
-    ``limits`` (the config's ``scrape.max_*``)."""
+    ``limits`` (the config's ``scrape.max_*``), with the pool's API key when it has one (``keys``)."""
 
     async def fetch(pool: PoolConfig, timeout: float) -> EngineSnapshot:
         from specguard.exporters import scrape  # the adapters' module; imported late on purpose
 
         url = pool.url + pool.metrics_path
-        return await scrape.fetch_snapshot(url, engine=pool.engine, timeout=timeout, limits=limits)
+        auth = tapgate.auth_headers(keys or {}, pool.name)
+        return await scrape.fetch_snapshot(
+            url, engine=pool.engine, timeout=timeout, limits=limits, headers=auth
+        )
 
     return fetch
 
@@ -121,7 +127,7 @@ class Monitor:
         self.loops = [
             poolwatch.ScrapeLoop(
                 self.watches[pool.name],
-                fetch or page_fetch(ex.scrape.limits),
+                fetch or page_fetch(ex.scrape.limits, self.tap.keys),
                 interval=ex.scrape.interval_seconds,
                 timeout=ex.scrape.timeout_seconds,
                 on_snapshot=self._on_snapshot,
@@ -136,6 +142,7 @@ class Monitor:
         self.registry.register(collector.TapCollector(self.stats, self.tap.in_flight))
         self.registry.register(collector.EngineCollector(self.watches.values()))
         self.registry.register(collector.HealthCollector(self.health))
+        self.registry.register(self.tap.gate.collector())
         self.stacks: dict[str, dict[str, str]] = {}  # pool -> engine, engine_version, model it serves
         self._stack_probed: dict[str, float] = {}
         self._probes: set[asyncio.Task[None]] = set()
@@ -159,7 +166,8 @@ class Monitor:
     async def _probe_stack(self, pool: PoolConfig, engine: str) -> None:
         """Read what the pool serves (engine version, model) for the profile's freshness check."""
         try:
-            async with aiohttp.ClientSession() as session:
+            auth = tapgate.auth_headers(self.tap.keys, pool.name)
+            async with aiohttp.ClientSession(headers=auth) as session:
                 found = await stackinfo.fetch(
                     session, pool.url, engine, self.exporter_config.scrape.timeout_seconds
                 )

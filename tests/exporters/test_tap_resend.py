@@ -73,7 +73,7 @@ async def race():
     """A tap whose pools are one ``DroppingUpstream`` (set ``upstream.drop`` per test)."""
     upstream = DroppingUpstream(lambda connection, nth: False)
     url = await upstream.start()
-    monitor = Monitor(tap_config(url), fetch=no_scrape)
+    monitor = Monitor(tap_config(url, extra=", forward_paths: [{path: /tokenize}]"), fetch=no_scrape)
     tap_url = await monitor.start("127.0.0.1", 0)
     session = aiohttp.ClientSession()
     yield upstream, monitor, tap_url, session
