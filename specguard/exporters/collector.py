@@ -260,7 +260,8 @@ class HealthCollector(Collector):
         return [
             GaugeMetricFamily(
                 "specguard_pool_healthy",
-                "1 while the pool serves, 0 while it is marked down (a connect failed; it gets no traffic).",
+                "1 while the pool serves, 0 while it is marked down (a connect failed) or ejected "
+                "(5xx answers or resets in a row); it then gets no traffic while another pool serves.",
                 labels=["pool"],
             ),
             CounterMetricFamily(
@@ -268,12 +269,19 @@ class HealthCollector(Collector):
                 "Requests the plan sent to pool that were served by to_pool because pool was down.",
                 labels=["pool", "to_pool"],
             ),
+            CounterMetricFamily(
+                "specguard_pool_ejections",
+                "Times the pool was ejected: tap.eject_consecutive_5xx answers 5xx or resets in a row.",
+                labels=["pool"],
+            ),
         ]
 
     def _collect(self) -> list[Metric]:
-        healthy, failovers = self._families()
+        healthy, failovers, ejections = self._families()
         for name, state in self._health.view().items():
             healthy.add_metric([name], 1.0 if state.healthy else 0.0)
         for (pool, to_pool), value in sorted(self._health.failovers.items()):
             failovers.add_metric([pool, to_pool], float(value))
-        return [healthy, failovers]
+        for name in self._health.view():
+            ejections.add_metric([name], float(self._health.ejections.get(name, 0)))
+        return [healthy, failovers, ejections]

@@ -249,9 +249,16 @@ class Tap:
             reason = str(exc) or type(exc).__name__
             self.health.mark_down(pool.name, f"connect failed: {reason}", "tap")
 
-    def _answered(self, pool: PoolConfig) -> None:
+    def _answered(self, pool: PoolConfig, status: int) -> None:
+        """Any answer means the pool listens; a 5xx one counts towards its ejection."""
         if self.health is not None:
             self.health.mark_up(pool.name, "tap")
+            self.health.answered(pool.name, status >= 500)
+
+    def _reset(self, pool: PoolConfig) -> None:
+        """The pool took the request and broke the connection: a failure towards its ejection."""
+        if self.health is not None:
+            self.health.answered(pool.name, True)
 
     async def _passthrough(self, request: web.Request, raw: bytes) -> web.StreamResponse:
         """Any other path goes to the default pool, or the best serving one while it is down."""
@@ -279,7 +286,7 @@ class Tap:
         try:
             url = pool.url + request.rel_url.raw_path_qs
             async with await self._send(pool, request.method, url, headers, raw or None) as resp:
-                self._answered(pool)
+                self._answered(pool, resp.status)
                 reply_headers = forward_headers(resp.headers, identity=False)
                 if not resp.headers.get("Content-Type", "").startswith("text/event-stream"):
                     data, whole = await taprelay.read_window(resp, self.config.tap.max_inspect_bytes)
@@ -309,8 +316,11 @@ class Tap:
             raise
         except aiohttp.ClientError as exc:
             self.stats.count_error(pool.name, "connect" if out is None else "broken")
+            self._reset(pool)
             if out is not None:
                 return self._abort(request, out)
+            if self.failover:
+                return None
             return openai_error(502, f"pool {pool.name} failed: {type(exc).__name__}", "upstream_error")
 
     async def _send(
@@ -354,7 +364,7 @@ class Tap:
         while True:
             flow = self._attempt(choice, cls, body, started_at, t0)
             response = await self._finish(request, flow, raw, headers)
-            if flow.connect_failed and self.failover:
+            if flow.resend and self.failover:
                 tried.append(flow.pool.name)
                 retry = self.router.retry(
                     cls.task_type, cls.temperature_bucket, self._load_bucket_of, choice, tried
@@ -418,7 +428,7 @@ class Tap:
         try:
             url = pool.url + request.rel_url.raw_path_qs
             async with await self._send(pool, "POST", url, headers, payload) as resp:
-                self._answered(pool)
+                self._answered(pool, resp.status)
                 flow.status = resp.status
                 if resp.status >= 500:
                     self.stats.count_error(pool.name, "status_5xx")
@@ -442,7 +452,7 @@ class Tap:
                 return out
         except _CONNECT_FAILED as exc:
             self._connect_failed(pool, exc)
-            flow.connect_failed = True
+            flow.connect_failed = flow.resend = True
             flow.failure = "upstream_error"
             flow.status = 502
             return openai_error(502, f"pool {pool.name} failed: {type(exc).__name__}", "upstream_error")
@@ -461,9 +471,11 @@ class Tap:
             raise
         except aiohttp.ClientError as exc:
             self.stats.count_error(pool.name, "broken")
+            self._reset(pool)
             flow.failure = "upstream_error"
             if out is not None:
                 return self._abort(request, out)
+            flow.resend = flow.status == 0  # no answer at all (a reset): another pool may serve it
             flow.status = 502
             return openai_error(502, f"pool {pool.name} failed: {type(exc).__name__}", "upstream_error")
 

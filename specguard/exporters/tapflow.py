@@ -42,6 +42,8 @@ class Flow:
     spec: SpecStats | None = None
     failure: str | None = None  # unattributed reason forced by an error
     connect_failed: bool = False  # the pool could not be connected to: nothing was sent anywhere
+    # no answer and nothing reached the client (a failed connect, a reset): it may go elsewhere
+    resend: bool = False
     done: bool = False  # the stream's ``data: [DONE]`` went to the client: it has the whole answer
 
 

@@ -104,7 +104,11 @@ class Monitor:
             clock=clock,
             keys=keys,
         )
-        self.health = health.PoolHealth(ex.pool_names, clock=clock)
+        tap_cfg = ex.tap
+        policy = health.EjectPolicy(
+            tap_cfg.eject_consecutive_5xx, tap_cfg.eject_seconds, tap_cfg.eject_max_seconds
+        )
+        self.health = health.PoolHealth(ex.pool_names, clock=clock, eject=policy)
         self.router = routing.Router(
             ex.pools,
             default_pool=ex.tap.default_pool or ex.pools[0].name,

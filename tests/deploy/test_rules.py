@@ -100,6 +100,7 @@ EXPECTED_ALERTS = {
     "SpecGuardFlapping",
     "SpecGuardFrozen",
     "SpecGuardPoolDown",
+    "SpecGuardPoolEjected",
     "SpecGuardDown",
     "SpecGuardUpstreamErrors",
     "SpecGuardPlanStale",

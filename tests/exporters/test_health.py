@@ -53,6 +53,8 @@ def test_status_lists_every_pool_with_its_failovers():
             "since": None,
             "reason": None,
             "source": None,
+            "ejected_until": None,
+            "ejections": 0,
             "failover_requests": {},
         },
         {
@@ -61,6 +63,8 @@ def test_status_lists_every_pool_with_its_failovers():
             "since": 100.0,
             "reason": "refused",
             "source": "tap",
+            "ejected_until": None,
+            "ejections": 0,
             "failover_requests": {"spec": 2},
         },
     ]
