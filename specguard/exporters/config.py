@@ -126,6 +126,9 @@ class TapConfig:
     eject_consecutive_5xx: int = 5
     eject_seconds: float = 30.0
     eject_max_seconds: float = 300.0
+    # a tapped request body with more JSON arrays and objects than this is refused (413): parsing
+    # costs per container, not per byte (exporters.bodyparse)
+    max_json_containers: int = 100_000
 
     @property
     def client_limits(self) -> clientguard.ClientLimits:
@@ -396,6 +399,9 @@ def parse_tap(section: Section, pools: tuple[PoolConfig, ...]) -> TapConfig:
             "eject_consecutive_5xx", int, base.eject_consecutive_5xx, minimum=1, maximum=10_000
         ),
         eject_seconds=section.get("eject_seconds", float, base.eject_seconds, minimum=0.1, maximum=86_400),
+        max_json_containers=section.get(
+            "max_json_containers", int, base.max_json_containers, minimum=100, maximum=10_000_000
+        ),
         eject_max_seconds=section.get(
             "eject_max_seconds", float, base.eject_max_seconds, minimum=0.1, maximum=86_400
         ),

@@ -32,6 +32,7 @@ from multidict import CIMultiDict
 from specguard import untrusted
 from specguard.errors import InputError
 from specguard.exporters import (
+    bodyparse,
     bodypush,
     clientguard,
     httpbody,
@@ -159,6 +160,7 @@ class Tap:
         self.health = health
         self.failover = config.tap.failover and health is not None
         self.gate = tapgate.Gate(config.tap.forward_paths)
+        self.bodies = bodyparse.BodyParser(config.tap.max_json_containers)
         self.keys = {
             p.name: tapgate.read_key(p.api_key_file, f"pools[{i}].api_key_file")
             for i, p in enumerate(config.pools)
@@ -350,10 +352,10 @@ class Tap:
             raise aiohttp.ServerDisconnectedError(f"dropped on a new connection too: {exc}") from exc
 
     async def _tapped(self, request: web.Request, raw: bytes) -> web.StreamResponse:
-        if untrusted.json_depth_exceeds(raw):  # no engine needs this; a parser's stack might not survive it
-            message = f"request body nested deeper than {untrusted.MAX_JSON_DEPTH} levels"
-            return openai_error(400, message, "invalid_request_error")
-        body = json_object(raw)
+        parsed = await self.bodies.parse(raw)  # bounded work per body (exporters.bodyparse)
+        if parsed.refused is not None:  # no engine needs this; the tap forwards none of it
+            return openai_error(parsed.status, parsed.refused, "invalid_request_error")
+        body = parsed.body
         cls = self.classifier.classify(request.headers, request.path, body)
         choice = self.router.choose(
             cls.task_type, cls.temperature_bucket, self._load_bucket_of, self._load_of
@@ -363,6 +365,7 @@ class Tap:
         tried: list[str] = []
         while True:
             flow = self._attempt(choice, cls, body, started_at, t0)
+            flow.containers = parsed.containers
             response = await self._finish(request, flow, raw, headers)
             if flow.resend and self.failover:
                 tried.append(flow.pool.name)
@@ -409,7 +412,10 @@ class Tap:
                 self.engines[pool.name], flow.body, force_include_usage=pool.force_include_usage
             )
             if new is not None:
-                payload = json.dumps(new).encode()
+                if flow.containers > bodyparse.LOOP_CONTAINERS:  # as costly as its parse: off the loop too
+                    payload = (await asyncio.to_thread(json.dumps, new)).encode()
+                else:
+                    payload = json.dumps(new).encode()
         try:
             return await self._forward(request, flow, payload, headers)
         except BaseException as exc:

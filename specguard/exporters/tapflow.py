@@ -44,6 +44,7 @@ class Flow:
     connect_failed: bool = False  # the pool could not be connected to: nothing was sent anywhere
     # no answer and nothing reached the client (a failed connect, a reset): it may go elsewhere
     resend: bool = False
+    containers: int = 0  # JSON arrays and objects in the request body (exporters.bodyparse)
     done: bool = False  # the stream's ``data: [DONE]`` went to the client: it has the whole answer
 
 
