@@ -220,10 +220,15 @@ class EngineCollector(Collector):
                 "not_utf8, malformed (specguard_engine_up is 0 meanwhile).",
                 labels=["pool", "reason"],
             ),
+            CounterMetricFamily(
+                "specguard_scrape_non_finite_samples",
+                "NaN or infinite samples dropped from the pool's pages, one by one (the rest is used).",
+                labels=pool,
+            ),
         ]
 
     def _collect(self) -> list[Metric]:
-        up, duration, error_at, resets, *counters, rejected = self._families()
+        up, duration, error_at, resets, *counters, rejected, non_finite = self._families()
         for watch in self._watches:
             view = watch.view()
             name = [watch.pool.name]
@@ -240,7 +245,8 @@ class EngineCollector(Collector):
                     family.add_metric(name, accumulated[attr])
             for reason, count in sorted(view["rejected"].items()):  # type: ignore[attr-defined]
                 rejected.add_metric([watch.pool.name, reason], float(count))
-        return [up, duration, error_at, resets, *counters, rejected]
+            non_finite.add_metric(name, float(view["non_finite"]))  # type: ignore[arg-type]
+        return [up, duration, error_at, resets, *counters, rejected, non_finite]
 
 
 class HealthCollector(Collector):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -51,6 +52,7 @@ class PoolWatch:
         self.rejected: dict[str, int] = {}  # pages refused (too large, malformed...) by reason
         self.snapshot: EngineSnapshot | None = None
         self.counter_resets = 0
+        self.non_finite = 0  # NaN or infinite samples dropped from its pages
         self.accumulated: dict[str, float] = {name: 0.0 for name in ACCUMULATED}
         self._previous: dict[str, dict[object, float]] = {}
         self._baseline = False  # a successful scrape happened: later series count from zero
@@ -60,6 +62,7 @@ class PoolWatch:
         """A successful scrape: add each counter's increase since the previous one."""
         with self._lock:
             reset = False
+            self.non_finite += snapshot.non_finite
             for name in ACCUMULATED:
                 current = _series(snapshot, name)
                 if current is None:
@@ -70,6 +73,8 @@ class PoolWatch:
                 if before is not None:
                     for key, value in current.items():
                         old = before.get(key)
+                        if not math.isfinite(value) or (old is not None and not math.isfinite(old)):
+                            continue  # (dropped from scraped pages already; a snapshot built elsewhere)
                         if old is None:  # a labelled series appears at its first increment
                             self.accumulated[name] += value
                         elif value >= old:
@@ -77,7 +82,7 @@ class PoolWatch:
                         else:
                             reset = True
                             self.accumulated[name] += value
-                self._previous[name] = current
+                self._previous[name] = {k: v for k, v in current.items() if math.isfinite(v)}
             self.counter_resets += int(reset)
             if reset:
                 self._history.clear()  # an interval across an engine restart means nothing
@@ -118,6 +123,7 @@ class PoolWatch:
                 "last_error_at": self.last_error_at,
                 "last_success": self.last_success,
                 "rejected": dict(self.rejected),
+                "non_finite": self.non_finite,
             }
 
 

@@ -11,6 +11,7 @@ optional timestamps, OpenMetrics exemplars (ignored) and ``# EOF``.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -308,6 +309,27 @@ def parse(text: str | bytes, source: str = "<page>", limits: Limits = LIMITS) ->
     if lines > limits.max_samples and lines - text.count("\n ") - text.count("\n\t") > limits.max_samples:
         raise PageRejected(f"{source}: more than {limits.max_samples} samples", "too_many_samples")
     return _Parser(source, limits).run(text)
+
+
+def finite_only(page: Page) -> tuple[Page, int]:
+    """``page`` without its NaN and infinite samples, and how many there were.
+
+    An engine's counter at NaN or +Inf once would stay there in every sum built on it (the
+    accumulated engine counters, their rates): each such sample is dropped and counted, the
+    rest of the page is kept.
+    """
+    dropped = sum(1 for samples in page.by_name.values() for s in samples if not math.isfinite(s.value))
+    if not dropped:
+        return page, 0
+    for family in page.families.values():
+        family.samples = [s for s in family.samples if math.isfinite(s.value)]
+    by_name = {}
+    for name, samples in page.by_name.items():
+        kept = [s for s in samples if math.isfinite(s.value)]
+        if kept:
+            by_name[name] = kept
+    duplicates = tuple(s for s in page.duplicates if math.isfinite(s.value))
+    return Page(page.families, by_name, page.source, duplicates), dropped
 
 
 def carried_line(data: bytes, carried: int, limit: int) -> int | None:

@@ -9,6 +9,7 @@ text is an ``InputError``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -150,8 +151,11 @@ async def fetch_text(
 def normalise(
     body: bytes, shown: str, engine: str, limits: promtext.Limits = promtext.LIMITS
 ) -> EngineSnapshot:
-    """Decode, parse and normalise one fetched page (CPU only: ``scrape`` runs it off the loop)."""
-    return engines.snapshot(promtext.parse(page_text(body, shown), shown, limits), engine)
+    """Decode, parse and normalise one fetched page (CPU only: ``scrape`` runs it off the loop).
+    NaN and infinite samples are dropped one by one and counted (``EngineSnapshot.non_finite``)."""
+    page, dropped = promtext.finite_only(promtext.parse(page_text(body, shown), shown, limits))
+    snap = engines.snapshot(page, engine)
+    return dataclasses.replace(snap, non_finite=dropped) if dropped else snap
 
 
 def _reason(exc: aiohttp.ClientError) -> str:

@@ -63,3 +63,5 @@ class EngineSnapshot:
     counter_resets: tuple[str, ...] | None = None
     # what is wrong with the page itself (a repeated series...), for ``inspect`` to show
     warnings: tuple[str, ...] = ()
+    # NaN or infinite samples the page carried, dropped one by one (the rest of the page is used)
+    non_finite: int = 0

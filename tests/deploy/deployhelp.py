@@ -39,7 +39,8 @@ EXPORTED = frozenset(
     specguard_actions_total specguard_evaluations_total specguard_last_evaluation_timestamp_seconds
     specguard_guard_frozen specguard_consecutive_errors specguard_webhook_alerts_total
     specguard_pool_healthy specguard_failover_requests_total specguard_pool_ejections_total
-    specguard_tap_refused_requests_total specguard_api_auth_failures_total
+    specguard_tap_refused_requests_total specguard_scrape_non_finite_samples_total
+    specguard_api_auth_failures_total
     specguard_audit_write_errors_total specguard_config_info specguard_actuation_errors_total
     specguard_plan_write_errors_total specguard_plan_version specguard_policy_reloads_total
     specguard_plan_age_seconds specguard_guard_leader specguard_last_evaluation_duration_seconds

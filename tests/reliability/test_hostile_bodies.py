@@ -79,6 +79,7 @@ async def test_twelve_amplification_bodies_are_refused_in_bounded_memory_and_loo
                             *(post(session, url, AMPLIFIER) for _ in range(CONCURRENT))
                         )
                 reached = engine.requests - before
+
                 # normal traffic while the bodies keep coming is as fast as without them
                 async def attack() -> None:
                     while True:
