@@ -31,7 +31,7 @@ from specguard import untrusted
 
 log = logging.getLogger("specguard.clients")
 
-PHASES = ("headers", "body", "idle")
+PHASES = ("headers", "body", "idle", "response")
 _TIMEOUT_408 = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 _BUSY_503 = (
     b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nRetry-After: 1\r\n"
@@ -239,7 +239,8 @@ class _Collector(Collector):
                 "specguard_client_timeouts",
                 "Client connections closed for being too slow: headers (a request head not received "
                 "in tap.client_header_timeout_seconds), body (tap.client_body_timeout_seconds), idle "
-                "(no request in tap.client_idle_timeout_seconds).",
+                "(no request in tap.client_idle_timeout_seconds), response (a response the client did "
+                "not take in tap.client_write_timeout_seconds).",
                 labels=["phase"],
             ),
             CounterMetricFamily(

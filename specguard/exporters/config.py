@@ -114,6 +114,9 @@ class TapConfig:
     client_header_timeout_seconds: float = 30.0  # from a request head's first byte to its end
     client_body_timeout_seconds: float = 60.0  # to receive a whole request body
     client_idle_timeout_seconds: float = 75.0  # a connection with no request in flight is closed
+    # a client that takes none of a response's bytes for this long is cut off (its back-pressure
+    # pauses the engine's read timeout: a slow client is never counted as an engine timeout)
+    client_write_timeout_seconds: float = 300.0
     max_inspect_bytes: int = 1024 * 1024  # response bytes the tap inspects; the rest is only relayed
     # a pool that cannot be connected to is marked down; its traffic goes to the best healthy pool
     # and a request whose connect failed is retried there (exporters.health, exporters.routing)
@@ -389,6 +392,9 @@ def parse_tap(section: Section, pools: tuple[PoolConfig, ...]) -> TapConfig:
         ),
         client_idle_timeout_seconds=section.get(
             "client_idle_timeout_seconds", float, base.client_idle_timeout_seconds, minimum=0.01
+        ),
+        client_write_timeout_seconds=section.get(
+            "client_write_timeout_seconds", float, base.client_write_timeout_seconds, minimum=0.01
         ),
         max_inspect_bytes=section.get(
             "max_inspect_bytes", int, base.max_inspect_bytes, minimum=4096, maximum=256 << 20

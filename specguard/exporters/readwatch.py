@@ -6,6 +6,10 @@ takes over once a stream's headers are in: the relay loop only records the time 
 and one timer per quiet period checks it, re-arming itself for the remainder when reads came
 in meanwhile. A stream quiet for the whole timeout fails exactly as ``sock_read`` would: the
 reader gets aiohttp's ``ServerTimeoutError`` (a ``TimeoutError``).
+
+The timeout measures the engine, not the client: while the relay has stopped reading because
+the client is not taking the bytes (``pause``), the engine's silence is not counted, and the
+quiet period starts again when reading resumes (as aiohttp's own ``sock_read`` does).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ class ReadWatch:
         self._timeout = timeout
         self._loop = asyncio.get_running_loop()
         self.last_read = self._loop.time()
+        self.paused = False  # reading stopped while the client catches up
         self._handle: asyncio.TimerHandle | None = self._loop.call_at(self.last_read + timeout, self._check)
 
     @classmethod
@@ -43,7 +48,19 @@ class ReadWatch:
         """Called by the relay loop for each read: all the per-chunk work there is."""
         self.last_read = self._loop.time()
 
+    def pause(self) -> None:
+        """Reading stopped for the client (its buffer is full): no engine timeout meanwhile."""
+        self.paused = True
+
+    def resume(self) -> None:
+        """Reading again: the engine has the whole timeout from now."""
+        self.paused = False
+        self.last_read = self._loop.time()
+
     def _check(self) -> None:
+        if self.paused:
+            self._handle = self._loop.call_at(self._loop.time() + self._timeout, self._check)
+            return
         due = self.last_read + self._timeout
         if self._loop.time() < due:
             self._handle = self._loop.call_at(due, self._check)

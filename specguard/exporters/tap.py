@@ -22,7 +22,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -76,6 +76,12 @@ _MARKERS = re.compile(rb'"(?:usage|metrics|sglext|timings|meta_info)"\s*:')
 _CONTENT = re.compile(rb'"(?:text|content|reasoning_content)"\s*:\s*"(?!")|"tool_calls"\s*:\s*\[')
 # a choice's terminal chunk (a non-null finish_reason); confirmed by a parse before it is held
 _FINISH = re.compile(rb'"finish_reason"\s*:\s*"')
+
+
+class ClientStalled(ConnectionResetError):
+    """The client stopped taking a response's bytes for ``tap.client_write_timeout_seconds``."""
+
+
 _CLIENT_GONE = (ConnectionResetError, aiohttp.ClientConnectionResetError)
 # a connect that failed: nothing reached the pool (aiohttp's connect timeout is also a TimeoutError)
 _CONNECT_FAILED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
@@ -296,7 +302,7 @@ class Tap:
                         return web.Response(
                             body=data, status=resp.status, reason=resp.reason, headers=reply_headers
                         )
-                    out = await taprelay.relay_rest(request, resp, reply_headers, data)
+                    out = await taprelay.relay_rest(request, resp, reply_headers, data, self._drain(request))
                     return out
                 out = web.StreamResponse(status=resp.status, reason=resp.reason, headers=reply_headers)
                 await out.prepare(request)
@@ -454,7 +460,7 @@ class Tap:
                         body=data, status=resp.status, reason=resp.reason, headers=reply_headers
                     )
                 flow.failure = "response_too_large"  # relayed, not inspected: no per-request numbers
-                out = await taprelay.relay_rest(request, resp, reply_headers, data)
+                out = await taprelay.relay_rest(request, resp, reply_headers, data, self._drain(request))
                 return out
         except _CONNECT_FAILED as exc:
             self._connect_failed(pool, exc)
@@ -492,6 +498,32 @@ class Tap:
         response = openai_error(408, f"request {exc}", "invalid_request_error")
         response.force_close()
         return response
+
+    def _drain(
+        self, request: web.Request, watch: readwatch.ReadWatch | None = None
+    ) -> Callable[[], Awaitable[None]]:
+        """The wait for a client whose send buffer is full. The engine's read timeout does not run
+        meanwhile (the tap is not reading it); the client gets ``tap.client_write_timeout_seconds``
+        to take bytes again, then its connection is closed and counted as the client's."""
+        limit = self.config.tap.client_write_timeout_seconds
+
+        async def drain() -> None:
+            if watch is not None:
+                watch.pause()
+            try:
+                async with asyncio.timeout(limit):
+                    await request.writer.drain()
+            except TimeoutError:
+                if self.clients is not None:
+                    self.clients.count("response")
+                if request.transport is not None:
+                    request.transport.abort()
+                raise ClientStalled(f"the client took no response bytes in {limit:g} s") from None
+            finally:
+                if watch is not None:
+                    watch.resume()
+
+        return drain
 
     @staticmethod
     def _abort(request: web.Request, out: web.StreamResponse) -> web.StreamResponse:
@@ -552,7 +584,7 @@ class Tap:
             return full
 
         try:
-            await bodypush.deliver(resp, on_data, request.writer.drain)
+            await bodypush.deliver(resp, on_data, self._drain(request, watch))
         except (TimeoutError, aiohttp.ClientError):
             held = relay.release()
             if held:

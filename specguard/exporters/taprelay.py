@@ -5,6 +5,7 @@ they arrive, never buffered whole.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -159,16 +160,22 @@ async def read_window(resp: aiohttp.ClientResponse, limit: int) -> tuple[bytes, 
 
 
 async def relay_rest(
-    request: web.Request, resp: aiohttp.ClientResponse, headers: CIMultiDict[str], head: bytes
+    request: web.Request,
+    resp: aiohttp.ClientResponse,
+    headers: CIMultiDict[str],
+    head: bytes,
+    drain: Callable[[], Awaitable[None]] | None = None,
 ) -> web.StreamResponse:
-    """Relay a body too large to inspect: ``head`` (already read), then the rest as it arrives."""
+    """Relay a body too large to inspect: ``head`` (already read), then the rest as it arrives;
+    ``drain`` waits for a client that is not keeping up (``request.writer.drain`` by default)."""
+    drain = drain or request.writer.drain
     out = web.StreamResponse(status=resp.status, reason=resp.reason, headers=headers)
     if resp.content_length is not None:
         out.content_length = resp.content_length
     await out.prepare(request)
     send = bodypush.client_writer(request)
     if send(head):
-        await request.writer.drain()
-    await bodypush.deliver(resp, send, request.writer.drain)
+        await drain()
+    await bodypush.deliver(resp, send, drain)
     await out.write_eof()
     return out
