@@ -8,12 +8,20 @@ Runs alternate quiet / attack so drift in the machine's load hits both alike:
 - ``alerts``: 2,000 distinct firing alerts about configured classes pushed to /api/v1/alerts
   (with the token) before the run; the guard evaluates over them every 2 s meanwhile; after the
   run they are resolved (TTL 0), so the quiet runs have none stored;
-- ``label``: the engine's page carries a 10 MB label value; the tap scrapes it every second.
+- ``label``: the engine's page carries a 10 MB label value; the tap scrapes it every second;
+- ``json``: JSON amplification: 12 clients in a process of their own keep posting a 3.9 MB body of
+  1.3 million ``{}`` to /v1/chat/completions, each uploading at about 5 MB/s (256 KiB every 50 ms)
+  and starting the next body at once, so 12 such bodies are in flight throughout the run;
+- ``engine5xx``: the planned pool (spec-k4) answers every request with a 500; the tap ejects it
+  (``tap.eject_consecutive_5xx``) and the no-spec pool serves its traffic; the requests that got
+  the 500s before the ejection are counted (``engine5xx_failed``), the p99 is over the rest.
 
-Each attack run's p99 (and p50) is divided by the mean of the quiet runs around it.
+Each attack run's p99 (and p50) is divided by the mean of the quiet runs around it; the tap's peak
+resident memory (``VmHWM``) covers the whole run, the amplification runs included.
 
     python3 bench/bench_hostile.py [--rounds 3] [--requests 400] [--concurrency 8] [--json]
     python3 bench/bench_hostile.py --tree /path/to/other/checkout --attacks alerts   # another version
+    python3 bench/bench_hostile.py --render bench/results/hostile.json   # the docs' table
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -39,6 +48,11 @@ ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "bench-hostile-token"
 DELAY = 0.02
 LABEL_MB = 10
+ATTACKS = ("alerts", "label", "json", "engine5xx")
+AMPLIFIERS = 12  # JSON amplification bodies in flight at once
+AMPLIFIER_OBJECTS = 1_300_000
+TARGET_RATIO = 1.5
+TARGET_RSS_MB = 512
 
 
 def free_port() -> int:
@@ -48,15 +62,17 @@ def free_port() -> int:
 
 
 # ------------------------------------------------------------------ the engine (its own process)
-def _engine_main(port: int) -> None:
+def _engine_main(port: int, nospec_port: int) -> None:
     fixture = ROOT / "tests" / "fixtures" / "vllm-0.32-cpu-ngram-k4.metrics.txt"
     normal = fixture.read_bytes()
     label = normal + b'vllm:num_requests_running{model_name="' + b"x" * (LABEL_MB << 20) + b'"} 1\n'
-    state = {"page": normal}
+    state = {"page": normal, "fail": False}
 
     async def answer(request: web.Request) -> web.Response:
         await request.read()
         await asyncio.sleep(DELAY)
+        if state["fail"] and request.url.port == port:  # (the no-spec pool always answers)
+            return web.json_response({"error": {"message": "internal error"}}, status=500)
         return web.json_response({"choices": [{"index": 0, "message": {"content": "ok"}}]})
 
     async def metrics(request: web.Request) -> web.StreamResponse:
@@ -73,17 +89,58 @@ def _engine_main(port: int) -> None:
 
     async def switch(request: web.Request) -> web.Response:
         state["page"] = label if request.query.get("page") == "label" else normal
+        state["fail"] = request.query.get("fail") == "1"
         return web.Response(text="ok")
 
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    app.router.add_post("/control", switch)
-    app.router.add_route("*", "/{tail:.*}", answer)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+    async def serve() -> None:
+        app = web.Application(client_max_size=8 << 20)
+        app.router.add_get("/metrics", metrics)
+        app.router.add_post("/control", switch)
+        app.router.add_route("*", "/{tail:.*}", answer)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        for where in (port, nospec_port):
+            await web.TCPSite(runner, "127.0.0.1", where).start()
+        await asyncio.Event().wait()
+
+    asyncio.run(serve())
+
+
+# ------------------------------------------------------------------ JSON amplification (its own process)
+def _amplifier_main(url: str, stop: Any, sent: Any) -> None:
+    body = (
+        b'{"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}], "pad": ['
+        + b"{}," * (AMPLIFIER_OBJECTS - 1)
+        + b"{}]}"
+    )
+
+    async def paced():  # 256 KiB every 50 ms: ~5 MB/s per client, 0.8 s per body
+        view = memoryview(body)
+        for start in range(0, len(view), 1 << 18):
+            yield bytes(view[start : start + (1 << 18)])
+            await asyncio.sleep(0.05)
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        while not stop.is_set():
+            try:
+                async with session.post(url + "/v1/chat/completions", data=paced()) as response:
+                    await response.read()
+                    with sent.get_lock():
+                        sent.value += 1
+            except aiohttp.ClientError:
+                await asyncio.sleep(0.05)
+
+    async def run() -> None:
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            await asyncio.gather(*(worker(session) for _ in range(AMPLIFIERS)))
+
+    asyncio.run(run())
 
 
 # ------------------------------------------------------------------ load
-async def load(url: str, requests: int, concurrency: int) -> list[float]:
+async def load(url: str, requests: int, concurrency: int, failed: list[int] | None = None) -> list[float]:
+    """Seconds per successful request; with ``failed``, non-200 answers are counted there."""
     body = json.dumps(
         {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     ).encode()
@@ -96,6 +153,9 @@ async def load(url: str, requests: int, concurrency: int) -> list[float]:
                 start = time.perf_counter()
                 async with session.post(url + "/v1/chat/completions", data=body, headers=headers) as response:
                     await response.read()
+                    if response.status != 200 and failed is not None:
+                        failed.append(response.status)
+                        continue
                     assert response.status == 200, response.status
                 timings.append(time.perf_counter() - start)
 
@@ -173,23 +233,44 @@ async def bench(args: argparse.Namespace, tap_url: str, engine_url: str, tap_pid
                 pass
             await asyncio.sleep(0.1)
 
-        async def page(kind: str) -> None:
-            async with session.post(engine_url + f"/control?page={kind}") as response:
+        async def page(kind: str, fail: bool = False) -> None:
+            async with session.post(engine_url + f"/control?page={kind}&fail={int(fail)}") as response:
                 await response.read()
 
         await load(tap_url, 80, args.concurrency)  # warm-up
-        runs: dict[str, list[dict]] = {"quiet": [], "alerts": [], "label": []}
-        extra: dict = {}
+        runs: dict[str, list[dict]] = {"quiet": [], **{kind: [] for kind in ATTACKS}}
+        extra: dict = {"engine5xx_failed": 0, "json_bodies_sent": 0}
+        order = ["quiet", "alerts", "quiet", "label", "quiet", "json", "quiet", "engine5xx"]
         for _ in range(args.rounds):
-            for kind in ("quiet", "alerts", "quiet", "label"):
+            for kind in order:
                 if kind != "quiet" and kind not in args.attacks:
                     continue
                 if kind == "alerts":
                     extra.update(await push_alerts(tap_url, 2000))
-                await page("label" if kind == "label" else "normal")
+                await page("label" if kind == "label" else "normal", fail=kind == "engine5xx")
                 if kind == "label":
                     await asyncio.sleep(1.5)  # at least one scrape of the hostile page first
-                timings = await load(tap_url, args.requests, args.concurrency)
+                amplifier = None
+                if kind == "json":
+                    stop, sent = mp.get_context("spawn").Event(), mp.get_context("spawn").Value("i", 0)
+                    amplifier = mp.get_context("spawn").Process(
+                        target=_amplifier_main, args=(tap_url, stop, sent), daemon=True
+                    )
+                    amplifier.start()
+                    while sent.value < AMPLIFIERS:  # every attacker's body went through once: in flight
+                        await asyncio.sleep(0.1)
+                failed: list[int] = []
+                timings = await load(tap_url, args.requests, args.concurrency, failed)
+                if amplifier is not None:
+                    stop.set()
+                    amplifier.join(30)
+                    extra["json_bodies_sent"] += sent.value
+                if kind == "engine5xx":
+                    extra["engine5xx_failed"] += len(failed)
+                    await page("normal")
+                    await asyncio.sleep(1.2)  # past tap.eject_seconds: re-admitted for the quiet run
+                elif failed:
+                    raise RuntimeError(f"{kind}: {len(failed)} requests failed: {sorted(set(failed))}")
                 runs[kind].append({"p50": quantile(timings, 0.5), "p99": quantile(timings, 0.99)})
                 if kind == "alerts":  # resolved with a TTL of 0: gone at the next evaluation
                     await push_alerts(tap_url, 2000, "resolved")
@@ -200,6 +281,8 @@ async def bench(args: argparse.Namespace, tap_url: str, engine_url: str, tap_pid
         extra["engine_up_during_label"] = await metric(tap_url, "specguard_engine_up")
         extra["rejected"] = await metric(tap_url, "specguard_scrape_rejected_total")
         extra["evaluations"] = await metric(tap_url, "specguard_evaluations_total")
+        extra["ejections"] = await metric(tap_url, "specguard_pool_ejections_total")
+        extra["failovers"] = await metric(tap_url, "specguard_failover_requests_total")
     quiet_p99 = statistics.mean(r["p99"] for r in runs["quiet"])
     quiet_p50 = statistics.mean(r["p50"] for r in runs["quiet"])
     result = {
@@ -208,6 +291,7 @@ async def bench(args: argparse.Namespace, tap_url: str, engine_url: str, tap_pid
         "tap_peak_rss_mb": tap_rss(tap_pid),
         **extra,
     }
+    result["attacks"] = list(args.attacks)
     for kind in args.attacks:
         p99 = statistics.mean(r["p99"] for r in runs[kind])
         p50 = statistics.mean(r["p50"] for r in runs[kind])
@@ -215,6 +299,50 @@ async def bench(args: argparse.Namespace, tap_url: str, engine_url: str, tap_pid
         result[f"{kind}_p99_ratio"] = p99 / quiet_p99
         result[f"{kind}_p50_ratio"] = p50 / quiet_p50
     return result
+
+
+LABELS = {
+    "alerts": "2,000 distinct firing alerts stored, evaluated every 2 s",
+    "label": "the engine's page carries a 10 MB label value, scraped every second",
+    "json": f"{AMPLIFIERS} bodies of 1.3 million `{{}}` (3.9 MB) in flight throughout",
+    "engine5xx": "the planned pool answers every request with a 500",
+}
+
+
+def render(result: dict) -> str:
+    """The docs' table of one ``--json`` result (docs/reliability.md carries it as is)."""
+    rows = [
+        "| attack | p99 | ratio to quiet: p99 (p50) | target |",
+        "|---|---|---|---|",
+        f"| quiet | {result['quiet_p99_ms']:.1f} ms | — | — |",
+    ]
+    for kind in result.get("attacks", []):
+        ratio = result[f"{kind}_p99_ratio"]
+        met = "met" if ratio <= TARGET_RATIO else "**missed**"
+        rows.append(
+            f"| {LABELS[kind]} | {result[f'{kind}_p99_ms']:.1f} ms | **{ratio:.2f}×** "
+            f"({result[f'{kind}_p50_ratio']:.2f}×) | ≤ {TARGET_RATIO}×: {met} |"
+        )
+    rss = result["tap_peak_rss_mb"]
+    met = "met" if rss <= TARGET_RSS_MB else "**missed**"
+    rows.append(
+        f"| the tap's peak resident memory, whole run | {rss:.0f} MB | — | ≤ {TARGET_RSS_MB} MB: {met} |"
+    )
+    notes = []
+    if "engine5xx" in result.get("attacks", []):
+        notes.append(
+            f"{result['engine5xx_failed']} requests of the engine5xx runs got the engine's 500 before "
+            f"the pool was ejected ({_sum(result.get('ejections', []))} ejections in all)"
+        )
+    if "json" in result.get("attacks", []):
+        notes.append(
+            f"{result['json_bodies_sent']} amplification bodies were answered 413 during the json runs"
+        )
+    return "\n".join(rows) + ("\n\n" + "; ".join(notes) + "." if notes else "")
+
+
+def _sum(lines: list[str]) -> int:
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in lines))
 
 
 def main() -> int:
@@ -226,22 +354,30 @@ def main() -> int:
     parser.add_argument(
         "--attacks",
         nargs="+",
-        choices=("alerts", "label"),
-        default=["alerts", "label"],
+        choices=ATTACKS,
+        default=list(ATTACKS),
         help="which attacks to run (an old version may not survive a 10 MB label: 1.7 GB per scrape)",
     )
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--render", metavar="FILE", help="print the docs' markdown for a --json result")
     args = parser.parse_args()
-    engine_port, tap_port = free_port(), free_port()
-    engine = mp.get_context("spawn").Process(target=_engine_main, args=(engine_port,), daemon=True)
+    if args.render:
+        print(render(json.loads(Path(args.render).read_text())))
+        return 0
+    engine_port, nospec_port, tap_port = free_port(), free_port(), free_port()
+    engine = mp.get_context("spawn").Process(
+        target=_engine_main, args=(engine_port, nospec_port), daemon=True
+    )
     engine.start()
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "token").write_text(TOKEN + "\n")
         cfg = Path(tmp) / "specguard.yaml"
         cfg.write_text(
             f'pools: [{{name: spec-k4, url: "http://127.0.0.1:{engine_port}", engine: vllm, '
-            "num_speculative_tokens: 4}]\n"
-            f'tap: {{listen: "127.0.0.1:{tap_port}"}}\n'
+            "num_speculative_tokens: 4},\n"
+            f'  {{name: nospec, url: "http://127.0.0.1:{nospec_port}", engine: vllm}}]\n'
+            f'tap: {{listen: "127.0.0.1:{tap_port}", default_pool: spec-k4, holdout_share: 0, '
+            "probe_share: 0, eject_seconds: 1, eject_max_seconds: 1}\n"
             "scrape: {interval_seconds: 1, timeout_seconds: 1}\n"
             "guard: {interval_seconds: 2, alerts: {resolved_ttl_seconds: 0}}\n"
             f'server: {{token_file: "{Path(tmp) / "token"}"}}\n'

@@ -51,7 +51,14 @@ def containers(raw: bytes) -> int:
     opening = raw.count(b"[") + raw.count(b"{")
     if opening <= LOOP_CONTAINERS:
         return opening  # an upper bound, and small: no need to look closer
-    return len(_JSON_STRING.sub(b"", raw).translate(None, _NOT_OPEN))
+    first, last = raw.find(b'"'), raw.rfind(b'"')
+    if first < 0:
+        return opening  # no strings at all
+    # strings lie between the first and the last quote: only that part needs them cut out
+    outside = raw.count(b"[", 0, first) + raw.count(b"{", 0, first)
+    outside += raw.count(b"[", last + 1) + raw.count(b"{", last + 1)
+    inside = _JSON_STRING.sub(b"", raw[first : last + 1]).translate(None, _NOT_OPEN)
+    return outside + len(inside)
 
 
 def _object(raw: bytes) -> tuple[dict[str, Any] | None, bool]:

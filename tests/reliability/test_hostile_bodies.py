@@ -27,17 +27,21 @@ CONCURRENT = 12
 
 
 class LoopLag:
-    """The longest the event loop was late to wake a 5 ms sleeper inside the block."""
+    """The longest the event loop kept a 5 ms sleeper waiting inside the block, in CPU seconds of
+    the loop's thread (``worst``: on a machine other processes load, the wall-clock wait also
+    counts the time the process was not scheduled at all; that is ``worst_wall``)."""
 
     def __init__(self) -> None:
         self.worst = 0.0
+        self.worst_wall = 0.0
         self._task: asyncio.Task | None = None
 
     async def _tick(self) -> None:
         while True:
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.thread_time()
             await asyncio.sleep(0.005)
-            self.worst = max(self.worst, time.perf_counter() - start - 0.005)
+            self.worst_wall = max(self.worst_wall, time.perf_counter() - start - 0.005)
+            self.worst = max(self.worst, time.thread_time() - cpu)
 
     async def __aenter__(self) -> LoopLag:
         self._task = asyncio.create_task(self._tick())
@@ -94,7 +98,8 @@ async def test_twelve_amplification_bodies_are_refused_in_bounded_memory_and_loo
         assert "1300005 JSON arrays and objects" in message and "tap.max_json_containers" in message
     assert reached == 0  # none of them reached the engine
     assert monitor.tap.bodies.refused >= CONCURRENT
-    assert lag.worst < 0.25, f"the loop stalled {lag.worst:.2f} s"
+    # (one parse of such a body held the loop for 0.8 s of CPU; what is left is reading 47 MB of bodies)
+    assert lag.worst < 0.4, f"the loop stalled {lag.worst:.2f} s of CPU ({lag.worst_wall:.2f} s wall)"
     # the bodies themselves (12 x 3.9 MB, read by the tap) are most of it; parsing them was 1.3 GB
     assert rss.growth < 200 * MB, f"peak memory grew {rss.growth / MB:.0f} MB"
     assert slower < 2.0, f"normal traffic {slower:.2f}x slower under the bodies"
@@ -129,4 +134,4 @@ async def test_a_large_body_is_parsed_off_the_loop_classified_and_forwarded_byte
     assert monitor.tap.bodies.offloaded == 1
     record = monitor.stats.records()[0]
     assert (record.task_type, record.temperature_bucket, record.classified) == ("code", "greedy", True)
-    assert lag.worst < 0.1, f"the loop stalled {lag.worst:.2f} s"
+    assert lag.worst < 0.02, f"the loop stalled {lag.worst:.3f} s of CPU ({lag.worst_wall:.2f} s wall)"
