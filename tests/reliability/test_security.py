@@ -277,11 +277,11 @@ async def test_tap_forwards_only_to_configured_pools():
                             f"X-Forwarded-Host: {evil_hostport}\r\nContent-Type: application/json\r\n"
                             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
                         )
-                        answers.append((target, await raw_request(url, head, body)))
+                        answers.append(((method, target), await raw_request(url, head, body)))
                 head = (
                     f"CONNECT {evil_hostport} HTTP/1.1\r\nHost: {evil_hostport}\r\nConnection: close\r\n\r\n"
                 )
-                answers.append(("CONNECT", await raw_request(url, head)))
+                answers.append((("CONNECT", evil_hostport), await raw_request(url, head)))
                 async with aiohttp.ClientSession() as session:  # a pool redirecting elsewhere
                     redirect_body = {**relkit.chat_body(), "temperature": 1.0}
                     async with session.post(
@@ -297,9 +297,18 @@ async def test_tap_forwards_only_to_configured_pools():
     )
     pool_host = pool_url.removeprefix("http://")
     assert pool_side.seen and all(host == pool_host for _, _, host in pool_side.seen)
-    statuses = {target: int(answer.split(b" ", 2)[1]) for target, answer in answers}
-    bad = {f"@{evil_url.removeprefix('http://')}/v1/chat/completions": 400, "CONNECT": 404}
-    assert statuses == {target: bad.get(target, 200) for target in statuses}  # served by the pool or refused
+    statuses = {key: int(answer.split(b" ", 2)[1]) for key, answer in answers}
+    evil_hostport = evil_url.removeprefix("http://")
+    served = {f"{evil_url}/v1/chat/completions", f"/v1/chat/completions?next=//{evil_hostport}/"}
+    expected = {}
+    for method, target in statuses:
+        if target.startswith("@"):
+            expected[(method, target)] = 400  # not a request target at all
+        elif target in served:  # the inference API: POST served by the pool, any other method 405
+            expected[(method, target)] = 200 if method == "POST" else 405
+        else:  # another spelling of a path (or CONNECT): not on the tap's allowlist
+            expected[(method, target)] = 404
+    assert statuses == expected
     assert all(path.startswith("/") for _, path, _ in pool_side.seen)
 
 
