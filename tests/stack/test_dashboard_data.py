@@ -110,7 +110,7 @@ def test_every_panel_runs_and_shows_data(tmp_path: Path):
         specguard = stack.start_specguard(config)
         prom = stack.start_prometheus(specguard, stack.start_alertmanager(specguard + "/api/v1/alerts"))
         load = drive_load(specguard, 40, results, seed=3)
-        # one request on a path the tap does not measure: counted as unattributed (other_path)
+        # one request on a path the tap does not forward: answered 404 by the tap itself
         status, _ = http_post(specguard + "/v1/embeddings", {"input": "x", "model": "m"})
         assert status < 500
 
