@@ -10,9 +10,10 @@ Runs alternate quiet / attack so drift in the machine's load hits both alike:
   run they are resolved (TTL 0), so the quiet runs have none stored;
 - ``label``: the engine's page carries a 10 MB label value; the tap scrapes it every second;
 - ``json``: JSON amplification: 12 clients in a process of their own keep posting a 3.9 MB body of
-  1.3 million ``{}`` to /v1/chat/completions, each uploading at about 1.3 MB/s (256 KiB every
-  200 ms) and starting the next body at once, so 12 such bodies are in flight throughout the run
-  (the previous release spent 0.8 s of its loop on each: 3 s of every second);
+  1.3 million ``{}`` to /v1/chat/completions, each uploading at about 2.6 MB/s (256 KiB every
+  100 ms, staggered so the bodies end one after another) and starting the next body at once, so
+  12 such bodies are in flight throughout the run (8 end every second; run it with enough
+  ``--requests`` that a run lasts several seconds);
 - ``engine5xx``: the planned pool (spec-k4) answers every request with a 500; the tap ejects it
   (``tap.eject_consecutive_5xx``) and the no-spec pool serves its traffic; the requests that got
   the 500s before the ejection are counted (``engine5xx_failed``), the p99 is over the rest.
@@ -53,6 +54,7 @@ ATTACKS = ("alerts", "label", "json", "engine5xx")
 AMPLIFIERS = 12  # JSON amplification bodies in flight at once
 AMPLIFIER_OBJECTS = 1_300_000
 TARGET_RATIO = 1.5
+EJECT = ", eject_seconds: 1, eject_max_seconds: 1"  # re-admitted before each quiet run (not with --tree)
 TARGET_RSS_MB = 512
 
 
@@ -108,33 +110,37 @@ def _engine_main(port: int, nospec_port: int) -> None:
 
 
 # ------------------------------------------------------------------ JSON amplification (its own process)
-def _amplifier_main(url: str, stop: Any, sent: Any) -> None:
+def _amplifier_main(url: str, stop: Any, sent: Any, refused: Any) -> None:
     body = (
         b'{"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}], "pad": ['
         + b"{}," * (AMPLIFIER_OBJECTS - 1)
         + b"{}]}"
     )
 
-    async def paced():  # 256 KiB every 200 ms: ~1.3 MB/s per client, 3 s per body
+    async def paced():  # 256 KiB every 100 ms: ~2.6 MB/s per client, 1.5 s per body
         view = memoryview(body)
         for start in range(0, len(view), 1 << 18):
             yield bytes(view[start : start + (1 << 18)])
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.1)
 
-    async def worker(session: aiohttp.ClientSession) -> None:
+    async def worker(session: aiohttp.ClientSession, index: int) -> None:
+        await asyncio.sleep(index * 1.5 / AMPLIFIERS)  # staggered: the bodies end one after another
         while not stop.is_set():
             try:
                 async with session.post(url + "/v1/chat/completions", data=paced()) as response:
                     await response.read()
                     with sent.get_lock():
                         sent.value += 1
+                    if response.status == 413:
+                        with refused.get_lock():
+                            refused.value += 1
             except aiohttp.ClientError:
                 await asyncio.sleep(0.05)
 
     async def run() -> None:
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector) as session:
-            await asyncio.gather(*(worker(session) for _ in range(AMPLIFIERS)))
+            await asyncio.gather(*(worker(session, i) for i in range(AMPLIFIERS)))
 
     asyncio.run(run())
 
@@ -253,9 +259,10 @@ async def bench(args: argparse.Namespace, tap_url: str, engine_url: str, tap_pid
                     await asyncio.sleep(1.5)  # at least one scrape of the hostile page first
                 amplifier = None
                 if kind == "json":
-                    stop, sent = mp.get_context("spawn").Event(), mp.get_context("spawn").Value("i", 0)
-                    amplifier = mp.get_context("spawn").Process(
-                        target=_amplifier_main, args=(tap_url, stop, sent), daemon=True
+                    spawn = mp.get_context("spawn")
+                    stop, sent, refused = spawn.Event(), spawn.Value("i", 0), spawn.Value("i", 0)
+                    amplifier = spawn.Process(
+                        target=_amplifier_main, args=(tap_url, stop, sent, refused), daemon=True
                     )
                     amplifier.start()
                     while sent.value < AMPLIFIERS:  # every attacker's body went through once: in flight
@@ -266,6 +273,7 @@ async def bench(args: argparse.Namespace, tap_url: str, engine_url: str, tap_pid
                     stop.set()
                     amplifier.join(30)
                     extra["json_bodies_sent"] += sent.value
+                    extra["json_bodies_413"] = extra.get("json_bodies_413", 0) + refused.value
                 if kind == "engine5xx":
                     extra["engine5xx_failed"] += len(failed)
                     await page("normal")
@@ -305,7 +313,7 @@ async def bench(args: argparse.Namespace, tap_url: str, engine_url: str, tap_pid
 LABELS = {
     "alerts": "2,000 distinct firing alerts stored, evaluated every 2 s",
     "label": "the engine's page carries a 10 MB label value, scraped every second",
-    "json": f"{AMPLIFIERS} bodies of 1.3 million `{{}}` (3.9 MB, each sent at 1.3 MB/s) in flight throughout",
+    "json": f"{AMPLIFIERS} bodies of 1.3 million `{{}}` (3.9 MB, each sent at 2.6 MB/s) in flight throughout",
     "engine5xx": "the planned pool answers every request with a 500",
 }
 
@@ -336,9 +344,8 @@ def render(result: dict) -> str:
             f"the pool was ejected ({_sum(result.get('ejections', []))} ejections in all)"
         )
     if "json" in result.get("attacks", []):
-        notes.append(
-            f"{result['json_bodies_sent']} amplification bodies were answered 413 during the json runs"
-        )
+        sent, refused = result["json_bodies_sent"], result.get("json_bodies_413", 0)
+        notes.append(f"{sent} amplification bodies were answered during the json runs, {refused} of them 413")
     return "\n".join(rows) + ("\n\n" + "; ".join(notes) + "." if notes else "")
 
 
@@ -378,7 +385,7 @@ def main() -> int:
             "num_speculative_tokens: 4},\n"
             f'  {{name: nospec, url: "http://127.0.0.1:{nospec_port}", engine: vllm}}]\n'
             f'tap: {{listen: "127.0.0.1:{tap_port}", default_pool: spec-k4, holdout_share: 0, '
-            "probe_share: 0, eject_seconds: 1, eject_max_seconds: 1}\n"
+            f"probe_share: 0{EJECT if args.tree == ROOT else ''}}}\n"
             "scrape: {interval_seconds: 1, timeout_seconds: 1}\n"
             "guard: {interval_seconds: 2, alerts: {resolved_ttl_seconds: 0}}\n"
             f'server: {{token_file: "{Path(tmp) / "token"}"}}\n'

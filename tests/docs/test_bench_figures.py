@@ -1,7 +1,8 @@
 """The controller benchmark's and the robustness matrix's figures in the docs are the kept runs'.
 
 ``bench/results/matrix.json`` is the release's ``bench/bench_matrix.py --json`` output and
-``bench/results/controller*.json`` its ``bench/bench_controller.py --json`` outputs; the matrix's
+``bench/results/controller*.json`` its ``bench/bench_controller.py --json`` outputs, and
+``bench/results/hostile.json`` its ``bench/bench_hostile.py --json`` output; the matrix's
 summary must follow from its rows, and the markdown ``--render`` makes of each must stand in
 README.md and docs/benchmarks.md as is.
 """
@@ -19,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
 import bench_controller  # noqa: E402
+import bench_hostile  # noqa: E402
 import bench_matrix  # noqa: E402
 
 RESULT = json.loads((ROOT / "bench" / "results" / "matrix.json").read_text())
@@ -65,3 +67,13 @@ def test_the_eight_engine_table_is_the_kept_run():
     text = bench_matrix.render(result)["scenarios"]
     fix = "render it again: python3 bench/bench_matrix.py --render bench/results/matrix-fleet8.json"
     assert flat(text) in flat((ROOT / "docs" / "benchmarks.md").read_text()), fix
+
+
+def test_the_hostile_input_table_is_the_kept_run():
+    """docs/reliability.md's data-listener figures are ``bench/bench_hostile.py --json``'s kept run."""
+    result = json.loads((ROOT / "bench" / "results" / "hostile.json").read_text())
+    assert {"json", "engine5xx"} <= set(result["attacks"])
+    assert result["tracebacks_in_log"] == 0
+    text = bench_hostile.render(result)
+    fix = "render it again: python3 bench/bench_hostile.py --render bench/results/hostile.json"
+    assert flat(text) in flat((ROOT / "docs" / "reliability.md").read_text()), fix
