@@ -306,8 +306,8 @@ class Tap:
                     return out
                 out = web.StreamResponse(status=resp.status, reason=resp.reason, headers=reply_headers)
                 await out.prepare(request)
-                async for data in resp.content.iter_any():
-                    await out.write(data)
+                # as it arrives; a client that stops reading gets tap.client_write_timeout_seconds
+                await bodypush.deliver(resp, bodypush.client_writer(request), self._drain(request))
                 await out.write_eof()
                 return out
         except _CONNECT_FAILED as exc:

@@ -13,6 +13,7 @@ import asyncio
 import json
 
 import aiohttp
+import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
@@ -53,16 +54,17 @@ async def page(request: web.Request) -> web.Response:
 def engine_app() -> web.Application:
     app = web.Application()
     app.router.add_post("/v1/chat/completions", stream)
+    app.router.add_post("/generate", stream)  # a native path the config forwards untapped
     app.router.add_get("/metrics", page)
     return app
 
 
-async def read_with_a_pause(url: str, pause: float) -> tuple[int, bool]:
+async def read_with_a_pause(url: str, pause: float, path: str) -> tuple[int, bool]:
     """Read one 64 KiB piece, stop reading for ``pause`` seconds, then read the rest: (bytes, whole?)."""
     received = 0
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
         body = relkit.chat_body(stream=True)
-        async with session.post(url + "/v1/chat/completions", json=body) as response:
+        async with session.post(url + path, json=body) as response:
             assert response.status == 200
             received += len(await response.content.read(65536))
             await asyncio.sleep(pause)
@@ -82,37 +84,44 @@ async def read_with_a_pause(url: str, pause: float) -> tuple[int, bool]:
 async def start(engine_url: str, registry: CollectorRegistry, write_timeout: float) -> tuple[Monitor, str]:
     extra = (
         "tap: {holdout_share: 0, probe_share: 0, upstream_timeout_seconds: 0.5, "
-        f"client_write_timeout_seconds: {write_timeout}}}\n"
+        f"client_write_timeout_seconds: {write_timeout}, forward_paths: [{{path: /generate}}]}}\n"
     )
     monitor = Monitor(relkit.monitor_config({"nospec": engine_url}, extra=extra), registry=registry)
     return monitor, await monitor.start("127.0.0.1", 0)
 
 
-async def test_a_client_pausing_longer_than_the_upstream_timeout_gets_its_whole_stream():
+PATHS = pytest.mark.parametrize("path", ["/v1/chat/completions", "/generate"], ids=["tapped", "forwarded"])
+
+
+@PATHS
+async def test_a_client_pausing_longer_than_the_upstream_timeout_gets_its_whole_stream(path):
     registry = CollectorRegistry()
     async with relkit.serving(engine_app()) as engine_url:
         monitor, url = await start(engine_url, registry, write_timeout=30)
         try:
-            received, whole = await read_with_a_pause(url, pause=2.0)  # four upstream timeouts long
+            received, whole = await read_with_a_pause(url, 2.0, path)  # four upstream timeouts long
         finally:
             await monitor.stop()
     assert whole and received > EVENTS * len(EVENT), received
     assert monitor.stats.upstream_errors() == {}  # the engine never went quiet
-    record = monitor.stats.records()[0]
-    assert record.unattributed_reason != "upstream_error", record
+    if path == "/v1/chat/completions":
+        record = monitor.stats.records()[0]
+        assert record.unattributed_reason != "upstream_error", record
     assert registry.get_sample_value("specguard_client_timeouts_total", {"phase": "response"}) == 0.0
 
 
-async def test_a_client_that_stops_reading_for_good_is_cut_off_and_counted_as_the_clients():
+@PATHS
+async def test_a_client_that_stops_reading_for_good_is_cut_off_and_counted_as_the_clients(path):
     registry = CollectorRegistry()
     async with relkit.serving(engine_app()) as engine_url:
         monitor, url = await start(engine_url, registry, write_timeout=1.0)
         try:
-            received, whole = await read_with_a_pause(url, pause=3.0)
+            received, whole = await read_with_a_pause(url, 3.0, path)
             await asyncio.sleep(0.2)
         finally:
             await monitor.stop()
     assert not whole and received < EVENTS * len(EVENT)
     assert monitor.stats.upstream_errors() == {}  # not the engine's fault
     assert registry.get_sample_value("specguard_client_timeouts_total", {"phase": "response"}) == 1.0
-    assert monitor.stats.records()[0].unattributed_reason == "client_disconnected"
+    if path == "/v1/chat/completions":
+        assert monitor.stats.records()[0].unattributed_reason == "client_disconnected"
