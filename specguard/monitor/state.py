@@ -388,6 +388,8 @@ class PlanStore:
             return untrusted.read_bytes(self.path, configfile.LIMITS.max_bytes, "plan file")
         except (FileNotFoundError, NotADirectoryError):
             return None
+        except untrusted.NotRegularFile as exc:  # never moved aside: it is not a plan at all
+            raise _Unreadable(f"actuators.plan_file: {exc}") from exc
         except OSError as exc:
             raise _Unreadable(f"cannot read plan file {self.path}: {exc.strerror}") from exc
 

@@ -12,6 +12,9 @@ import asyncio
 import contextlib
 import errno
 import logging
+import os
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -191,3 +194,78 @@ async def test_webhooks_against_a_full_book_never_stall_traffic_and_are_kept(tmp
     assert slower < 4.0, f"normal traffic p90 {slower:.2f}x slower during the webhook flood"
     assert 0 < written <= 400 / 2, f"{written} plan writes for 400 webhooks: not coalesced"
     assert hostkit.tracebacks(caplog) == []
+
+
+# ------------------------------------------------------------------ regular files only
+POOLS = (
+    "pools:\n"
+    '  - {name: spec-k4, url: "http://127.0.0.1:1", engine: vllm, num_speculative_tokens: 4}\n'
+    '  - {name: nospec, url: "http://127.0.0.1:2", engine: vllm, num_speculative_tokens: 0}\n'
+    'tap: {listen: "127.0.0.1:0"}\n'
+)
+
+
+def _special(tmp_path: Path, kind: str) -> Path:
+    if kind == "fifo":
+        path = tmp_path / "special"
+        os.mkfifo(path)
+        return path
+    if kind == "directory":
+        path = tmp_path / "special"
+        path.mkdir()
+        return path
+    return Path("/dev/null")  # a character device
+
+
+@pytest.mark.parametrize(
+    ("key", "kind"),
+    [
+        ("server.token_file", "fifo"),
+        ("server.token_file", "device"),
+        ("actuators.plan_file", "fifo"),
+        ("actuators.plan_file", "directory"),
+        ("actuators.audit_log", "fifo"),
+        ("--config", "fifo"),
+    ],
+)
+def test_a_special_file_where_a_file_is_named_fails_start_up_at_once(key, kind, tmp_path):
+    special = _special(tmp_path, kind)
+    (tmp_path / "token").write_text("t0ken\n")
+    files = {
+        "server.token_file": str(tmp_path / "token"),
+        "actuators.plan_file": str(tmp_path / "plan.json"),
+        "actuators.audit_log": str(tmp_path / "audit.jsonl"),
+    }
+    if key in files:
+        files[key] = str(special)
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        POOLS
+        + f'server: {{token_file: "{files["server.token_file"]}"}}\n'
+        + f'actuators: {{plan_file: "{files["actuators.plan_file"]}", '
+        + f'audit_log: "{files["actuators.audit_log"]}"}}\n'
+    )
+    started = time.monotonic()
+    try:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "specguard",
+                "run",
+                "--config",
+                str(special if key == "--config" else config),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"start-up hung on {key} naming a {kind}")
+    said = {"fifo": "a FIFO", "directory": "a directory", "device": "a character device"}[kind]
+    assert done.returncode != 0 and time.monotonic() - started < 30
+    assert str(special) in done.stderr and f"is {said}, not a regular file" in done.stderr, done.stderr
+    if key != "--config":
+        assert key in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
