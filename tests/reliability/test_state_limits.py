@@ -22,6 +22,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from specguard import cli
+from specguard.exporters.config import ClassesConfig
 from specguard.monitor import state as state_mod
 from tests.reliability import hostkit, relkit
 from tests.reliability.test_faults_guard import tiny_disk
@@ -269,3 +271,64 @@ def test_a_special_file_where_a_file_is_named_fails_start_up_at_once(key, kind, 
     if key != "--config":
         assert key in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+# ------------------------------------------------------------------ class counts and /metrics
+def test_a_thousand_task_types_fail_check_config_with_the_product_and_the_key(tmp_path, capsys):
+    path = tmp_path / "config.yaml"
+    types = ", ".join(f"t{i}" for i in range(1000))
+    path.write_text(POOLS + f"classes:\n  task_types: [{types}]\n")
+    code = cli.main(["check-config", "--no-connect", str(path)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"{path}:6:3: classes.task_types: 1001 task types" in err
+    assert "x 4 temperature buckets x 3 load buckets x 2 pools = 24024 combinations" in err
+    assert "above classes.max_combinations (4096)" in err and "raise classes.max_combinations" in err
+    # raised on purpose, the same config is accepted
+    path.write_text(POOLS + f"classes:\n  task_types: [{types}]\n  max_combinations: 30000\n")
+    assert cli.main(["check-config", "--no-connect", str(path)]) == 0
+
+
+def _many_classes(task_types: int) -> str:
+    types = ", ".join(f"t{i}" for i in range(task_types))
+    raised = ", max_combinations: 1000000" if hasattr(ClassesConfig, "max_combinations") else ""
+    return f"classes: {{task_types: [{types}]{raised}}}\n"  # (the key is new: main had no cap)
+
+
+async def _classified_traffic(url: str, task_types: int) -> None:
+    """One request per task type, so every class has series on /metrics."""
+    async with aiohttp.ClientSession() as session:
+        for i in range(task_types):
+            headers = {"x-task-type": f"t{i}"}
+            async with session.post(url + "/v1/chat/completions", json=hostkit.chat(), headers=headers) as r:
+                await r.read()
+
+
+async def test_a_large_metrics_page_is_rendered_off_the_loop_and_capped(tmp_path, caplog):
+    engine = hostkit.Engine()
+    async with relkit_serving(engine) as engine_url:
+        async with guard_on(tmp_path, engine_url, _many_classes(400)) as (monitor, url, _):
+            await _classified_traffic(url, 400)
+            async with aiohttp.ClientSession() as session:
+                started = time.perf_counter()
+                async with session.get(url + "/metrics") as response:
+                    size = len(await response.read())
+                render = time.perf_counter() - started
+                with LoopLag() as lag:
+                    scrapes = [asyncio.create_task(session.get(url + "/metrics")) for _ in range(3)]
+                    probed = await hostkit.probe(url, 10)
+                    for done in await asyncio.gather(*scrapes):
+                        assert done.status == 200
+                        await done.read()
+                monitor.metrics_max_bytes = size // 2
+                with caplog.at_level(logging.ERROR, logger="specguard"):
+                    async with session.get(url + "/metrics") as response:
+                        capped = (response.status, (await response.text())[:2000])
+    print(f"page {size} bytes, render {render:.2f} s, lag {lag.worst:.2f} s, probe max {max(probed):.2f} s")
+    assert size > 2_000_000, size  # a page of megabytes
+    # Before: the page was rendered on the serving loop, which stood still for the whole render
+    # (here ~{render} s per scrape; 29.5 s at 1,000 task types).
+    assert lag.worst < max(0.5, render / 3), f"loop stood still {lag.worst:.2f} s (render {render:.2f} s)"
+    assert max(probed) < max(1.0, render), f"a proxied request waited {max(probed):.2f} s"
+    assert capped[0] == 503 and "above the cap" in capped[1]
+    assert "classes.max_combinations" in capped[1] and "/metrics: the page is" in caplog.text
