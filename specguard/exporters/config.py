@@ -71,7 +71,7 @@ class Matcher:
     match: str | None = None
 
 
-MAX_COMBINATIONS = 2048
+MAX_COMBINATIONS = 1024
 """Default ``classes.max_combinations``: the shipped config uses 180 (5 x 4 x 3 x 3)."""
 
 

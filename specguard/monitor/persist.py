@@ -2,7 +2,8 @@
 
 Both are written in a worker thread (an fsync never holds up the event loop that serves
 traffic), one write at a time. Plan writes go through one coalescing writer: every change
-asked for while a write is in flight is applied and written by the next single write, and the
+asked for while a write is in flight (or within ``MIN_WRITE_INTERVAL`` of the last) is applied
+and written by the next single write, and the
 caller hears back only once the write that contains its change is on disk (``commit``). A
 change whose write the disk refused is rolled back and raised (``PlanWriteError``), so an
 answer of 200 always means "on disk". What an evaluation's refused write left is retried at
@@ -31,6 +32,11 @@ Undo = Callable[[], None]
 Change = Callable[[], tuple[Any, Undo | None, bool]]
 """Applied on the event loop just before the write that would contain it: returns (result, undo,
 whether it changed what the plan file holds). A batch that changed nothing writes nothing."""
+
+
+MIN_WRITE_INTERVAL = 0.2
+"""Seconds from one plan write to the next: a flood of webhooks costs at most five writes a
+second (each batch covers every change asked for meanwhile), whatever its rate."""
 
 
 class PlanWriteError(OSError):
@@ -73,6 +79,7 @@ class Persistence:
         self._lock = threading.Lock()
         self._queue: list[_Request] = []
         self._writer: asyncio.Task[None] | None = None
+        self._last_write = -MIN_WRITE_INTERVAL  # loop time the last plan write ended
         self._built = 0  # generation of the newest document built
         self._written = 0  # generation of the newest document on disk
 
@@ -100,7 +107,11 @@ class Persistence:
         return await asyncio.shield(future)  # a cancelled caller never cancels a shared write
 
     async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
         while self._queue:
+            wait = self._last_write + MIN_WRITE_INTERVAL - loop.time()
+            if wait > 0:  # more changes join this batch meanwhile
+                await asyncio.sleep(wait)
             batch, self._queue = self._queue, []
             undos: list[Undo] = [self.checkpoint()] if self.checkpoint is not None else []
             results: list[Any] = []
@@ -127,6 +138,8 @@ class Persistence:
                     for undo in reversed(undos):
                         undo()
                     results = [exc] * len(batch)
+                finally:
+                    self._last_write = loop.time()
             for request, result in zip(batch, results, strict=True):
                 if request.future.done():
                     continue

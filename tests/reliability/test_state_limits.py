@@ -283,7 +283,7 @@ def test_a_thousand_task_types_fail_check_config_with_the_product_and_the_key(tm
     assert code == 2, err
     assert f"{path}:6:3: classes.task_types: 1001 task types" in err
     assert "x 4 temperature buckets x 3 load buckets x 2 pools = 24024 combinations" in err
-    assert "above classes.max_combinations (2048)" in err and "raise classes.max_combinations" in err
+    assert "above classes.max_combinations (1024)" in err and "raise classes.max_combinations" in err
     # raised on purpose, the same config is accepted
     path.write_text(POOLS + f"classes:\n  task_types: [{types}]\n  max_combinations: 30000\n")
     assert cli.main(["check-config", "--no-connect", str(path)]) == 0
