@@ -108,12 +108,13 @@ class Persistence:
 
     async def _drain(self) -> None:
         loop = asyncio.get_running_loop()
+        stored = self.store is not None and self.build is not None  # else nothing to write or undo
         while self._queue:
             wait = self._last_write + MIN_WRITE_INTERVAL - loop.time()
-            if wait > 0:  # more changes join this batch meanwhile
+            if stored and wait > 0:  # more changes join this batch meanwhile
                 await asyncio.sleep(wait)
             batch, self._queue = self._queue, []
-            undos: list[Undo] = [self.checkpoint()] if self.checkpoint is not None else []
+            undos: list[Undo] = [self.checkpoint()] if stored and self.checkpoint is not None else []
             results: list[Any] = []
             dirty = False
             for request in batch:
@@ -134,7 +135,11 @@ class Persistence:
             if dirty:
                 try:
                     await self._write(self._document())
-                except PlanWriteError as exc:
+                except Exception as exc:  # the disk refused it (or a bug): nothing of the batch is kept
+                    if not isinstance(exc, PlanWriteError):
+                        log.exception("plan write failed")
+                        where = str(self.store.path) if self.store is not None else "-"
+                        exc = PlanWriteError(where, OSError(errno_mod.EIO, repr(exc)))
                     for undo in reversed(undos):
                         undo()
                     results = [exc] * len(batch)

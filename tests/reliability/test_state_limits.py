@@ -99,9 +99,12 @@ async def test_disk_full_answers_503_keeps_nothing_and_a_restart_has_every_200(t
                 async with aiohttp.ClientSession(headers=AUTH) as session:
                     ok = await post(session, url + "/api/v1/alerts", alerts(0, 1))
                     disk.fill()
-                    refused = [
-                        await post(session, url + "/api/v1/alerts", alerts(100 + i, 1)) for i in range(20)
+                    refused = [  # 10 one after the other, then 10 at once (batched into shared writes)
+                        await post(session, url + "/api/v1/alerts", alerts(100 + i, 1)) for i in range(10)
                     ]
+                    refused += await asyncio.gather(
+                        *(post(session, url + "/api/v1/alerts", alerts(110 + i, 1)) for i in range(10))
+                    )
                     pin_refused = await post(session, url + "/api/v1/overrides", PIN)
                     in_memory = (len(guard.alerts), [k for k, s in guard.states.items() if s.pin])
                     errors = registry.get_sample_value("specguard_plan_write_errors_total")
@@ -116,7 +119,7 @@ async def test_disk_full_answers_503_keeps_nothing_and_a_restart_has_every_200(t
     message = refused[0][1]["error"]
     assert "plan.json: write failed" in message and "ENOSPC" in message and "retry" in message
     assert in_memory == (1, [])  # nothing the disk refused was taken
-    assert errors == 21
+    assert 2 + 10 <= errors <= 21  # each refused write counted (concurrent webhooks share writes)
     assert "ENOSPC" in caplog.text and str(disk.directory / "plan.json") in caplog.text
     # after the restart: everything answered 200, and only that
     assert kept == {"chat-00000000", "chat-00000200"}
