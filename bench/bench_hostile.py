@@ -353,6 +353,218 @@ def _sum(lines: list[str]) -> int:
     return int(sum(float(line.rsplit(" ", 1)[1]) for line in lines))
 
 
+# ------------------------------------------------------------------ state and limits (--suite state)
+BOOK = 10_000
+"""Alerts stored before the alert-book attack: ``alertmanager.max_alerts``, the default cap."""
+CLASSES_AT_CAP = 41
+"""Task types of the many-classes attack: with ``other``, 4 temperature and 3 load buckets and two
+pools, 42 x 4 x 3 x 2 = 1,008 combinations, the most the default ``classes.max_combinations`` admits."""
+
+
+def _tap_config(tmp: Path, engine_port: int, tap_port: int, extra: str = "") -> Path:
+    cfg = tmp / f"specguard-{tap_port}.yaml"
+    cfg.write_text(
+        f'pools: [{{name: spec-k4, url: "http://127.0.0.1:{engine_port}", engine: vllm, '
+        "num_speculative_tokens: 4},\n"
+        f'        {{name: nospec, url: "http://127.0.0.1:{engine_port}", engine: vllm, '
+        "num_speculative_tokens: 0}]\n"
+        f'tap: {{listen: "127.0.0.1:{tap_port}", default_pool: spec-k4}}\n'
+        "scrape: {interval_seconds: 1, timeout_seconds: 1}\n"
+        "guard: {interval_seconds: 2}\n"
+        f'server: {{token_file: "{tmp / "token"}"}}\n'
+        f'actuators: {{plan_file: "{tmp / f"plan-{tap_port}.json"}", '
+        f'audit_log: "{tmp / f"audit-{tap_port}.jsonl"}"}}\n' + extra
+    )
+    return cfg
+
+
+async def _wait_up(url: str) -> None:
+    async with aiohttp.ClientSession() as session:
+        for _ in range(600):
+            try:
+                async with session.get(url + "/healthz") as response:
+                    if response.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise SystemExit(f"specguard run at {url} did not come up (see its log)")
+
+
+async def _webhook_flood(url: str, stop: asyncio.Event, clients: int = 8) -> dict:
+    """``clients`` senders posting one new firing alert each, back to back, into a full book."""
+    counts = {"sent": 0, "ok": 0, "refused": 0}
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with aiohttp.ClientSession(headers=headers) as session:
+
+        async def sender(n: int) -> None:
+            i = 0
+            while not stop.is_set():
+                alert = {
+                    "status": "firing",
+                    "labels": {
+                        "alertname": f"Flood{n}-{i}",
+                        "task_type": "chat",
+                        "temperature_bucket": "low",
+                    },
+                    "fingerprint": f"flood-{n}-{i:08d}",
+                    "startsAt": "2026-01-01T00:00:00Z",
+                }
+                async with session.post(
+                    url + "/api/v1/alerts", json={"version": "4", "alerts": [alert]}
+                ) as r:
+                    await r.read()
+                    counts["sent"] += 1
+                    counts["ok" if r.status == 200 else "refused"] += 1
+                i += 1
+
+        await asyncio.gather(*(sender(n) for n in range(clients)))
+    return counts
+
+
+async def _scrape_metrics(url: str, stop: asyncio.Event, every: float) -> dict:
+    """Prometheus at ``every`` seconds: the page's size and render time as the scraper sees them."""
+    seen = {"scrapes": 0, "bytes": 0, "seconds_max": 0.0, "status": []}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        while not stop.is_set():
+            started = time.perf_counter()
+            async with session.get(url + "/metrics") as response:
+                body = await response.read()
+                seen["status"] = sorted({*seen["status"], response.status})
+            seen["scrapes"] += 1
+            seen["bytes"] = len(body)
+            seen["seconds_max"] = max(seen["seconds_max"], time.perf_counter() - started)
+            await asyncio.sleep(every)
+    return seen
+
+
+async def _attack_runs(args: argparse.Namespace, url: str, attack, rounds: int) -> tuple[dict, dict]:
+    """Alternating quiet / attack runs on one tap: (p99 and p50 of each kind, the attack's report)."""
+    await load(url, 80, args.concurrency)  # warm-up
+    runs: dict[str, list[dict]] = {"quiet": [], "attack": []}
+    report: dict = {}
+    for _ in range(rounds):
+        for kind in ("quiet", "attack"):
+            stop = asyncio.Event()
+            task = asyncio.create_task(attack(url, stop)) if kind == "attack" else None
+            timings = await load(url, args.requests, args.concurrency)
+            stop.set()
+            if task is not None:
+                report = await task
+            runs[kind].append({"p50": quantile(timings, 0.5), "p99": quantile(timings, 0.99)})
+    summary = {
+        kind: {q: statistics.mean(r[q] for r in rs) for q in ("p50", "p99")} for kind, rs in runs.items()
+    }
+    return summary, report
+
+
+async def alert_book_attack(args: argparse.Namespace, url: str) -> dict:
+    """Webhooks against a full alert book (10,000 stored) while normal traffic runs."""
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with aiohttp.ClientSession(headers=headers) as session:
+        for start in range(0, BOOK, 1000):
+            alerts = [
+                {
+                    "status": "firing",
+                    "labels": {"alertname": f"Book{i}", "task_type": "chat", "temperature_bucket": "low"},
+                    "fingerprint": f"book-{i:06d}",
+                    "startsAt": "2026-01-01T00:00:00Z",
+                }
+                for i in range(start, start + 1000)
+            ]
+            async with session.post(url + "/api/v1/alerts", json={"version": "4", "alerts": alerts}) as r:
+                assert r.status == 200, await r.text()
+    summary, flood = await _attack_runs(args, url, _webhook_flood, args.rounds)
+    return {"stored": BOOK, "webhooks": flood, **_ratios(summary)}
+
+
+async def many_classes_attack(args: argparse.Namespace, url: str) -> dict:
+    """/metrics of a config at the class cap, scraped every 2 s while normal traffic runs."""
+    async with aiohttp.ClientSession() as session:  # one request per task type: every class has series
+        for i in range(CLASSES_AT_CAP):
+            headers = {"x-task-type": f"t{i}"}
+            async with session.post(url + "/v1/chat/completions", json={"model": "m"}, headers=headers) as r:
+                await r.read()
+    summary, scrapes = await _attack_runs(
+        args, url, lambda u, stop: _scrape_metrics(u, stop, 2.0), args.rounds
+    )
+    return {"task_types": CLASSES_AT_CAP, "metrics": scrapes, **_ratios(summary)}
+
+
+def _ratios(summary: dict) -> dict:
+    quiet, attack = summary["quiet"], summary["attack"]
+    return {
+        "quiet_p99_ms": quiet["p99"] * 1000,
+        "attack_p99_ms": attack["p99"] * 1000,
+        "p99_ratio": attack["p99"] / quiet["p99"],
+        "p50_ratio": attack["p50"] / quiet["p50"],
+    }
+
+
+def state_suite(args: argparse.Namespace, engine_port: int) -> dict:
+    """The alert-book and many-classes attacks, each on its own ``specguard run``."""
+    result: dict = {"load_average_at_start": round(os.getloadavg()[0], 1)}
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        (tmp / "token").write_text(TOKEN + "\n")
+        types = ", ".join(f"t{i}" for i in range(CLASSES_AT_CAP))
+        suites = {
+            "alert_book": ("", alert_book_attack),
+            "many_classes": (f"classes: {{task_types: [{types}]}}\n", many_classes_attack),
+        }
+        for name, (extra, attack) in suites.items():
+            port = free_port()
+            cfg = _tap_config(tmp, engine_port, port, extra)
+            env = {**os.environ, "PYTHONPATH": str(args.tree)}
+            command = [
+                sys.executable,
+                "-m",
+                "specguard",
+                "run",
+                "--config",
+                str(cfg),
+                "--log-level",
+                "warning",
+            ]
+            tap = subprocess.Popen(command, env=env, cwd=args.tree, stderr=subprocess.PIPE, text=True)
+            try:
+
+                async def run(url: str = f"http://127.0.0.1:{port}", attack=attack) -> dict:
+                    await _wait_up(url)
+                    return await attack(args, url)
+
+                result[name] = asyncio.run(run())
+                result[name]["tap_peak_rss_mb"] = tap_rss(tap.pid)
+            finally:
+                tap.terminate()
+                _, log = tap.communicate(timeout=60)
+            result[name]["tracebacks_in_log"] = log.count("Traceback")
+    result["load_average_at_end"] = round(os.getloadavg()[0], 1)
+    return result
+
+
+def render_state(result: dict) -> str:
+    """The docs' table of the state-and-limits attacks (docs/reliability.md carries it as is)."""
+    book, classes = result["alert_book"], result["many_classes"]
+    hooks, page = book["webhooks"], classes["metrics"]
+    rows = [
+        "| attack | quiet p99 | under attack: p99, ratio to quiet (p99 / p50) |",
+        "|---|---|---|",
+        f"| webhooks into a full alert book ({book['stored']:,} stored; {hooks['sent']:,} webhooks, "
+        f"{hooks['ok']:,} answered 200) | {book['quiet_p99_ms']:.1f} ms | {book['attack_p99_ms']:.1f} ms, "
+        f"**{book['p99_ratio']:.2f}×** / {book['p50_ratio']:.2f}× |",
+        f"| /metrics at the class cap ({classes['task_types']} task types; "
+        f"a {page['bytes'] / 1e6:.1f} MB page, "
+        f"scraped every 2 s, {page['seconds_max']:.2f} s at most) | {classes['quiet_p99_ms']:.1f} ms | "
+        f"{classes['attack_p99_ms']:.1f} ms, **{classes['p99_ratio']:.2f}×** / {classes['p50_ratio']:.2f}× |",
+    ]
+    met = all(part["p99_ratio"] <= 1.5 for part in (book, classes))
+    start, end = result["load_average_at_start"], result["load_average_at_end"]
+    load = f"load average {start:.1f} at the start, {end:.1f} at the end"
+    verdict = "**met**" if met else "**not met** in this run"
+    return "\n".join(rows) + f"\n\nTarget: p99 ≤ 1.5× quiet: {verdict} (2 cores, {load}).\n"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -367,16 +579,30 @@ def main() -> int:
         help="which attacks to run (an old version may not survive a 10 MB label: 1.7 GB per scrape)",
     )
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--render", metavar="FILE", help="print the docs' markdown for a --json result")
+    parser.add_argument(
+        "--suite",
+        choices=("hostile", "state"),
+        default="hostile",
+        help="state: the alert-book and many-classes attacks (bench/results/hostile-state.json)",
+    )
+    parser.add_argument("--render", type=Path, help="print the docs' markdown for a kept --json result")
     args = parser.parse_args()
-    if args.render:
-        print(render(json.loads(Path(args.render).read_text())))
+    if args.render is not None:
+        kept = json.loads(args.render.read_text())
+        print(render_state(kept) if "alert_book" in kept else render(kept) + "\n", end="")
         return 0
     engine_port, nospec_port, tap_port = free_port(), free_port(), free_port()
     engine = mp.get_context("spawn").Process(
         target=_engine_main, args=(engine_port, nospec_port), daemon=True
     )
     engine.start()
+    if args.suite == "state":
+        try:
+            result = state_suite(args, engine_port)
+        finally:
+            engine.terminate()
+        print(json.dumps(result, indent=2) if args.json else render_state(result))
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "token").write_text(TOKEN + "\n")
         cfg = Path(tmp) / "specguard.yaml"

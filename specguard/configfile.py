@@ -122,6 +122,10 @@ def read_bytes(path: str | Path, limits: Limits = LIMITS) -> bytes:
         return untrusted.read_bytes(path, limits.max_bytes)
     except OSError as exc:
         raise ConfigError(ConfigIssue(str(path), None, None, "", f"cannot read: {exc.strerror}")) from exc
+    except untrusted.NotRegularFile as exc:
+        raise ConfigError(
+            ConfigIssue(str(path), None, None, "", "refused: " + str(exc).removeprefix(f"{path}: "))
+        ) from exc
     except InputError as exc:
         raise ConfigError(
             ConfigIssue(str(path), None, None, "", f"refused: larger than {limits.max_bytes} bytes")

@@ -55,20 +55,60 @@ def loads(data: bytes | str, where: str = "<json>", *, max_depth: int = MAX_JSON
         raise InputError(f"{where}: not acceptable JSON: {exc}") from exc
 
 
-def read_bytes(path: str | Path, limit: int, what: str = "file") -> bytes:
+class NotRegularFile(InputError):
+    """A path that names a FIFO, a directory, a device or a socket where a file was expected."""
+
+
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def read_bytes(path: str | Path, limit: int, what: str = "file", *, regular: bool = True) -> bytes:
     """The file's bytes, refusing more than ``limit`` (a device such as /dev/zero never ends).
 
+    ``regular`` (the default): only a regular file; a FIFO, directory or device is a
+    ``NotRegularFile`` naming the path and what it is. It is opened without blocking (a FIFO
+    with no writer would otherwise hang the caller, start-up included) and checked with fstat.
     OSError propagates for the caller to word (missing file, permission); a file larger than
     the limit is an InputError naming the path and the limit.
     """
-    with open(path, "rb") as handle:
-        info = os.fstat(handle.fileno())
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags) if regular else os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        raise
+    if regular and not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise NotRegularFile(f"{path}: {what} is {_kind(info.st_mode)}, not a regular file")
+    with open(fd, "rb", closefd=True) as handle:
         if stat.S_ISREG(info.st_mode) and info.st_size > limit:
             raise InputError(f"{path}: {what} larger than {limit} bytes ({info.st_size})")
         data = handle.read(limit + 1)
     if len(data) > limit:
         raise InputError(f"{path}: {what} larger than {limit} bytes")
     return data
+
+
+def require_regular(path: str | Path, what: str = "file") -> None:
+    """``NotRegularFile`` unless ``path`` is a regular file or does not exist yet (a file specguard
+    will create): checked before opening it for writing, which on a FIFO would block."""
+    try:
+        info = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if not stat.S_ISREG(info.st_mode):
+        raise NotRegularFile(f"{path}: {what} is {_kind(info.st_mode)}, not a regular file")
 
 
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")

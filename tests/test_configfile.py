@@ -107,5 +107,5 @@ def test_anchors_aliases_and_nesting_within_limits_still_work():
 
 
 def test_a_device_is_not_read_for_ever(tmp_path):
-    with pytest.raises(ConfigError, match="larger than"):
+    with pytest.raises(ConfigError, match="/dev/zero: refused: file is a character device"):
         configfile.load_file("/dev/zero")

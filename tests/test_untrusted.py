@@ -51,6 +51,8 @@ def test_read_bytes_refuses_more_than_the_limit(tmp_path):
     with pytest.raises(InputError, match="larger than 10 bytes"):
         untrusted.read_bytes(tmp_path / "f", 10)
     with pytest.raises(InputError, match="larger than 10 bytes"):
+        untrusted.read_bytes("/dev/zero", 10, regular=False)  # a device, when asked for, is bounded
+    with pytest.raises(untrusted.NotRegularFile, match="/dev/zero: file is a character device"):
         untrusted.read_bytes("/dev/zero", 10)
 
 

@@ -74,6 +74,10 @@ class Matcher:
     match: str | None = None
 
 
+MAX_COMBINATIONS = 1024
+"""Default ``classes.max_combinations``: the shipped config uses 180 (5 x 4 x 3 x 3)."""
+
+
 @dataclass(frozen=True)
 class ClassesConfig:
     """How requests are classified into task type x temperature bucket (x load bucket)."""
@@ -90,6 +94,9 @@ class ClassesConfig:
     default_temperature: float = 1.0  # the engine's default when a request sets none
     # in-flight requests per replica of the pool a request goes to (itself included)
     load_buckets: tuple[Bucket, ...] = (Bucket("low", 16), Bucket("medium", 48), Bucket("high", math.inf))
+    max_combinations: int = MAX_COMBINATIONS
+    """Cap on task types x temperature buckets x load buckets x pools: each combination is a set
+    of series on /metrics and a class the guard evaluates, so the product bounds both."""
 
     @property
     def task_labels(self) -> tuple[str, ...]:
@@ -334,8 +341,27 @@ def parse_classes(section: Section) -> ClassesConfig:
     temps = _buckets(section, "temperature_buckets", base.temperature_buckets, "temperature")
     default_t = section.get("default_temperature", float, base.default_temperature, minimum=0.0, maximum=10.0)
     loads = _buckets(section, "load_buckets", base.load_buckets, "load")
+    cap = section.get("max_combinations", int, base.max_combinations, minimum=1, maximum=10_000_000)
     section.reject_unknown()
-    return ClassesConfig(header.lower(), tuple(task_types), matchers, temps, default_t, loads)
+    return ClassesConfig(header.lower(), tuple(task_types), matchers, temps, default_t, loads, cap)
+
+
+def check_combinations(section: Section, classes: ClassesConfig, pools: int) -> None:
+    """An error at ``classes.task_types`` when the class x pool product is above the cap."""
+    labels, temps, loads = (
+        len(classes.task_labels),
+        len(classes.temperature_buckets),
+        len(classes.load_buckets),
+    )
+    product = labels * temps * loads * max(pools, 1)
+    if product > classes.max_combinations:
+        section.error(
+            "task_types" if "task_types" in section else None,
+            f"{labels} task types (with 'other') x {temps} temperature buckets x {loads} load buckets "
+            f"x {max(pools, 1)} pools = {product} combinations, above classes.max_combinations "
+            f"({classes.max_combinations}): each is a set of /metrics series and a class the guard "
+            "evaluates; use fewer task types or buckets, or raise classes.max_combinations",
+        )
 
 
 def parse_tap(section: Section, pools: tuple[PoolConfig, ...]) -> TapConfig:
@@ -478,6 +504,7 @@ def parse_exporter(root: Section) -> ExporterConfig:
     """Parse the four exporter sections of the main config (issues are recorded on the document)."""
     pools = parse_pools(root)
     classes = parse_classes(root.section("classes"))
+    check_combinations(root.section("classes"), classes, len(pools))
     tap = parse_tap(root.section("tap"), pools)
     scrape = parse_scrape(root.section("scrape"))
     return ExporterConfig(pools, classes, tap, scrape)

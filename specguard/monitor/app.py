@@ -54,6 +54,21 @@ class Component:
     stop: Callable[[], Awaitable[None]]
 
 
+METRICS_MAX_BYTES = 32 << 20
+"""Largest /metrics page served (far above what the shipped config renders)."""
+
+
+def _render(registry: CollectorRegistry) -> bytes:
+    """``generate_latest`` in a worker thread; a collector whose dict the loop changed meanwhile
+    ("changed size during iteration") is simply read again."""
+    for _ in range(2):
+        try:
+            return generate_latest(registry)
+        except RuntimeError:
+            continue
+    return generate_latest(registry)
+
+
 def page_fetch(
     limits: promtext.Limits = promtext.LIMITS, keys: Mapping[str, str] | None = None
 ) -> poolwatch.Fetch:
@@ -89,6 +104,8 @@ class Monitor:
         ex = config.exporter if isinstance(config, SpecguardConfig) else config
         self.exporter_config = ex
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics_max_bytes = METRICS_MAX_BYTES
+        self._metrics_render: asyncio.Future[bytes] | None = None
         self.classifier = Classifier(ex.classes)
         keys = [
             (pool.name, task, temp.name, load.name)
@@ -200,7 +217,19 @@ class Monitor:
 
     # -- endpoints ---------------------------------------------------------------------------
     async def metrics(self, request: web.Request) -> web.Response:
-        body = generate_latest(self.registry)
+        """The page, rendered in a worker thread (one render at a time: concurrent scrapes share
+        it), so a large page never stalls the requests this loop relays; a page above
+        ``METRICS_MAX_BYTES`` is refused with 503 and a log line."""
+        if self._metrics_render is None or self._metrics_render.done():
+            self._metrics_render = asyncio.ensure_future(asyncio.to_thread(_render, self.registry))
+        body = await asyncio.shield(self._metrics_render)
+        if len(body) > self.metrics_max_bytes:
+            message = (
+                f"/metrics: the page is {len(body)} bytes, above the cap of {self.metrics_max_bytes}: "
+                "too many series (see classes.max_combinations)"
+            )
+            log.error("%s; refused", message)
+            return web.json_response({"error": message}, status=503)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(self, request: web.Request) -> web.Response:

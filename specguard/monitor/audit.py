@@ -26,9 +26,11 @@ MAX_PENDING = 10_000
 
 
 def read(path: str | Path) -> tuple[list[dict[str, Any]], list[int]]:
-    """(records, line numbers skipped as torn or invalid) of an audit log; a missing file is empty."""
+    """(records, line numbers skipped as torn or invalid) of an audit log; a missing file is empty,
+    a FIFO, directory or device is ``untrusted.NotRegularFile``."""
     records: list[dict[str, Any]] = []
     skipped: list[int] = []
+    untrusted.require_regular(path, "audit log")  # a FIFO would block the open for ever
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
             for number, line in enumerate(handle, start=1):

@@ -130,7 +130,9 @@ class Guard(FleetRoles):
         self._applied: dict[str, int] = {}
         self._reporting: set[tuple[ClassKey, str]] = set()  # report-only rules now breached
         self._lock = asyncio.Lock()
-        self.persistence = persist.Persistence(self.store, self.audit, self.counters)
+        self.persistence = persist.Persistence(
+            self.store, self.audit, self.counters, build=self.stored, checkpoint=self._checkpoint
+        )
         self._scheduler: Any = None
         self.decisions.extend(self.audit.recent)
         self._load()
@@ -191,12 +193,23 @@ class Guard(FleetRoles):
         )
 
     def stored(self) -> state_mod.PlanDocument:
-        """The plan as the plan file keeps it: with the alerts received, so a restart keeps them."""
-        return replace(self.document(), alerts=tuple(self.alerts.records()))
+        """The plan as the plan file keeps it: with the alerts received, so a restart keeps them.
+        (Unsorted: ``state.encode`` sorts them in the writer's thread, off the event loop.)"""
+        return replace(self.document(), alerts=tuple(self.alerts.snapshot()))
 
-    def save_alerts(self) -> None:
-        """Persist the alert book with the plan (same file, same version): the receiver calls it."""
-        self._persist()
+    def _checkpoint(self) -> persist.Undo:
+        return self.alerts.checkpoint()
+
+    async def commit_alerts(self, change: Callable[[], tuple[Any, bool]]) -> Any:
+        """Apply ``change`` to the alert book and return its result once the plan file holding it is
+        on disk (the receiver's 200); ``change`` returns (result, whether the book changed).
+        ``persist.PlanWriteError`` when the disk refused it (the book is put back as it was)."""
+
+        def apply() -> tuple[Any, None, bool]:
+            result, changed = change()
+            return result, None, changed
+
+        return await self.persistence.commit(apply)
 
     def known_labels(self) -> dict[str, set[str]]:
         """The configured values of each class label (an alert naming another is refused)."""
@@ -213,7 +226,7 @@ class Guard(FleetRoles):
                     await self._follow(now)
                 self.last_evaluation = now  # a follower or a standby: its round is done
                 return []
-            await self.persistence.retry(self.stored())
+            await self.persistence.retry()
             alerts_policy = self.policy.alerts
             self.alerts.expire(now, alerts_policy.firing_ttl_seconds, alerts_policy.resolved_ttl_seconds)
             alerts = self.alerts.snapshot()
@@ -298,13 +311,14 @@ class Guard(FleetRoles):
             merged = merge(merged, found)
         return merged, None
 
-    async def _record(self, decisions: Sequence[guard.Decision]) -> None:
+    async def _record(self, decisions: Sequence[guard.Decision], *, saved: bool = False) -> None:
         """Count, log and audit every action; a real one (not dry-run) bumps the plan version and
-        is persisted. A dry-run decision is a record of what would have happened, nothing more."""
+        is persisted (unless ``saved``: an override is on disk before it is recorded). A dry-run
+        decision is a record of what would have happened, nothing more."""
         acted = [d for d in decisions if d.action != "none"]
         real = [d for d in acted if not d.dry_run]
         if acted:
-            if real:
+            if real and not saved:
                 self.version += 1
             for d in acted:
                 reason = ("dry_run:" if d.dry_run else "") + (d.cause or "none")
@@ -320,7 +334,7 @@ class Guard(FleetRoles):
                 )
             records = [{**d.to_json(), "plan_version": self.version} for d in acted]
             self.decisions.extend(records)
-            await self.persistence.record(records, self.stored(), save=bool(real))
+            await self.persistence.record(records, save=bool(real) and not saved)
         await self._actuate(acted)
 
     async def _actuate(self, acted: Sequence[guard.Decision]) -> None:
@@ -368,15 +382,44 @@ class Guard(FleetRoles):
                 raise NotLeader(f"not the leader (leader: {self.leader_holder or 'unknown'}): ask the leader")
             now = self.clock()
             decisions = []
+            changed: dict[ClassKey, tuple[guard.ClassState, guard.Decision]] = {}
             for key in keys:
-                prior = self._state(key)
-                new, decision = guard.override(prior, action, now, pool=pool, reason=reason)
+                new, decision = guard.override(self._state(key), action, now, pool=pool, reason=reason)
                 if decision.action != "none":  # a no-op (unpin of a class not pinned...) changes nothing
-                    self.states[key] = new
-                    self.last_decisions[key] = decision
+                    changed[key] = (new, decision)
                 decisions.append(decision)
-            await self._record(decisions)
+            if any(not d.dry_run for _, d in changed.values()):
+                # on disk before it is answered or recorded; PlanWriteError (rolled back) otherwise
+                await self.persistence.commit(lambda: self._apply_override(changed))
+            else:
+                self._apply_override(changed)
+            await self._record(decisions, saved=True)
             return decisions
+
+    def _apply_override(
+        self, changed: dict[ClassKey, tuple[guard.ClassState, guard.Decision]]
+    ) -> tuple[None, persist.Undo, bool]:
+        before = {key: (self.states.get(key), self.last_decisions.get(key)) for key in changed}
+        version = self.version
+        for key, (new, decision) in changed.items():
+            self.states[key] = new
+            self.last_decisions[key] = decision
+        real = any(not d.dry_run for _, d in changed.values())
+        self.version += real
+
+        def undo() -> None:
+            self.version = version
+            for key, (state, decision) in before.items():
+                if state is None:
+                    self.states.pop(key, None)
+                else:
+                    self.states[key] = state
+                if decision is None:
+                    self.last_decisions.pop(key, None)
+                else:
+                    self.last_decisions[key] = decision
+
+        return None, undo, real
 
     def _check_labels(self, task_type: str, temperature_bucket: str | None, load_bucket: str | None) -> None:
         known = self.configured_keys
@@ -437,7 +480,7 @@ class Guard(FleetRoles):
         await self.start_elector()
         if self.follow is None:
             await self._lead()  # a new leader first takes the shared plan over
-        await self.persistence.retry(self.stored())  # what a refused write left behind
+        await self.persistence.retry()  # what a refused write left behind
         await self._actuate([])  # the plan we hold (a follower: until its source answers)
         if self.restore_alerts is not None:  # in the background: the tap must not wait for Alertmanager
             self.readback = asyncio.get_running_loop().create_task(

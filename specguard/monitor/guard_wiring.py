@@ -16,7 +16,8 @@ from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
-from specguard import configfile
+from specguard import configfile, untrusted
+from specguard.errors import ConfigError
 from specguard.monitor import actuators as actuators_mod
 from specguard.monitor import audit as audit_mod
 from specguard.monitor import daemon, guard_config, leader, planhttp, receiver
@@ -187,7 +188,7 @@ def build(
         sources=sources,
         actuators=actuators,
         store=store,
-        audit=audit_mod.AuditLog(acts.audit_log),
+        audit=_audit_log(acts.audit_log),
         alerts=AlertBook(max_alerts=alertmanager.max_alerts, max_per_class=alertmanager.max_alerts_per_class),
         keys=list(itertools.product(classes.task_labels, temps, loads)),
         temperature_buckets=temps,
@@ -352,3 +353,11 @@ def _profile(cfg: Any) -> Any:
     settings = cfg.sections.get("cost")
     path = cost_config.resolve_profile_path(settings, cfg.file) if settings is not None else None
     return profile.load_profile(path) if path is not None else None
+
+
+def _audit_log(path: str | None) -> audit_mod.AuditLog:
+    """The audit log; a path naming a FIFO, directory or device is a ConfigError naming the key."""
+    try:
+        return audit_mod.AuditLog(path)
+    except untrusted.NotRegularFile as exc:
+        raise ConfigError(f"actuators.audit_log: {exc}") from exc

@@ -3,8 +3,9 @@
 * ``POST /api/v1/alerts`` takes Alertmanager webhook payloads (version 4; unknown fields are
   ignored). Each alert is stored by fingerprint in the alert book and becomes evidence at the
   next evaluation: never a direct toggle; repeats and HA duplicates change nothing.
-  2xx once accepted, 400 with the reason for a malformed payload (Alertmanager does not retry
-  4xx), 503 while the guard is not running (Alertmanager retries 5xx), 413 past the size limit.
+  2xx once accepted and on disk, 400 with the reason for a malformed payload (Alertmanager does
+  not retry 4xx), 503 while the guard is not running or when the plan file could not be written
+  (Alertmanager retries 5xx; nothing of a refused payload is kept), 413 past the size limit.
 * ``POST /api/v1/overrides`` pins, unpins, pauses or resumes a class; ``GET`` lists them. A
   standby decider answers 503 (the leader takes overrides).
 * ``GET /status`` (JSON) and ``GET /healthz``.
@@ -31,6 +32,7 @@ from specguard import untrusted
 from specguard.errors import InputError
 from specguard.exporters import httpbody
 from specguard.monitor.daemon import Guard, NotLeader
+from specguard.monitor.persist import PlanWriteError
 from specguard.rules import evidence
 from specguard.rules.evidence import AlertRecord, ClassKey, alert_time
 
@@ -175,24 +177,32 @@ class Api:
             return 401, "missing or wrong bearer token"
         return None
 
-    def ingest(self, payload: Any) -> dict[str, Any]:
+    async def ingest(self, payload: Any) -> dict[str, Any]:
+        """Store the payload's alerts; returns once they are on disk with the plan (a restart does
+        not forget a firing alert). ``PlanWriteError`` when the disk refused them: nothing kept."""
         now = self._clock()
         # an alert about a class that is not configured is answered per alert (``unknown_class``), not
         # by refusing the batch: Alertmanager would resend the whole batch, good alerts included
         records = parse_alertmanager(payload, now)
+
+        def apply() -> tuple[list[tuple[str, str]], bool]:
+            seen = []
+            for record in records:
+                # an alert that names no class (no task_type label) is no evidence about any class
+                if not record.labels.get("task_type"):
+                    outcome = "ignored"
+                elif not known_class(record.labels, self.guard.configured_keys):
+                    outcome = "unknown_class"  # not stored: the store only holds alerts about real classes
+                else:
+                    outcome = self.guard.alerts.ingest(record)
+                seen.append((record.status, outcome))
+            return seen, any(outcome in ("new", "updated") for _, outcome in seen)
+
+        seen = await self.guard.commit_alerts(apply)
         outcomes: dict[str, int] = {}
-        for record in records:
-            # an alert that names no class (no task_type label) is no evidence about any class
-            if not record.labels.get("task_type"):
-                outcome = "ignored"
-            elif not known_class(record.labels, self.guard.configured_keys):
-                outcome = "unknown_class"  # not stored: the store only holds alerts about real classes
-            else:
-                outcome = self.guard.alerts.ingest(record)
+        for status, outcome in seen:
             outcomes[outcome] = outcomes.get(outcome, 0) + 1
-            self.guard.counters.webhook_alerts[(record.status, outcome)] += 1
-        if outcomes.keys() & {"new", "updated"}:
-            self.guard.save_alerts()  # kept with the plan: a restart does not forget a firing alert
+            self.guard.counters.webhook_alerts[(status, outcome)] += 1
         return {"accepted": len(records), "outcomes": outcomes}
 
     # -- handlers ----------------------------------------------------------------------------
@@ -230,10 +240,12 @@ class Api:
             raise _error(503, "guard not running yet; retry")
         payload = await self._body(request)
         try:
-            result = self.ingest(payload)
+            result = await self.ingest(payload)
         except InputError as exc:
             self.guard.counters.webhook_alerts[("invalid", "rejected")] += 1
             raise _error(400, str(exc)) from exc
+        except PlanWriteError as exc:  # not on disk: Alertmanager retries a 5xx
+            raise _error(503, str(exc)) from exc
         return web.json_response(result)
 
     async def disabled(self, request: web.Request) -> web.Response:
@@ -265,7 +277,7 @@ class Api:
             )
         except InputError as exc:
             raise _error(400, str(exc)) from exc
-        except NotLeader as exc:
+        except (NotLeader, PlanWriteError) as exc:
             raise _error(503, str(exc)) from exc
         return web.json_response({"decisions": [d.to_json() for d in decisions]})
 

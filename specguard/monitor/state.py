@@ -23,7 +23,7 @@ import re
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -90,20 +90,25 @@ def encode(doc: PlanDocument) -> dict[str, Any]:
         "entries": entries,
     }
     if doc.alerts:
-        out["alerts"] = [
-            {
-                "fingerprint": a.fingerprint,
-                "alertname": a.alertname,
-                "status": a.status,
-                "labels": dict(a.labels),
-                "starts_at": a.starts_at,
-                "received_at": a.received_at,
-            }
-            for a in doc.alerts
-        ]
+        out["alerts"] = [_alert(a) for a in sorted(doc.alerts, key=_fingerprint)]
     if doc.replicas:
         out["replicas"] = dict(sorted(doc.replicas.items()))
     return out
+
+
+def _alert(a: AlertRecord) -> dict[str, Any]:
+    return {
+        "fingerprint": a.fingerprint,
+        "alertname": a.alertname,
+        "status": a.status,
+        "labels": dict(a.labels),
+        "starts_at": a.starts_at,
+        "received_at": a.received_at,
+    }
+
+
+def _fingerprint(a: AlertRecord) -> str:
+    return a.fingerprint
 
 
 def decode(data: Any, where: str) -> PlanDocument:
@@ -335,6 +340,7 @@ class PlanStore:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self._alert_text: dict[str, tuple[AlertRecord, str]] = {}  # each alert's JSON, kept between saves
         self.recovered: str | None = None  # why the file on disk could not be used, if so
         self.salvaged_version: int | None = None  # the unusable file's version, if it was sound
 
@@ -382,8 +388,28 @@ class PlanStore:
             return untrusted.read_bytes(self.path, configfile.LIMITS.max_bytes, "plan file")
         except (FileNotFoundError, NotADirectoryError):
             return None
+        except untrusted.NotRegularFile as exc:  # never moved aside: it is not a plan at all
+            raise _Unreadable(f"actuators.plan_file: {exc}") from exc
         except OSError as exc:
             raise _Unreadable(f"cannot read plan file {self.path}: {exc.strerror}") from exc
 
     def save(self, doc: PlanDocument) -> None:
-        atomic_write(self.path, json.dumps(encode(doc), indent=1, sort_keys=True) + "\n")
+        atomic_write(self.path, self.text(doc))
+
+    def text(self, doc: PlanDocument) -> str:
+        """The file's text (``encode``'s JSON). Each alert's JSON is kept from the save before, so
+        a full book (10,000 alerts, ~3 MB) costs a join, not a re-encoding: the encoder holds the
+        interpreter lock, and the event loop that serves traffic needs it."""
+        head = json.dumps(encode(replace(doc, alerts=())), indent=1, sort_keys=True)
+        if not doc.alerts:
+            return head + "\n"
+        known, kept = self._alert_text, {}
+        parts = []
+        for a in sorted(doc.alerts, key=_fingerprint):
+            hit = known.get(a.fingerprint)
+            if hit is None or hit[0] is not a:  # records are frozen: the same object, the same text
+                hit = (a, json.dumps(_alert(a), sort_keys=True))
+            kept[a.fingerprint] = hit
+            parts.append(hit[1])
+        self._alert_text = kept
+        return head[: head.rindex("}")].rstrip() + ',\n "alerts": [\n  ' + ",\n  ".join(parts) + "\n ]\n}\n"

@@ -13,7 +13,7 @@ and pool at the nearest lower load bucket (``inherit_losses_upward``; docs/guard
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -399,6 +399,16 @@ class AlertBook:
 
     def records(self) -> list[AlertRecord]:
         return sorted(self._alerts.values(), key=lambda a: a.fingerprint)
+
+    def checkpoint(self) -> Callable[[], None]:
+        """What puts the book back as it is now (a change whose write failed is undone with it)."""
+        alerts, resolved, evicted = dict(self._alerts), dict(self._resolved), self.evicted
+        slots = {slot: dict(members) for slot, members in self._slots.items()}
+
+        def restore() -> None:
+            self._alerts, self._resolved, self._slots, self.evicted = alerts, resolved, slots, evicted
+
+        return restore
 
     def snapshot(self) -> list[AlertRecord]:
         """The alerts now, for an evaluation running off the event loop."""

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from specguard import cli
 from specguard.monitor import audit as audit_mod
-from specguard.monitor import guard_wiring
+from specguard.monitor import guard_wiring, persist
 from specguard.monitor import state as state_mod
 from specguard.monitor.app import Monitor
 from tests.monitor.guardkit import CREATIVE, ScriptedSource
@@ -171,7 +171,7 @@ async def test_every_malformed_plan_is_set_aside_and_versions_go_on(kind, tmp_pa
     assert "plan file unusable" in caplog.text and hostkit.tracebacks(caplog) == []
 
 
-async def test_a_refused_plan_write_is_retried_and_the_pin_survives_a_restart(tmp_path, caplog):
+async def test_a_refused_plan_write_refuses_the_pin_and_a_retry_keeps_it(tmp_path, caplog):
     """The state directory refuses writes (its path is a file), then comes back."""
     state = tmp_path / "state"
     state.write_text("not a directory")
@@ -181,13 +181,16 @@ async def test_a_refused_plan_write_is_retried_and_the_pin_survives_a_restart(tm
         tmp_path, [ScriptedSource({})], clock, policy(), plan_path=plan, audit_path=audit
     )
     with caplog.at_level(logging.INFO, logger="specguard"):
-        await guard.override("pin", CREATIVE[0], CREATIVE[1], CREATIVE[2], pool="nospec", reason="ops")
-        assert guard.counters.plan_write_errors == 1 and router.plan()[CREATIVE] == "nospec"
-        await guard.evaluate()  # still refused: counted again, routing goes on
+        with pytest.raises(persist.PlanWriteError, match="plan.json: write failed"):
+            await guard.override("pin", CREATIVE[0], CREATIVE[1], CREATIVE[2], pool="nospec", reason="ops")
+        # not on disk, so not taken: the operator hears 503 and retries
+        assert guard.counters.plan_write_errors == 1 and CREATIVE not in router.plan()
+        assert guard._state(CREATIVE).pin is None and guard.version == 0
+        await guard.evaluate()  # still refused: routing goes on
         state.unlink()
         state.mkdir()
         clock.now += 30
-        await guard.evaluate()  # no new decision: the retry alone writes the file
+        await guard.override("pin", CREATIVE[0], CREATIVE[1], CREATIVE[2], pool="nospec", reason="ops")
     stored = state_mod.PlanStore(plan).load()
     assert stored.routing() == router.plan() and stored.version == guard.version
     restarted, _ = make_guard(
@@ -199,7 +202,6 @@ async def test_a_refused_plan_write_is_retried_and_the_pin_survives_a_restart(tm
     assert hostkit.tracebacks(caplog) == []
 
 
-# ------------------------------------------------------------------ item 7: the receiver
 def raw_request(path: str, body: bytes, headers: bytes = b"") -> bytes:
     return (
         f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n".encode()

@@ -61,7 +61,7 @@ def _read(path: str) -> EngineSnapshot:
         if path == "-":
             text = getattr(sys.stdin, "buffer", sys.stdin).read(limit + 1)
         else:
-            text = untrusted.read_bytes(path, limit, "metrics page")
+            text = untrusted.read_bytes(path, limit, "metrics page", regular=False)  # <(curl ...) too
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
     return promtext.parse(text, "<stdin>" if path == "-" else path)
