@@ -132,7 +132,7 @@ class Guard(FleetRoles):
         self._lock = asyncio.Lock()
         self.persistence = persist.Persistence(self.store, self.audit, self.counters)
         self._scheduler: Any = None
-        self.decisions.extend(self.audit.recent)
+        self.decisions.extend(audit_mod.decisions(self.audit.recent))
         self._load()
         self._init_fleet(elector, takeover)
 
@@ -298,7 +298,9 @@ class Guard(FleetRoles):
             merged = merge(merged, found)
         return merged, None
 
-    async def _record(self, decisions: Sequence[guard.Decision]) -> None:
+    async def _record(
+        self, decisions: Sequence[guard.Decision], caller: dict[str, str] | None = None
+    ) -> None:
         """Count, log and audit every action; a real one (not dry-run) bumps the plan version and
         is persisted. A dry-run decision is a record of what would have happened, nothing more."""
         acted = [d for d in decisions if d.action != "none"]
@@ -319,6 +321,8 @@ class Guard(FleetRoles):
                     d.reason,
                 )
             records = [{**d.to_json(), "plan_version": self.version} for d in acted]
+            if caller is not None:  # an operator's override: who asked, in every line it caused
+                records = [{**r, "caller": caller} for r in records]
             self.decisions.extend(records)
             await self.persistence.record(records, self.stored(), save=bool(real))
         await self._actuate(acted)
@@ -341,6 +345,10 @@ class Guard(FleetRoles):
                 )
 
     # -- operator ------------------------------------------------------------------------------
+    async def audit_event(self, record: dict[str, Any]) -> None:
+        """Append one audit line that is no decision (an accepted webhook and its caller)."""
+        await self.persistence.record([record], self.stored(), save=False)
+
     async def override(
         self,
         action: str,
@@ -350,6 +358,7 @@ class Guard(FleetRoles):
         *,
         pool: str | None = None,
         reason: str = "",
+        caller: dict[str, str] | None = None,
     ) -> list[guard.Decision]:
         if action not in guard.OPERATOR_ACTIONS:
             raise InputError(f"action ({action!r}) must be one of {', '.join(guard.OPERATOR_ACTIONS)}")
@@ -375,7 +384,7 @@ class Guard(FleetRoles):
                     self.states[key] = new
                     self.last_decisions[key] = decision
                 decisions.append(decision)
-            await self._record(decisions)
+            await self._record(decisions, caller)
             return decisions
 
     def _check_labels(self, task_type: str, temperature_bucket: str | None, load_bucket: str | None) -> None:
