@@ -144,7 +144,7 @@ def control_listen_error(cfg: SpecguardConfig, exc: OSError, flag: str | None = 
     server = cfg.sections.get("server")
     explicit = server is not None and server.listen
     where = "server.listen" if explicit else "server.listen (unset: tap.listen's port + 1)"
-    how = "set server.listen, or --control-listen HOST:PORT"
+    how = "choose another port in server.listen, or --control-listen HOST:PORT"
     if flag is not None:
         message = (
             f"cannot listen on {listen} (where {flag} puts {where}): {reason}; "
