@@ -347,7 +347,8 @@ class Monitor:
         if port is not None and not self._control_explicit:  # the default follows the tap's port
             self.control_listen = guard_config.control_listen(guard_config.ServerSettings(), "", port)
         if self.control_tls is not None and self.tls is None:
-            self.tls = controltls.ReloadingContext(self.control_tls)  # ConfigError: a bad file
+            file = self.config.file if isinstance(self.config, SpecguardConfig) else "<config>"
+            self.tls = controltls.ReloadingContext(self.control_tls, file)  # ConfigError: a bad file
         control_host, control_port = addresses.split_listen(self.control_listen) or ("127.0.0.1", 0)
         try:
             self._control_server = await loop.create_server(

@@ -18,17 +18,17 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from specguard.errors import ConfigError
+from specguard.errors import ConfigError, ConfigIssue
 from specguard.monitor.guard_config import TlsSettings
 
 log = logging.getLogger("specguard.control")
 
-CERT_NAME = "specguard.cert_name"
+CERT_NAME = web.RequestKey("specguard_cert_name", str)
 """Request key of the client certificate's common name (mTLS)."""
 
 
 class ReloadingContext:
-    def __init__(self, settings: TlsSettings):
+    def __init__(self, settings: TlsSettings, file: str = "<config>"):
         self.settings = settings
         self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.context.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -39,7 +39,8 @@ class ReloadingContext:
                 self.context.load_verify_locations(cafile=settings.client_ca_file)
                 self.context.verify_mode = ssl.CERT_REQUIRED
         except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(f"server.tls: cannot load {self._files()}: {_why(exc)}") from exc
+            message = f"cannot load {self._files()}: {_why(exc)}"
+            raise ConfigError(ConfigIssue(file, None, None, "server.tls", message)) from exc
         self._seen = self._stamp()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -376,3 +376,185 @@ async def test_every_accepted_webhook_and_override_records_its_caller(tmp_path):
     decisions = audit_mod.decisions(records)
     assert decisions and all(d["action"] == "pause" for d in decisions)
     assert all(d["caller"] == {"credential": "ops", "peer": "127.0.0.1"} for d in decisions)
+
+
+# ------------------------------------------------------------------ plan_http: a follower's door
+class ForgedDecider:
+    """A 'decider' answering a fixed plan (any version it likes), recording the Authorization it got."""
+
+    def __init__(self, doc) -> None:
+        self.doc = doc
+        self.auth: list[str | None] = []
+
+    async def get(self, request: web.Request) -> web.Response:
+        from specguard.monitor import planhttp
+
+        self.auth.append(request.headers.get("Authorization"))
+        body, etag = planhttp.render(self.doc)
+        return web.Response(body=body, content_type="application/json", headers={"ETag": etag})
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/api/v1/plan", self.get)
+        return app
+
+
+async def test_a_follower_sends_its_token_and_takes_only_a_newer_plan(tmp_path):
+    from specguard.exporters.routing import Router
+    from specguard.monitor import daemon, planhttp
+    from specguard.monitor import state as state_mod
+    from specguard.monitor.actuators import RouterActuator
+    from tests.monitor.guardkit import CREATIVE, POOLS
+    from tests.monitor.test_daemon import POLICY, Clock
+
+    (tmp_path / "follower.token").write_text(TOKENS["fleet"] + "\n")
+    settings = guard_wiring.guard_config.PlanHttpSettings(
+        ("http://127.0.0.1:1",), token_file=str(tmp_path / "follower.token")
+    )
+    pinned = state_mod.PlanDocument(
+        7, 0.0, {CREATIVE: daemon.guard.initial_state(CREATIVE, POLICY)}, dict(POLICY.pools)
+    )
+    router = Router(POOLS, default_pool="spec-k4", nospec_pool="nospec")
+    decider = ForgedDecider(pinned)
+    async with relkit.serving(decider.app()) as url:
+        source = guard_wiring.plan_source(settings)
+        source.urls = [planhttp.plan_url(url)]
+        follower = daemon.Guard(
+            POLICY,
+            actuators=[RouterActuator(router)],
+            store=state_mod.PlanStore(tmp_path / "plan.json"),
+            clock=Clock(),
+            follow=source,
+        )
+        try:
+            await follower.evaluate()
+            assert follower.version == 7 and follower.counters.plans_ignored == 0
+            # the same URL now answers an older version and a forged equal one: both ignored
+            older = state_mod.PlanDocument(3, 0.0, {}, dict(POLICY.pools))
+            decider.doc = older
+            source.etag = None
+            await follower.evaluate()
+            forged = state_mod.PlanDocument(7, 0.0, {}, dict(POLICY.pools))
+            decider.doc = forged
+            source.etag = None
+            await follower.evaluate()
+            kept = follower.version, set(follower.states)
+        finally:
+            await follower.stop()
+    assert decider.auth[0] == f"Bearer {TOKENS['fleet']}"
+    assert kept == (7, {CREATIVE}) and follower.counters.plans_ignored == 2
+
+
+async def test_the_plan_endpoint_needs_a_follower_credential(tmp_path):
+    from specguard.errors import SourceError
+    from specguard.monitor import planhttp
+
+    engine = Recorder()
+    async with (
+        relkit.serving(engine.app()) as url,
+        running(guard_config(url, tmp_path, role_server(tmp_path))) as (
+            _,
+            _,
+            control,
+        ),
+    ):
+        anonymous = planhttp.HttpPlanSource([control])
+        follower = planhttp.HttpPlanSource([control], token=TOKENS["fleet"])
+        try:
+            with pytest.raises(SourceError, match="HTTP 401"):
+                await anonymous.read_plan()
+            doc = await follower.read_plan()
+        finally:
+            await anonymous.close()
+            await follower.close()
+    assert doc is not None and doc.version >= 0
+
+
+# ------------------------------------------------------------------ TLS and mTLS
+def openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["/usr/bin/openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+def make_certs(where: Path) -> None:
+    """A CA; a server certificate for 127.0.0.1; a client certificate whose CN is ``ops``."""
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
+            "-keyout", "ca.key", "-out", "ca.crt", cwd=where)  # fmt: skip
+    for name, cn, ext in (("server", "127.0.0.1", "subjectAltName=IP:127.0.0.1"), ("client", "ops", None)):
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={cn}",
+                "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=where)  # fmt: skip
+        extra = ["-extfile", f"{name}.ext"] if ext else []
+        if ext:
+            (where / f"{name}.ext").write_text(ext + "\n")
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+                "-days", "2", "-out", f"{name}.crt", *extra, cwd=where)  # fmt: skip
+
+
+async def test_mtls_control_listener_requires_a_client_cert_and_reloads_its_own(tmp_path):
+    import ssl
+
+    if not Path("/usr/bin/openssl").exists():
+        pytest.skip("no /usr/bin/openssl")
+    make_certs(tmp_path)
+    tls = (
+        f', tls: {{cert_file: "{tmp_path / "server.crt"}", key_file: "{tmp_path / "server.key"}",'
+        f' client_ca_file: "{tmp_path / "ca.crt"}"}}'
+    )
+    engine = Recorder()
+    client = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
+    client.load_cert_chain(str(tmp_path / "client.crt"), str(tmp_path / "client.key"))
+    no_cert = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
+
+    async def serial(url: str) -> int:
+        host, port = url.removeprefix("https://").rsplit(":", 1)
+        _, writer = await asyncio.open_connection(host, int(port), ssl=client)
+        try:
+            der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+        finally:
+            writer.close()
+        return hash(der)
+
+    async with (
+        relkit.serving(engine.app()) as url,
+        running(guard_config(url, tmp_path, role_server(tmp_path, tls))) as (
+            monitor,
+            _,
+            control,
+        ),
+    ):
+        assert control.startswith("https://")
+        async with aiohttp.ClientSession() as session:
+            # the client certificate's CN (ops) names the operator credential: no bearer needed
+            with_cert = (await session.get(control + "/status", ssl=client)).status
+            am_token = (
+                await session.post(control + "/api/v1/alerts", json=ALERT, headers=bearer("am"), ssl=client)
+            ).status
+            with pytest.raises(aiohttp.ClientError):
+                await session.get(control + "/status", ssl=no_cert, headers=bearer("ops"))
+        before = await serial(control)
+        (tmp_path / "server.crt").unlink()
+        openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+                "-days", "3", "-out", "server.crt", "-extfile", "server.ext", cwd=tmp_path)  # fmt: skip
+        reloaded = await asyncio.to_thread(monitor.tls.check)
+        after = await serial(control)
+    assert with_cert == 200 and am_token == 200  # a bearer token still names its own credential
+    assert reloaded and before != after
+
+
+def test_a_bad_tls_file_is_a_config_error_at_start(tmp_path):
+    cfg = tmp_path / "specguard.yaml"
+    cfg.write_text(
+        'pools: [{name: a, url: "http://127.0.0.1:9", engine: vllm}]\n'
+        'tap: {listen: "127.0.0.1:0"}\nscrape: {interval_seconds: 3600}\n'
+        f'server: {{tls: {{cert_file: "{tmp_path / "none.crt"}", key_file: "{tmp_path / "none.key"}"}}}}\n'
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "specguard", "run", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert done.returncode == 2 and done.stderr.startswith(f"Error: {cfg}: server.tls: cannot load"), (
+        done.stderr
+    )
+    assert "Traceback" not in done.stderr

@@ -291,7 +291,9 @@ async def test_insecure_loopback_refuses_browsers_and_rebound_names(tmp_path, he
         try:
             async with aiohttp.ClientSession() as session:
                 body = {"action": "pause", "task_type": "chat"}
-                async with session.post(monitor.control_url + "/api/v1/overrides", json=body, headers=headers) as response:
+                async with session.post(
+                    monitor.control_url + "/api/v1/overrides", json=body, headers=headers
+                ) as response:
                     got = response.status
         finally:
             await monitor.stop()
