@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import yaml
-from stackhelp import DEPLOY, TOKEN, Proc, Stack, http_get, scrape, wait_until
+from stackhelp import DEPLOY, TOKEN, Proc, Stack, control_url, http_get, scrape, wait_until
 
 SIDECAR = DEPLOY / "kubernetes" / "base" / "specguard.yaml"
 DECIDER = DEPLOY / "kubernetes" / "base" / "guard.yaml"
@@ -55,9 +55,13 @@ def sim_args(workdir: Path, seed: int = 3) -> tuple[str, ...]:
     return ("--config", str(path), "--seed", str(seed))
 
 
-def plan_source(source: str, decider_url: str, kube_url: str | None) -> dict:
+def plan_source(source: str, decider_url: str, kube_url: str | None, workdir: Path | None = None) -> dict:
     if source == "http":
-        return {"plan_http": {"urls": [decider_url], "timeout_seconds": 1}}
+        token = (workdir or Path(".")) / "decider-token"  # the decider's token has the follower role
+        token.write_text(TOKEN + "\n")
+        return {
+            "plan_http": {"urls": [control_url(decider_url)], "timeout_seconds": 1, "token_file": str(token)}
+        }
     return {
         "configmap": {"namespace": NAMESPACE, "name": CONFIGMAP, "api_server": kube_url, "timeout_seconds": 5}
     }
@@ -75,7 +79,9 @@ def follower_config(
     config["cost"] = {"min_samples": 20, "baseline_min_samples": 20}
     config["guard"]["interval_seconds"] = POLL_SECONDS
     acts = {k: v for k, v in config["actuators"].items() if k != "configmap"}
-    acts.update(plan_source(source, decider, kube), plan_file=str(workdir / f"follower-{index}-plan.json"))
+    acts.update(
+        plan_source(source, decider, kube, workdir), plan_file=str(workdir / f"follower-{index}-plan.json")
+    )
     config["actuators"] = acts
     return config
 
@@ -95,7 +101,7 @@ def decider_config(engines: dict[str, str], source: str, workdir: Path, promethe
     rule.update(consecutive_failure_limit=0)
     token = workdir / "decider-token"
     token.write_text(TOKEN + "\n")
-    config["server"]["token_file"] = str(token)
+    config["server"] = {"token_file": str(token)}  # every role; its control listener: the tap's port + 1
     acts = config["actuators"]
     acts.update(plan_file=str(workdir / "decider-plan.json"), audit_log=str(workdir / "audit.jsonl"))
     if source == "http":

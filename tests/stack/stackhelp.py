@@ -357,6 +357,12 @@ class Stack(ExitStack):
         return Prometheus(url)
 
 
+def control_url(url: str) -> str:
+    """The control listener of the specguard whose tap is ``url`` (the default: the tap's port + 1)."""
+    base, port = url.rsplit(":", 1)
+    return f"{base}:{int(port) + 1}"
+
+
 def specguard_config(pools: dict[str, str], workdir: Path) -> dict:
     """The compose stack's specguard config, pointed at this stack's simulator pools, with the
     guard evaluating every second and its receiver's token in a file."""
@@ -366,7 +372,8 @@ def specguard_config(pools: dict[str, str], workdir: Path) -> dict:
     config["scrape"] = {"interval_seconds": 1, "timeout_seconds": 1}
     token_file = workdir / "specguard-token"
     token_file.write_text(TOKEN + "\n")
-    config["server"]["token_file"] = str(token_file)
+    # one token with every role; the control listener beside the tap (control_url)
+    config["server"] = {"token_file": str(token_file)}
     config["guard"].update(interval_seconds=1, window_seconds=60, min_samples=10, cooldown_seconds=0)
     config["alertmanager"].pop("url", None)  # the compose stack's Alertmanager: this one starts later
     config["alertmanager"].pop("receiver", None)
