@@ -101,7 +101,7 @@ def decider_config(engines: dict[str, str], source: str, workdir: Path, promethe
     rule.update(consecutive_failure_limit=0)
     token = workdir / "decider-token"
     token.write_text(TOKEN + "\n")
-    config["server"] = {"token_file": str(token)}  # every role; its control listener: the tap's port + 1
+    config["server"] = {"token_file": str(token)}  # every role; its control listener: control_url
     acts = config["actuators"]
     acts.update(plan_file=str(workdir / "decider-plan.json"), audit_log=str(workdir / "audit.jsonl"))
     if source == "http":
@@ -121,9 +121,11 @@ def start_run(stack: Stack, name: str, config: dict, port: int, *, wait: bool = 
     """`specguard run` named `name` on 127.0.0.1:`port`, once its /livez answers (unless not `wait`)."""
     path = stack.workdir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
-    argv = [sys.executable, "-m", "specguard", "run", "--config", str(path), "--listen", f"127.0.0.1:{port}"]
-    proc = stack.spawn(name, argv)
     url = f"http://127.0.0.1:{port}"
+    control = control_url(url).removeprefix("http://")
+    argv = [sys.executable, "-m", "specguard", "run", "--config", str(path), "--listen", f"127.0.0.1:{port}"]
+    argv += ["--control-listen", control]
+    proc = stack.spawn(name, argv)
     if wait:
         wait_healthy(proc, url)
     return proc, url
