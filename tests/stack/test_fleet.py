@@ -158,7 +158,7 @@ def test_fleet_end_to_end(tmp_path: Path, source: str):
         # poll interval plus one scrape (measured on the decision's and Prometheus' own clocks)
         decisions = wait_until(
             "the decider moved creative",
-            lambda: [r for r in audit(tmp_path / "audit.jsonl") if r.get("action") == "off"],
+            lambda: [r for r in audit(tmp_path / "audit.jsonl") if r["action"] == "off"],
             40,
             stack.procs,
         )
