@@ -324,13 +324,19 @@ class Monitor:
         return self.app
 
     async def listen(self, host: str | None = None, port: int | None = None) -> None:
-        """Bind the listening socket (the config's ``tap.listen`` by default) without serving yet.
+        """Bind the listening sockets (the config's ``tap.listen`` and the control listener's
+        ``server.listen`` by default) without serving yet. ``port`` 0 (any free port) puts the
+        control listener on any free port too; another ``port`` moves a default control listener
+        beside it.
 
         ``specguard run`` binds first, so a taken port is the first and only thing it reports,
         before any component starts or logs. Connections wait in the backlog until ``start()``.
         Raises OSError (e.g. the port is taken)."""
         if self._server is not None:
             return
+        if self.control_listen is not None and self.control_tls is not None and self.tls is None:
+            file = self.config.file if isinstance(self.config, SpecguardConfig) else "<config>"
+            self.tls = controltls.ReloadingContext(self.control_tls, file)  # ConfigError: a bad file
         tap_cfg = self.exporter_config.tap
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
@@ -344,11 +350,11 @@ class Monitor:
         self._host = host or tap_cfg.host
         if self.control_listen is None:
             return
-        if port is not None and not self._control_explicit:  # the default follows the tap's port
+        if port == 0 and self.control_listen is not None:  # any free port: the control listener too
+            control_host = (addresses.split_listen(self.control_listen) or ("127.0.0.1", 0))[0]
+            self.control_listen = join_listen(control_host, 0)
+        elif port is not None and not self._control_explicit:  # the default follows the tap's port
             self.control_listen = guard_config.control_listen(guard_config.ServerSettings(), "", port)
-        if self.control_tls is not None and self.tls is None:
-            file = self.config.file if isinstance(self.config, SpecguardConfig) else "<config>"
-            self.tls = controltls.ReloadingContext(self.control_tls, file)  # ConfigError: a bad file
         control_host, control_port = addresses.split_listen(self.control_listen) or ("127.0.0.1", 0)
         try:
             self._control_server = await loop.create_server(
