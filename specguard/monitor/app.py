@@ -171,7 +171,7 @@ class Monitor:
         limits = ex.tap.client_limits
         self.control_clients = clientguard.ClientGuard(
             clientguard.ClientLimits(
-                min(CONTROL_CONNECTIONS, limits.max_connections),
+                min(CONTROL_CONNECTIONS, limits.max_connections, clientguard.fd_cap()),
                 limits.header_timeout,
                 limits.body_timeout,
                 limits.idle_timeout,
