@@ -291,8 +291,9 @@ def generated_credential(monitor: Any, gate: control_auth.Gate) -> tuple[Any, An
             control_auth.Credential(control_auth.GENERATED_NAME, frozenset({"operator"}), token.encode())
         )
         log.warning(
-            "no server.credentials configured: operator token written to %s (specguard status and "
-            "overrides read it; configure server.credentials for Alertmanager and followers)",
+            "no server.credentials configured: operator token written to %s (specguard status reads "
+            "it; overrides: Authorization: Bearer <its content>); configure server.credentials for "
+            "Alertmanager and followers",
             path,
         )
 
