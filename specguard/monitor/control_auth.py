@@ -216,15 +216,13 @@ class Gate:
 
     def _fail(self, peer: str) -> None:
         self._refuse("unauthenticated")
-        count = self.failed.failed(peer)
-        if count == 1:
-            log.warning("control listener: failed authentication from %s", peer)
-        elif count == self.failed.limit:
+        if self.failed.failed(peer) == 1:  # one line per burst: the rest are counted, not logged
             log.warning(
-                "control listener: %d failed authentications from %s in %g s: 429 until the window ends",
-                count,
+                "control listener: failed authentication from %s (more within %g s are counted in "
+                "specguard_control_refused_requests_total, not logged; past %d, 429 until the window ends)",
                 peer,
                 self.failed.window,
+                self.failed.limit,
             )
 
     def _refuse(self, reason: str) -> None:
