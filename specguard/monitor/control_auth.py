@@ -193,6 +193,9 @@ class Gate:
         name: str | None,
     ) -> Caller:
         if self.insecure and not self.credentials:
+            # no token: the request must name a loopback Host and, if a browser sent an Origin, a
+            # loopback origin, so a web page can neither post here (a cross-origin simple request)
+            # nor reach it through a name that resolves to 127.0.0.1 (DNS rebinding)
             if not _loopback_host(host) or (origin is not None and not _loopback_origin(origin)):
                 self._refuse("forbidden")
                 raise Refused(

@@ -347,7 +347,7 @@ class Guard(FleetRoles):
     # -- operator ------------------------------------------------------------------------------
     async def audit_event(self, record: dict[str, Any]) -> None:
         """Append one audit line that is no decision (an accepted webhook and its caller)."""
-        await self.persistence.record([record], self.stored(), save=False)
+        await self.persistence.record([record], self.document(), save=False)  # the doc is not written
 
     async def override(
         self,
