@@ -119,6 +119,8 @@ def held(ports):
     finally:
         proc.kill()
         proc.wait(timeout=10)
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def test_readme_hand_run_ends_in_a_decision_with_its_reason(tmp_path):
