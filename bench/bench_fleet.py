@@ -120,7 +120,7 @@ def decider_config(prom: str, workdir: Path, interval: float) -> Path:
     config["guard"]["interval_seconds"] = interval
     config["guard"]["prometheus"]["url"] = prom
     (workdir / "token").write_text("bench-token\n")
-    config["server"]["token_file"] = str(workdir / "token")
+    config["server"] = {"token_file": str(workdir / "token")}  # control listener: the tap's port + 1
     acts = config["actuators"]
     for key in ("configmap", "leader_election"):
         acts.pop(key, None)

@@ -201,10 +201,23 @@ async def push_alerts(url: str, count: int, status: str = "firing") -> dict:
     return {"stored": status.get("alerts_total", len(status.get("alerts", [])))}
 
 
+async def control_of(tap_url: str) -> str:
+    """The tree's control listener (/status, /api/v1/*): the tap's port + 1 by default; a tree
+    without one serves them on the tap."""
+    base, port = tap_url.rsplit(":", 1)
+    control = f"{base}:{int(port) + 1}"
+    try:
+        async with aiohttp.ClientSession() as session, session.get(control + "/status") as response:
+            await response.read()
+    except aiohttp.ClientConnectionError:
+        return tap_url
+    return control
+
+
 async def stored_after_expiry(url: str) -> int:
     """Alerts still stored once an evaluation has expired the resolved ones (polls /status)."""
     stored = -1
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as session:
         for _ in range(40):
             await asyncio.sleep(0.5)
             async with session.get(url + "/status") as response:
@@ -253,7 +266,7 @@ async def bench(args: argparse.Namespace, tap_url: str, engine_url: str, tap_pid
                 if kind != "quiet" and kind not in args.attacks:
                     continue
                 if kind == "alerts":
-                    extra.update(await push_alerts(tap_url, 2000))
+                    extra.update(await push_alerts(await control_of(tap_url), 2000))
                 await page("label" if kind == "label" else "normal", fail=kind == "engine5xx")
                 if kind == "label":
                     await asyncio.sleep(1.5)  # at least one scrape of the hostile page first
@@ -282,8 +295,9 @@ async def bench(args: argparse.Namespace, tap_url: str, engine_url: str, tap_pid
                     raise RuntimeError(f"{kind}: {len(failed)} requests failed: {sorted(set(failed))}")
                 runs[kind].append({"p50": quantile(timings, 0.5), "p99": quantile(timings, 0.99)})
                 if kind == "alerts":  # resolved with a TTL of 0: gone at the next evaluation
-                    await push_alerts(tap_url, 2000, "resolved")
-                    extra["stored_in_quiet_runs"] = await stored_after_expiry(tap_url)
+                    control = await control_of(tap_url)
+                    await push_alerts(control, 2000, "resolved")
+                    extra["stored_in_quiet_runs"] = await stored_after_expiry(control)
         if "label" in args.attacks:
             await page("label")
             await asyncio.sleep(1.5)
@@ -460,6 +474,7 @@ async def _attack_runs(args: argparse.Namespace, url: str, attack, rounds: int) 
 
 async def alert_book_attack(args: argparse.Namespace, url: str) -> dict:
     """Webhooks against a full alert book (10,000 stored) while normal traffic runs."""
+    control = await control_of(url)  # the alerts endpoint's listener
     headers = {"Authorization": f"Bearer {TOKEN}"}
     async with aiohttp.ClientSession(headers=headers) as session:
         for start in range(0, BOOK, 1000):
@@ -472,9 +487,10 @@ async def alert_book_attack(args: argparse.Namespace, url: str) -> dict:
                 }
                 for i in range(start, start + 1000)
             ]
-            async with session.post(url + "/api/v1/alerts", json={"version": "4", "alerts": alerts}) as r:
+            async with session.post(control + "/api/v1/alerts", json={"version": "4", "alerts": alerts}) as r:
                 assert r.status == 200, await r.text()
-    summary, flood = await _attack_runs(args, url, _webhook_flood, args.rounds)
+    flood = lambda _tap, stop: _webhook_flood(control, stop)  # noqa: E731
+    summary, flood = await _attack_runs(args, url, flood, args.rounds)
     return {"stored": BOOK, "webhooks": flood, **_ratios(summary)}
 
 

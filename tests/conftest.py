@@ -72,3 +72,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         rows = sorted(spent.items(), key=lambda kv: -kv[1])
         terminalreporter.write_sep("=", "seconds per tier (summed over tests)")
         terminalreporter.write_line("  ".join(f"{name} {seconds:.0f}" for name, seconds in rows))
+
+
+@pytest.fixture(autouse=True)
+def _own_runtime_dir(tmp_path_factory, monkeypatch):
+    """Each test's generated control tokens go to its own directory, never the user's."""
+    runtime = tmp_path_factory.mktemp("runtime")
+    runtime.chmod(0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    monkeypatch.delenv("SPECGUARD_TOKEN", raising=False)

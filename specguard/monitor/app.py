@@ -1,12 +1,15 @@
-"""Standalone wiring: the tap, one scrape loop per pool, ``/metrics``, ``/healthz`` and ``/livez`` in one app.
+"""Standalone wiring: the tap, one scrape loop per pool, ``/metrics``, ``/healthz`` and ``/livez``
+on the data listener (``tap.listen``), and the control endpoints on a listener of their own.
 
 ``Monitor`` builds the parts from the config and owns their lifecycle through aiohttp's
 cleanup contexts. Other components join before ``build_app()``:
 
 - ``monitor.attach(name, start, stop)``: background work started after the tap and the scrape
   loops, stopped before them (e.g. the guard's APScheduler);
-- ``monitor.add_routes([...])``: extra endpoints (``/status``, ``/api/v1/alerts``...), mounted
-  before the tap's catch-all proxy route;
+- ``monitor.add_control_routes([...])``: the control endpoints (``/status``, ``/api/v1/alerts``,
+  ``/api/v1/overrides``, ``/api/v1/plan``), served on the control listener (``server.listen``,
+  optionally TLS/mTLS) only; the data listener answers 404 for them and never proxies them;
+- ``monitor.add_routes([...])``: extra endpoints on the data listener, before the tap's catch-all;
 - ``monitor.registry``: register more collectors on it.
 """
 
@@ -25,6 +28,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from specguard.exporters import (
+    addresses,
     clientguard,
     collector,
     health,
@@ -41,10 +45,19 @@ from specguard.exporters.addresses import join_listen
 from specguard.exporters.classify import Classifier
 from specguard.exporters.config import ExporterConfig, PoolConfig
 from specguard.exporters.snapshot import EngineSnapshot
+from specguard.monitor import controltls, guard_config
 from specguard.monitor.config import SpecguardConfig
 
 log = logging.getLogger("specguard.app")
 STACK_PROBE_SECONDS = 600.0  # how often a pool's engine version and model are read again
+CONTROL_PATHS = ("/status", "/api/v1/alerts", "/api/v1/overrides", "/api/v1/plan")
+"""Served on the control listener only: the data listener answers 404 and never proxies them."""
+CONTROL_CONNECTIONS = 256
+"""Open connections the control listener keeps at most (Alertmanager, followers, operators)."""
+
+
+class ControlListenError(OSError):
+    """The control listener's address could not be bound (the tap's could)."""
 
 
 @dataclass
@@ -174,6 +187,30 @@ class Monitor:
         self._runner: web.AppRunner | None = None
         self._server: asyncio.Server | None = None
         self._host = self.exporter_config.tap.host
+        # the control listener: only a full config (the guard's sections) has one
+        self.control_listen: str | None = None
+        self.control_tls: guard_config.TlsSettings | None = None
+        self._control_explicit = False
+        if isinstance(config, SpecguardConfig):
+            server = config.sections.get("server") or guard_config.ServerSettings()
+            self.control_listen = guard_config.control_listen(server, ex.tap.host, ex.tap.port)
+            self.control_tls = server.tls
+            self._control_explicit = server.listen is not None
+        limits = ex.tap.client_limits
+        self.control_clients = clientguard.ClientGuard(
+            clientguard.ClientLimits(
+                min(CONTROL_CONNECTIONS, limits.max_connections, clientguard.fd_cap()),
+                limits.header_timeout,
+                limits.body_timeout,
+                limits.idle_timeout,
+            )
+        )
+        self._control_routes: list[web.RouteDef] = []
+        self.control_app: web.Application | None = None
+        self._control_runner: web.AppRunner | None = None
+        self._control_server: asyncio.Server | None = None
+        self.tls: controltls.ReloadingContext | None = None
+        self.control_url: str | None = None
 
     def _on_snapshot(self, pool: PoolConfig, snapshot: EngineSnapshot) -> None:
         self.tap.set_engine(pool.name, snapshot.engine)
@@ -214,6 +251,14 @@ class Monitor:
         if self.app is not None:
             raise RuntimeError("add routes before build_app()")
         self._routes.extend(routes)
+
+    def add_control_routes(self, routes: Iterable[web.RouteDef]) -> None:
+        """Endpoints of the control listener (the guard's API); needs a config with one."""
+        if self.app is not None:
+            raise RuntimeError("add routes before build_app()")
+        if self.control_listen is None:
+            raise RuntimeError("this Monitor has no control listener (build it from a SpecguardConfig)")
+        self._control_routes.extend(routes)
 
     # -- endpoints ---------------------------------------------------------------------------
     async def metrics(self, request: web.Request) -> web.Response:
@@ -262,6 +307,14 @@ class Monitor:
         """200 while this process serves HTTP: the probes' endpoint, free of every dependency."""
         return web.json_response({"status": "alive"})
 
+    async def not_here(self, request: web.Request) -> web.Response:
+        """A control path asked on the data listener: 404, and never proxied to an engine."""
+        shown = self.control_url or self.control_listen
+        where = f" (the control listener: {shown})" if shown else ""
+        return web.json_response(
+            {"error": f"{request.path} is served on the control listener{where}"}, status=404
+        )
+
     async def _lifecycle(self, app: web.Application):
         offload.acquire()
         await self.tap.start()
@@ -285,6 +338,8 @@ class Monitor:
                 await loop.stop()
             for task in list(self._probes):
                 task.cancel()
+            if self.tls is not None:
+                self.tls.stop()
             offload.release()
             await self.tap.close()
 
@@ -298,21 +353,34 @@ class Monitor:
             app.router.add_get("/healthz", self.healthz)
             app.router.add_get("/livez", self.livez)
             app.router.add_routes(self._routes)
+            for path in CONTROL_PATHS:
+                app.router.add_route("*", path, self.not_here)
             app.router.add_routes(self.tap.routes())
             app.cleanup_ctx.append(self._lifecycle)
             self.app = app
+            if self.control_listen is not None:
+                control = web.Application(middlewares=[self.control_clients.middleware, controltls.cert_name])
+                control.router.add_routes(self._control_routes)
+                self.control_app = control
         return self.app
 
     async def listen(self, host: str | None = None, port: int | None = None) -> None:
-        """Bind the listening socket (the config's ``tap.listen`` by default) without serving yet.
+        """Bind the listening sockets (the config's ``tap.listen`` and the control listener's
+        ``server.listen`` by default) without serving yet. ``port`` 0 (any free port) puts the
+        control listener on any free port too; another ``port`` moves a default control listener
+        beside it.
 
         ``specguard run`` binds first, so a taken port is the first and only thing it reports,
         before any component starts or logs. Connections wait in the backlog until ``start()``.
         Raises OSError (e.g. the port is taken)."""
         if self._server is not None:
             return
+        if self.control_listen is not None and self.control_tls is not None and self.tls is None:
+            file = self.config.file if isinstance(self.config, SpecguardConfig) else "<config>"
+            self.tls = controltls.ReloadingContext(self.control_tls, file)  # ConfigError: a bad file
         tap_cfg = self.exporter_config.tap
-        self._server = await asyncio.get_running_loop().create_server(
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
             self.clients.factory(self._handler),
             host or tap_cfg.host,
             tap_cfg.port if port is None else port,
@@ -321,6 +389,39 @@ class Monitor:
             start_serving=False,
         )
         self._host = host or tap_cfg.host
+        if self.control_listen is None:
+            return
+        if port == 0 and self.control_listen is not None:  # any free port: the control listener too
+            control_host = (addresses.split_listen(self.control_listen) or ("127.0.0.1", 0))[0]
+            self.control_listen = join_listen(control_host, 0)
+        elif port is not None and not self._control_explicit:  # the default follows the tap's port
+            self.control_listen = guard_config.control_listen(guard_config.ServerSettings(), "", port)
+        control_host, control_port = addresses.split_listen(self.control_listen) or ("127.0.0.1", 0)
+        try:
+            self._control_server = await loop.create_server(
+                self.control_clients.factory(self._control_handler),
+                control_host,
+                control_port,
+                reuse_address=True,
+                backlog=self.control_clients.backlog,
+                ssl=self.tls.context if self.tls is not None else None,
+                start_serving=False,
+            )
+        except OSError as exc:
+            self._server.close()
+            self._server = None
+            raise ControlListenError(exc.errno, exc.strerror) from exc
+
+    @property
+    def control_port(self) -> int | None:
+        """The control listener's bound port (after ``listen()``)."""
+        if self._control_server is None or not self._control_server.sockets:
+            return None
+        return int(self._control_server.sockets[0].getsockname()[1])
+
+    def _control_handler(self) -> asyncio.Protocol:
+        assert self._control_runner is not None and self._control_runner.server is not None
+        return self._control_runner.server()
 
     def _handler(self) -> asyncio.Protocol:
         """aiohttp's protocol for one connection (the runner exists by the time one is accepted)."""
@@ -344,20 +445,42 @@ class Monitor:
                 logger=clientguard.ServerLog(logging.getLogger("specguard.http")),
             )
             await self._runner.setup()
+            if self.control_app is not None and self._control_server is not None:
+                self._control_runner = web.AppRunner(
+                    self.control_app,
+                    handler_cancellation=True,
+                    access_log=None,
+                    keepalive_timeout=listen.client_idle_timeout_seconds + 5.0,
+                    logger=clientguard.ServerLog(logging.getLogger("specguard.http")),
+                )
+                await self._control_runner.setup()
+                await self._control_server.start_serving()
+                if self.tls is not None:
+                    self.tls.start()
+                host = (addresses.split_listen(self.control_listen or "") or ("127.0.0.1", 0))[0]
+                scheme = "https" if self.tls is not None else "http"
+                self.control_url = f"{scheme}://{join_listen(host, self.control_port or 0)}"
             await self._server.start_serving()
-        except BaseException:  # close what setup() opened (the tap's session) and the socket
+        except BaseException:  # close what setup() opened (the tap's session) and the sockets
             await self.stop()
             raise
         bound = self._server.sockets[0].getsockname()[1]
         return f"http://{join_listen(self._host, bound)}"
 
     async def stop(self) -> None:
-        if self._server is not None:  # stop accepting; the runner then closes the connections
-            self._server.close()
+        for server in (self._server, self._control_server):
+            if server is not None:  # stop accepting; the runners then close the connections
+                server.close()
+        if self._control_runner is not None:
+            await self._control_runner.cleanup()
+            self._control_runner = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self.tls is not None:
+            self.tls.stop()
         self._server = None
+        self._control_server = None
 
     async def __aenter__(self) -> Monitor:
         return self

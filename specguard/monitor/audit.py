@@ -1,4 +1,5 @@
-"""The audit log: one JSON line per decision that did something (time, class, from, to, reason, numbers).
+"""The audit log: one JSON line per decision that did something (time, class, from, to, reason, numbers,
+and for an override its ``caller``), and one per accepted webhook (``event: webhook``, its caller).
 
 Appended and flushed per batch. A crash can leave the last line torn; on reload a line that
 is not valid JSON is skipped and reported (``torn``), and the next append starts on a fresh
@@ -50,6 +51,12 @@ def read(path: str | Path) -> tuple[list[dict[str, Any]], list[int]]:
     except OSError as exc:
         log.error("audit log %s: cannot read (%s)", path, exc.strerror)
     return records, skipped
+
+
+def decisions(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The decision lines of an audit log: the others (``event``: an accepted webhook and its
+    caller) record who asked, not what changed."""
+    return [r for r in records if "event" not in r]
 
 
 class AuditLog:

@@ -99,12 +99,65 @@ def with_port_base(cfg: SpecguardConfig, base: int) -> SpecguardConfig:
         listen = addresses.join_listen(tap.host, tap.port + step)
         if not 1 <= tap.port + step <= 65535:
             bad.append(f"tap.listen to {tap.port + step}")
+    sections = dict(cfg.sections)
+    server = sections.get("server")
+    control = addresses.split_listen(server.listen) if server is not None and server.listen else None
+    if server is not None and control is not None and control[1]:
+        # an explicit server.listen moves with the rest (the default follows tap.listen by itself)
+        sections["server"] = replace(server, listen=addresses.join_listen(control[0], control[1] + step))
+        if not 1 <= control[1] + step <= 65535:
+            bad.append(f"server.listen to {control[1] + step}")
     if bad or not 1 <= base <= 65535:
         why = f"moves {', '.join(bad)}" if bad else "is not a port number"
         message = f"({base}) {why}: out of range (1-65535)"
         raise ConfigError(ConfigIssue("--port-base", None, None, "", message))
     exporter = replace(cfg.exporter, pools=tuple(moved), tap=replace(tap, listen=listen))
-    return replace(cfg, exporter=exporter)
+    return replace(cfg, exporter=exporter, sections=sections)
+
+
+def with_control_listen(cfg: SpecguardConfig, listen: str) -> SpecguardConfig:
+    """``cfg`` with ``server.listen`` overridden (``specguard run --control-listen``)."""
+    from specguard.monitor import guard_config
+
+    problem = addresses.listen_problem(listen)
+    if problem is not None:
+        raise ConfigError(ConfigIssue("--control-listen", None, None, "", f"({listen!r}) {problem}"))
+    server = cfg.sections.get("server") or guard_config.ServerSettings()
+    return replace(cfg, sections={**cfg.sections, "server": replace(server, listen=listen)})
+
+
+def control_listen(cfg: SpecguardConfig) -> str:
+    """The control listener's HOST:PORT for ``cfg`` (``server.listen`` or its default)."""
+    from specguard.monitor import guard_config
+
+    server = cfg.sections.get("server") or guard_config.ServerSettings()
+    tap = cfg.exporter.tap
+    return guard_config.control_listen(server, tap.host, tap.port)
+
+
+def control_listen_error(cfg: SpecguardConfig, exc: OSError, flag: str | None = None) -> ConfigError:
+    """A taken control listener port, naming ``server.listen`` (its line, or its default) or the flag."""
+    listen, reason = control_listen(cfg), addresses.bind_reason(exc)
+    if flag == "--control-listen":
+        message = f"cannot listen on {listen} (the control listener): {reason}; choose another HOST:PORT"
+        return ConfigError(ConfigIssue(flag, None, None, "", message))
+    server = cfg.sections.get("server")
+    explicit = server is not None and server.listen
+    where = "server.listen" if explicit else "server.listen (unset: tap.listen's port + 1)"
+    how = "choose another port in server.listen, or --control-listen HOST:PORT"
+    if flag is not None:
+        message = (
+            f"cannot listen on {listen} (where {flag} puts {where}): {reason}; "
+            f"choose another {flag}, or {how}"
+        )
+        return ConfigError(ConfigIssue(flag, None, None, "", message))
+    message = f"cannot listen on {listen} (the control listener, {where}): {reason}; {how}"
+    line = column = None
+    try:
+        line, column = configfile.load_file(cfg.file).where("server.listen" if explicit else "tap.listen")
+    except (OSError, ConfigError):
+        pass
+    return ConfigError(ConfigIssue(cfg.file, line, column, "server.listen", message))
 
 
 def listen_error(cfg: SpecguardConfig, exc: OSError, flag: str | None = None) -> ConfigError:

@@ -134,7 +134,7 @@ class Guard(FleetRoles):
             self.store, self.audit, self.counters, build=self.stored, checkpoint=self._checkpoint
         )
         self._scheduler: Any = None
-        self.decisions.extend(self.audit.recent)
+        self.decisions.extend(audit_mod.decisions(self.audit.recent))
         self._load()
         self._init_fleet(elector, takeover)
 
@@ -311,7 +311,13 @@ class Guard(FleetRoles):
             merged = merge(merged, found)
         return merged, None
 
-    async def _record(self, decisions: Sequence[guard.Decision], *, saved: bool = False) -> None:
+    async def _record(
+        self,
+        decisions: Sequence[guard.Decision],
+        caller: dict[str, str] | None = None,
+        *,
+        saved: bool = False,
+    ) -> None:
         """Count, log and audit every action; a real one (not dry-run) bumps the plan version and
         is persisted (unless ``saved``: an override is on disk before it is recorded). A dry-run
         decision is a record of what would have happened, nothing more."""
@@ -333,6 +339,8 @@ class Guard(FleetRoles):
                     d.reason,
                 )
             records = [{**d.to_json(), "plan_version": self.version} for d in acted]
+            if caller is not None:  # an operator's override: who asked, in every line it caused
+                records = [{**r, "caller": caller} for r in records]
             self.decisions.extend(records)
             await self.persistence.record(records, save=bool(real) and not saved)
         await self._actuate(acted)
@@ -355,6 +363,10 @@ class Guard(FleetRoles):
                 )
 
     # -- operator ------------------------------------------------------------------------------
+    async def audit_event(self, record: dict[str, Any]) -> None:
+        """Append one audit line that is no decision (an accepted webhook and its caller)."""
+        await self.persistence.record([record], save=False)  # the plan is not written
+
     async def override(
         self,
         action: str,
@@ -364,6 +376,7 @@ class Guard(FleetRoles):
         *,
         pool: str | None = None,
         reason: str = "",
+        caller: dict[str, str] | None = None,
     ) -> list[guard.Decision]:
         if action not in guard.OPERATOR_ACTIONS:
             raise InputError(f"action ({action!r}) must be one of {', '.join(guard.OPERATOR_ACTIONS)}")
@@ -393,7 +406,7 @@ class Guard(FleetRoles):
                 await self.persistence.commit(lambda: self._apply_override(changed))
             else:
                 self._apply_override(changed)
-            await self._record(decisions, saved=True)
+            await self._record(decisions, caller, saved=True)
             return decisions
 
     def _apply_override(

@@ -85,7 +85,19 @@ class FleetRoles:
             log.error("reading the plan failed: %s; keeping plan version %d", exc, self.version)
             return
         self.plan_confirmed_at = now
-        if doc is None or doc.version == self.version:
+        if doc is None or (doc.version == self.version and doc.states == self.states):
+            return  # unchanged
+        if doc.version <= self.version:  # replayed, rolled back or forged: only a newer plan is taken
+            self.counters.plans_ignored += 1
+            if getattr(self, "_ignored_version", None) == doc.version:
+                return  # said once per version
+            self._ignored_version = doc.version
+            log.warning(
+                "plan version %d from %s is not newer than ours (%d): ignored",
+                doc.version,
+                getattr(self.follow, "answered_by", None) or self.follow.name,
+                self.version,
+            )
             return
         log.info("following plan version %d (was %d)", doc.version, self.version)
         self._adopt(doc)

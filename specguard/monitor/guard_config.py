@@ -3,9 +3,22 @@
 Example::
 
     server:
-      token_file: /etc/specguard/token   # bearer token for /api/v1/alerts and /api/v1/overrides
+      listen: 127.0.0.1:8091             # the control listener (default: 127.0.0.1, tap.listen's port + 1)
+      credentials:                       # bearer tokens per role (files or environment variables)
+        - {name: am, role: alertmanager, token_file: /etc/specguard/am-token}      # POST /api/v1/alerts
+        - {name: ops, role: operator, token_file: /etc/specguard/ops-token}        # /status, overrides, plan
+        - {name: fleet, role: follower, token_env: SPECGUARD_FOLLOWER_TOKEN}       # GET /api/v1/plan
+      token_file: /etc/specguard/token   # legacy: one token with every role (credential name "token")
       token_env: SPECGUARD_TOKEN         # ... or read from this environment variable
-      insecure_loopback: false           # true: no token, allowed only when tap.listen is a loopback address
+      insecure_loopback: false           # true: no token, allowed only when server.listen is loopback
+      failed_auth_limit: 10              # failed authentications per peer and window, then 429
+      failed_auth_window_seconds: 10
+      alerts_per_second: 1.0             # webhooks accepted per second (a bucket of alerts_burst), then 429
+      alerts_burst: 30
+      overrides_per_second: 1.0          # overrides accepted per second (a bucket of overrides_burst)
+      overrides_burst: 10
+      tls: {cert_file: /etc/specguard/tls.crt, key_file: /etc/specguard/tls.key,
+            client_ca_file: /etc/specguard/ca.crt}  # optional; with client_ca_file a client cert is required
       max_body_bytes: 1048576            # larger webhook/override bodies get 413
       status_decisions: 50               # last decisions shown by /status
     actuators:
@@ -15,7 +28,8 @@ Example::
       webhook: {url: https://hooks.example/specguard, timeout_seconds: 5, retries: 2}
       configmap: {namespace: serving, name: specguard-routing, key: plan.json}
       follow: false                      # fleet replica: read the plan (ConfigMap or plan_http), never decide
-      plan_http: {urls: ["http://decider:8090"], timeout_seconds: 2}   # a follower polls GET /api/v1/plan
+      plan_http: {urls: ["http://decider:8091"], timeout_seconds: 2,  # a follower polls GET /api/v1/plan
+                  token_file: /etc/specguard/follower-token}            # ... as a follower credential
       leader_election: {mode: auto}      # deciders: auto = a Lease with configmap, else a lock on plan_file
     alertmanager:
       enabled: true                      # mount POST /api/v1/alerts
@@ -39,43 +53,113 @@ TOKEN_FILE_LIMIT = 4096
 """Largest token file read, bytes (a token is tens of bytes; /dev/zero must not be read for ever)."""
 
 
+ROLES = ("alertmanager", "operator", "follower")
+"""Who may call what on the control listener: Alertmanager posts alerts; operators read /status, the
+plan and overrides and set overrides; followers read the plan."""
+
+
+def read_token(path: str, key: str) -> str:
+    """The token in ``path`` (whitespace stripped); ConfigError naming ``key`` when it cannot be read."""
+    try:
+        raw = untrusted.read_bytes(path, TOKEN_FILE_LIMIT, "token file")
+        value = raw.decode("utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"{key}: cannot read {path}: {exc.strerror}") from exc
+    except (InputError, UnicodeDecodeError) as exc:
+        reason = exc if isinstance(exc, InputError) else "not UTF-8 text"
+        raise ConfigError(f"{key}: {reason}") from exc
+    if not value:
+        raise ConfigError(f"{key}: {path} is empty")
+    return value
+
+
+def env_token(name: str, key: str) -> str:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        raise ConfigError(f"{key}: environment variable {name} is not set or empty")
+    return value
+
+
+RESERVED_NAMES = ("token", "generated", "insecure_loopback")
+"""Credential names specguard gives itself: the legacy server.token_file, the generated operator
+token, the insecure loopback mode."""
+
+
+@dataclass(frozen=True)
+class CredentialSettings:
+    """One caller of the control listener: a name (in the audit log), its roles and its token."""
+
+    name: str
+    roles: tuple[str, ...]
+    token_file: str | None = None
+    token_env: str | None = None
+    where: str = "server.credentials"
+
+    def token(self) -> str:
+        if self.token_file:
+            return read_token(self.token_file, f"{self.where}.token_file")
+        return env_token(self.token_env or "", f"{self.where}.token_env")
+
+
+@dataclass(frozen=True)
+class TlsSettings:
+    cert_file: str
+    key_file: str
+    client_ca_file: str | None = None
+    """With it, every client must present a certificate signed by this CA (mTLS)."""
+    reload_seconds: float = 30.0
+    """How often the files' modification times are checked (a changed pair is loaded again)."""
+
+
 @dataclass(frozen=True)
 class ServerSettings:
+    listen: str | None = None
+    """The control listener's HOST:PORT (None: 127.0.0.1 at tap.listen's port + 1; 0 stays 0)."""
+    credentials: tuple[CredentialSettings, ...] = ()
     token_file: str | None = None
-    """File holding the bearer token (whitespace stripped)."""
+    """Legacy: a file holding one bearer token with every role (whitespace stripped)."""
     token_env: str | None = None
-    """Environment variable holding the bearer token."""
+    """Legacy: an environment variable holding that token."""
     insecure_loopback: bool = False
-    """Serve mutating endpoints without a token; only allowed on a loopback listen address."""
+    """Serve the control endpoints without a token; only allowed on a loopback listen address."""
     max_body_bytes: int = 1 << 20
     """Largest accepted webhook/override body, bytes."""
     status_decisions: int = 50
     """How many recent decisions /status returns."""
+    failed_auth_limit: int = 10
+    """Failed authentications a peer may make per window; beyond, 429 until the window ends."""
+    failed_auth_window_seconds: float = 10.0
+    alerts_per_second: float = 1.0
+    """Webhooks accepted per second on average (a bucket of ``alerts_burst``); beyond, 429."""
+    alerts_burst: int = 30
+    overrides_per_second: float = 1.0
+    overrides_burst: int = 10
+    tls: TlsSettings | None = None
 
     def token(self) -> str | None:
-        """The configured token, or None. Raises ConfigError when the file cannot be read."""
+        """The legacy token, or None. Raises ConfigError when the file cannot be read."""
         if self.token_file:
-            try:
-                raw = untrusted.read_bytes(self.token_file, TOKEN_FILE_LIMIT, "token file")
-                value = raw.decode("utf-8").strip()
-            except OSError as exc:
-                raise ConfigError(
-                    f"server.token_file: cannot read {self.token_file}: {exc.strerror}"
-                ) from exc
-            except (InputError, UnicodeDecodeError) as exc:
-                reason = exc if isinstance(exc, InputError) else "not UTF-8 text"
-                raise ConfigError(f"server.token_file: {reason}") from exc
-            if not value:
-                raise ConfigError(f"server.token_file: {self.token_file} is empty")
-            return value
+            return read_token(self.token_file, "server.token_file")
         if self.token_env:
-            value = os.environ.get(self.token_env, "").strip()
-            if not value:
-                raise ConfigError(
-                    f"server.token_env: environment variable {self.token_env} is not set or empty"
-                )
-            return value
+            return env_token(self.token_env, "server.token_env")
         return None
+
+    def all_credentials(self) -> tuple[CredentialSettings, ...]:
+        """The configured credentials, the legacy token as one named ``token`` with every role."""
+        legacy = ()
+        if self.token_file or self.token_env:
+            legacy = (CredentialSettings("token", ROLES, self.token_file, self.token_env, "server"),)
+        return self.credentials + legacy
+
+
+def control_listen(server: ServerSettings, tap_host: str, tap_port: int) -> str:
+    """Where the control listener listens: ``server.listen``, else 127.0.0.1 at the tap's port + 1
+    (port 0, any free port, when the tap's is 0)."""
+    from specguard.exporters.addresses import join_listen
+
+    if server.listen:
+        return server.listen
+    return join_listen("127.0.0.1", tap_port + 1 if tap_port else 0)
 
 
 @dataclass(frozen=True)
@@ -103,6 +187,13 @@ class PlanHttpSettings:
     """Deciders' base URLs (or full plan URLs), tried in order; the plan is GET <url>/api/v1/plan."""
     timeout_seconds: float = 2.0
     """Timeout of one poll of one decider."""
+    token_file: str | None = None
+    """The follower credential's token, sent as ``Authorization: Bearer``."""
+    cert_file: str | None = None
+    """A client certificate (with ``key_file``) for a decider that requires mTLS."""
+    key_file: str | None = None
+    ca_file: str | None = None
+    """The CA that signed the deciders' certificates (https URLs); default: the system's."""
 
 
 LEADER_MODES = ("auto", "lease", "lock", "none")
@@ -161,20 +252,84 @@ class GuardSettings:
 
 def parse_server(root: configfile.Section) -> ServerSettings:
     s = root.section("server")
+    listen = s.get("listen", str, None, nullable=True)
+    if listen is not None:
+        from specguard.exporters.addresses import listen_problem
+
+        problem = listen_problem(listen)
+        if problem is not None:
+            s.error("listen", f"({listen!r}) {problem}")
+            listen = None
     out = ServerSettings(
+        listen=listen,
+        credentials=_credentials(s),
         token_file=s.get("token_file", str, None, nullable=True),
         token_env=s.get("token_env", str, None, nullable=True),
         insecure_loopback=s.get("insecure_loopback", bool, False),
         max_body_bytes=s.get("max_body_bytes", int, 1 << 20, minimum=1024, maximum=64 << 20),
         status_decisions=s.get("status_decisions", int, 50, minimum=0, maximum=10000),
+        failed_auth_limit=s.get("failed_auth_limit", int, 10, minimum=1, maximum=100_000),
+        failed_auth_window_seconds=s.get("failed_auth_window_seconds", float, 10.0, minimum=1, maximum=3600),
+        alerts_per_second=s.get("alerts_per_second", float, 1.0, minimum=0.01, maximum=10_000),
+        alerts_burst=s.get("alerts_burst", int, 30, minimum=1, maximum=100_000),
+        overrides_per_second=s.get("overrides_per_second", float, 1.0, minimum=0.01, maximum=10_000),
+        overrides_burst=s.get("overrides_burst", int, 10, minimum=1, maximum=100_000),
+        tls=_tls(s),
     )
     s.check(not (out.token_file and out.token_env), "token_env", "set token_file or token_env, not both")
     s.check(
-        not (out.insecure_loopback and (out.token_file or out.token_env)),
+        not (out.insecure_loopback and (out.token_file or out.token_env or out.credentials)),
         "insecure_loopback",
         "a token is configured: insecure_loopback must be false",
     )
     s.reject_unknown()
+    return out
+
+
+def _credentials(s: configfile.Section) -> tuple[CredentialSettings, ...]:
+    out: list[CredentialSettings] = []
+    names: set[str] = set()
+    for c in s.items("credentials"):
+        name = c.get("name", str) or ""
+        c.check(name not in names, "name", f"({name!r}) names another credential too")
+        c.check(
+            name not in RESERVED_NAMES,
+            "name",
+            f"({name!r}) is reserved (the legacy token, the generated one)",
+        )
+        names.add(name)
+        roles: list[str] = []
+        if "roles" in c.data:
+            for index, role in c.values("roles"):
+                if role not in ROLES:
+                    c.error(f"roles[{index}]", f"({role!r}) must be one of {', '.join(ROLES)}")
+                else:
+                    roles.append(role)
+        if "role" in c.data:
+            role = c.get("role", str, None, choices=ROLES)
+            if role is not None:
+                roles.append(role)
+        c.check("role" in c.data or "roles" in c.data, "role", f"is required (one of {', '.join(ROLES)})")
+        token_file = c.get("token_file", str, None, nullable=True)
+        token_env = c.get("token_env", str, None, nullable=True)
+        c.check(bool(token_file) ^ bool(token_env), "token_file", "set token_file or token_env (one of them)")
+        c.reject_unknown()
+        out.append(CredentialSettings(name, tuple(dict.fromkeys(roles)), token_file, token_env, c.path))
+    return tuple(out)
+
+
+def _tls(s: configfile.Section) -> TlsSettings | None:
+    if s.data.get("tls") is None:
+        s.section("tls")  # marks the key seen
+        return None
+    t = s.section("tls")
+    out = TlsSettings(
+        cert_file=t.get("cert_file", str) or "",
+        key_file=t.get("key_file", str) or "",
+        client_ca_file=t.get("client_ca_file", str, None, nullable=True),
+        reload_seconds=t.get("reload_seconds", float, 30.0, minimum=1, maximum=86400),
+    )
+    t.reject_unknown()
     return out
 
 
@@ -249,8 +404,14 @@ def _plan_http(s: configfile.Section) -> PlanHttpSettings | None:
             urls.append(url)
     h.check(bool(urls) or "urls" not in h.data, "urls", "must name at least one decider")
     out = PlanHttpSettings(
-        urls=tuple(urls), timeout_seconds=h.get("timeout_seconds", float, 2.0, minimum=0.1, maximum=60)
+        urls=tuple(urls),
+        timeout_seconds=h.get("timeout_seconds", float, 2.0, minimum=0.1, maximum=60),
+        token_file=h.get("token_file", str, None, nullable=True),
+        cert_file=h.get("cert_file", str, None, nullable=True),
+        key_file=h.get("key_file", str, None, nullable=True),
+        ca_file=h.get("ca_file", str, None, nullable=True),
     )
+    h.check(bool(out.cert_file) == bool(out.key_file), "key_file", "cert_file and key_file go together")
     h.reject_unknown()
     return out
 
@@ -301,7 +462,7 @@ def parse_alertmanager(root: configfile.Section) -> AlertmanagerSettings:
     return out
 
 
-def check_listen(settings: ServerSettings, listen_host: str) -> None:
+def check_listen(settings: ServerSettings, listen_host: str) -> None:  # the control listener's host
     """Refuse an insecure (tokenless) API on anything but a loopback address."""
     if not settings.insecure_loopback:
         return
@@ -312,6 +473,6 @@ def check_listen(settings: ServerSettings, listen_host: str) -> None:
         loopback = False
     if not loopback:
         raise ConfigError(
-            f"server.insecure_loopback is true but the listen address {listen_host} is not loopback: "
-            "configure server.token_file or server.token_env"
+            f"server.insecure_loopback is true but the control listener's address {listen_host} is not "
+            "loopback: configure server.credentials (or server.token_file)"
         )

@@ -34,10 +34,14 @@ class GuardCounters:
     plan_write_errors: int = 0
     reloads: Counter[str] = field(default_factory=Counter)  # result: ok | error
     api_auth_failures: Counter[tuple[str, str]] = field(default_factory=Counter)  # (endpoint, code)
+    plans_ignored: int = 0  # a follower: plans its source served that were not newer than its own
 
     def count_action(self, labels: tuple[str, str, str, str], at: float) -> None:
         self.actions[labels] += 1
         self.action_created.setdefault(labels, at)
+
+
+PLANS_IGNORED_HELP = "Plans a follower's source served that were not newer than its own (ignored)"
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,7 @@ class GuardCollector(Collector):
         yield CounterMetricFamily("specguard_actuation_errors", "Actuator applications that failed")
         yield CounterMetricFamily("specguard_plan_write_errors", "Plan file writes that failed")
         yield GaugeMetricFamily("specguard_plan_version", "Version of the plan the guard holds")
+        yield CounterMetricFamily("specguard_plans_ignored", PLANS_IGNORED_HELP)
         yield GaugeMetricFamily("specguard_plan_age_seconds", PLAN_AGE_HELP)
         yield GaugeMetricFamily("specguard_guard_leader", LEADER_HELP)
         yield GaugeMetricFamily("specguard_last_evaluation_duration_seconds", DURATION_HELP)
@@ -201,6 +206,7 @@ class GuardCollector(Collector):
         yield GaugeMetricFamily(
             "specguard_plan_version", "Version of the plan the guard holds", value=float(view.plan_version)
         )
+        yield CounterMetricFamily("specguard_plans_ignored", PLANS_IGNORED_HELP, value=counters.plans_ignored)
         yield from _fleet(view)
         reloads = CounterMetricFamily(
             "specguard_policy_reloads", "Policy reloads from the config file by result", labels=["result"]

@@ -18,9 +18,10 @@ from typing import Any
 
 from specguard import configfile, untrusted
 from specguard.errors import ConfigError
+from specguard.exporters import addresses
 from specguard.monitor import actuators as actuators_mod
 from specguard.monitor import audit as audit_mod
-from specguard.monitor import daemon, guard_config, leader, planhttp, receiver
+from specguard.monitor import control_auth, daemon, guard_config, leader, planhttp, receiver
 from specguard.monitor import replicas as replicas_mod
 from specguard.monitor import state as state_mod
 from specguard.monitor.cost_metrics import CostCollector
@@ -176,7 +177,7 @@ def build(
         else:
             actuators.append(configmap)
     if acts.plan_http is not None:
-        follow = planhttp.HttpPlanSource(acts.plan_http.urls, timeout=acts.plan_http.timeout_seconds)
+        follow = plan_source(acts.plan_http)
     store = state_mod.PlanStore(acts.plan_file) if acts.plan_file else None
     elector, takeover = (None, None) if acts.follow else election(acts, store, configmap)
 
@@ -207,23 +208,100 @@ def build(
     )
     if alertmanager.enabled and alertmanager.url:
         guard.restore_alerts = functools.partial(_active_alerts, guard, alertmanager)
-    token = server.token()
-    guard_config.check_listen(server, ex.tap.host)
+    gate = build_gate(server)
+    control = guard_config.control_listen(server, ex.tap.host, ex.tap.port)
+    guard_config.check_listen(server, (addresses.split_listen(control) or ("127.0.0.1", 0))[0])
     api = receiver.Api(
         guard,
-        token=token,
-        insecure=server.insecure_loopback,
+        gate=gate,
         max_body_bytes=server.max_body_bytes,
         status_decisions=server.status_decisions,
         alerts_enabled=alertmanager.enabled,
         body_timeout=ex.tap.client_body_timeout_seconds,
         clients=getattr(monitor, "clients", None),
     )
-    if token is None and not server.insecure_loopback:
-        log.warning("no server token configured: /api/v1/alerts and /api/v1/overrides answer 403")
+    if not any("alertmanager" in c.roles for c in gate.credentials) and not gate.insecure:
+        if alertmanager.enabled:
+            log.info("no alertmanager credential configured: POST /api/v1/alerts answers 401")
     if acts.plan_file is None:
         log.warning("actuators.plan_file not set: the plan is not persisted across restarts")
     return guard, api
+
+
+def build_gate(server: guard_config.ServerSettings) -> control_auth.Gate:
+    """The control listener's credentials and limits; ConfigError when a token cannot be read."""
+    credentials = [
+        control_auth.Credential(c.name, frozenset(c.roles), c.token().encode())
+        for c in server.all_credentials()
+    ]
+    return control_auth.Gate(
+        credentials,
+        insecure=server.insecure_loopback,
+        failed_auth_limit=server.failed_auth_limit,
+        failed_auth_window=server.failed_auth_window_seconds,
+        rates={
+            "alerts": (server.alerts_per_second, server.alerts_burst),
+            "overrides": (server.overrides_per_second, server.overrides_burst),
+        },
+    )
+
+
+def plan_source(settings: guard_config.PlanHttpSettings) -> planhttp.HttpPlanSource:
+    """A follower's HTTP plan source with its follower token and, if set, its client certificate."""
+    import ssl
+
+    token = (
+        guard_config.read_token(settings.token_file, "actuators.plan_http.token_file")
+        if settings.token_file
+        else None
+    )
+    context = None
+    if settings.cert_file or settings.ca_file:
+        try:
+            context = ssl.create_default_context(cafile=settings.ca_file)
+            if settings.cert_file and settings.key_file:
+                context.load_cert_chain(settings.cert_file, settings.key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"actuators.plan_http: cannot load its TLS files: {exc}") from exc
+    return planhttp.HttpPlanSource(settings.urls, timeout=settings.timeout_seconds, token=token, ssl=context)
+
+
+def generated_credential(monitor: Any, gate: control_auth.Gate) -> tuple[Any, Any]:
+    """(start, stop) of the operator token made when no credential is configured: written at start
+    (0600) where ``specguard status`` finds it by the control port, removed at stop."""
+    made: dict[str, Any] = {}
+
+    async def start() -> None:
+        port = getattr(monitor, "control_port", None)
+        if port is None:
+            return
+        path = control_auth.generated_token_path(port)
+        try:
+            token = await asyncio.to_thread(control_auth.write_generated_token, path)
+        except OSError as exc:
+            log.error(
+                "no server.credentials configured and the operator token cannot be written to %s (%s): "
+                "the control listener refuses every request",
+                path,
+                exc.strerror,
+            )
+            return
+        made.update(path=path, token=token)
+        gate.add(
+            control_auth.Credential(control_auth.GENERATED_NAME, frozenset({"operator"}), token.encode())
+        )
+        log.warning(
+            "no server.credentials configured: operator token written to %s (specguard status reads "
+            "it; overrides: Authorization: Bearer <its content>); configure server.credentials for "
+            "Alertmanager and followers",
+            path,
+        )
+
+    async def stop() -> None:
+        if made:
+            await asyncio.to_thread(control_auth.remove_generated_token, made["path"], made["token"])
+
+    return start, stop
 
 
 def election(
@@ -282,9 +360,16 @@ def configure(monitor: Any, cfg: Any) -> daemon.Guard:
     async def nothing_to_stop() -> None:
         return None
 
-    monitor.add_routes(api.routes(healthz=False))
-    monitor.add_routes(planhttp.PlanEndpoint(guard).routes())
+    routes = api.routes(healthz=False) + planhttp.PlanEndpoint(guard, api.gate).routes()
+    if getattr(monitor, "control_listen", None) is not None:
+        monitor.add_control_routes(routes)
+    else:  # a Monitor without a control listener (built from the exporter config alone)
+        monitor.add_routes(routes)
     monitor.registry.register(GuardCollector(guard.counters, guard.view))
+    monitor.registry.register(api.gate.collector())
+    if not api.gate.credentials and not api.gate.insecure:
+        start, stop = generated_credential(monitor, api.gate)
+        monitor.attach("control credential", start, stop)
     monitor.registry.register(cost_collector)
     if guard.policy.enabled:
         monitor.attach("baseline notice", say_where_no_baseline, nothing_to_stop)

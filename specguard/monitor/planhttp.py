@@ -4,11 +4,14 @@
 the plan version and a digest of its entries, and ``X-Specguard-Plan-Version``. A request whose
 ``If-None-Match`` names the current ETag gets ``304 Not Modified`` and no body. Only the leading
 decider serves a plan: a standby or a follower answers 503, so a follower never takes a plan
-from a replica that does not decide.
+from a replica that does not decide. The endpoint is on the control listener and needs a
+``follower`` (or ``operator``) credential.
 
 ``HttpPlanSource`` is the follower's side: each read tries the configured deciders in order,
 each with a timeout and a body-size bound; the first 200 or 304 wins. When none answers it
-raises SourceError, and the follower keeps routing by its last plan.
+raises SourceError, and the follower keeps routing by its last plan. It sends its follower
+token (``plan_http.token_file``) and, for an mTLS decider, its client certificate. The follower
+adopts only a plan newer than its own (``fleet``): an older or equal one is ignored and counted.
 """
 
 from __future__ import annotations
@@ -50,13 +53,18 @@ class PlanEndpoint:
     """The handler of ``GET /api/v1/plan`` over a guard (anything with ``document()``, ``follow``,
     ``is_leader`` and ``leader_holder``)."""
 
-    def __init__(self, guard: Any):
+    def __init__(self, guard: Any, gate: Any = None):
         self.guard = guard
+        self.gate = gate  # control_auth.Gate; None: no check (a test's bare endpoint)
 
     def routes(self) -> list[web.RouteDef]:
         return [web.get(PATH, self.get)]
 
     async def get(self, request: web.Request) -> web.Response:
+        if self.gate is not None:
+            from specguard.monitor import receiver
+
+            receiver.check(self.gate, request, ("follower", "operator"))
         guard = self.guard
         if guard.follow is not None:
             return _unavailable("this replica follows a plan; ask the decider")
@@ -86,6 +94,8 @@ class HttpPlanSource:
         timeout: float = 2.0,
         max_bytes: int = MAX_PLAN_BYTES,
         session_factory: Callable[[], aiohttp.ClientSession] | None = None,
+        token: str | None = None,
+        ssl: Any = None,
     ):
         if not urls:
             raise ValueError("HttpPlanSource needs at least one URL")
@@ -93,6 +103,8 @@ class HttpPlanSource:
         self.timeout = timeout
         self.max_bytes = max_bytes
         self._factory = session_factory or aiohttp.ClientSession
+        self._auth = {"Authorization": f"Bearer {token}"} if token else {}
+        self._ssl = ssl  # an ssl.SSLContext (client certificate, CA) for https deciders, or None
         self._session: aiohttp.ClientSession | None = None
         self.etag: str | None = None
         self.answered_by: str | None = None  # the URL of the last answer
@@ -112,11 +124,11 @@ class HttpPlanSource:
     async def _get(self, url: str) -> state_mod.PlanDocument | None:
         if self._session is None or self._session.closed:
             self._session = self._factory()
-        headers = {"If-None-Match": self.etag} if self.etag else {}
+        headers = {**self._auth, **({"If-None-Match": self.etag} if self.etag else {})}
         timeout = aiohttp.ClientTimeout(total=self.timeout)
         try:
             async with self._session.get(
-                url, headers=headers, timeout=timeout, allow_redirects=False
+                url, headers=headers, timeout=timeout, allow_redirects=False, ssl=self._ssl or True
             ) as response:
                 if response.status == 304:
                     return None

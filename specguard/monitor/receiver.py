@@ -10,27 +10,28 @@
   standby decider answers 503 (the leader takes overrides).
 * ``GET /status`` (JSON) and ``GET /healthz``.
 
-Mutating endpoints need ``Authorization: Bearer <token>`` (compared in constant time). With no
-token configured they answer 403, unless ``server.insecure_loopback`` is set (loopback only).
-The token is never logged or echoed.
+All of them are served on the control listener only, and every one needs a credential with its
+role (``control_auth.Gate``): ``alertmanager`` for the webhook, ``operator`` for the rest; 401
+without one, 403 for the wrong role, 429 past the failed-auth or rate limits. With
+``server.insecure_loopback`` (and no credential) loopback requests need none. Tokens are never
+logged or echoed. Each accepted webhook and override records its caller in the audit log.
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
-import ipaddress
 import json
 import logging
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
-from urllib.parse import urlsplit
 
 from aiohttp import web
 
 from specguard import untrusted
 from specguard.errors import InputError
 from specguard.exporters import httpbody
+from specguard.monitor import control_auth, controltls
+from specguard.monitor.control_auth import Caller, Refused
 from specguard.monitor.daemon import Guard, NotLeader
 from specguard.monitor.persist import PlanWriteError
 from specguard.rules import evidence
@@ -117,8 +118,9 @@ class Api:
         self,
         guard: Guard,
         *,
-        token: str | None,
+        token: str | None = None,
         insecure: bool = False,
+        gate: control_auth.Gate | None = None,
         max_body_bytes: int = 1 << 20,
         status_decisions: int = 50,
         alerts_enabled: bool = True,
@@ -127,8 +129,11 @@ class Api:
         clients: Any = None,
     ):
         self.guard = guard
-        self._token = token.encode() if token else None
-        self._insecure = insecure
+        if gate is None:  # one token with every role (the legacy server.token_file)
+            roles = frozenset(control_auth.ROLES)
+            credentials = [control_auth.Credential("token", roles, token.encode())] if token else []
+            gate = control_auth.Gate(credentials, insecure=insecure)
+        self.gate = gate
         self.max_body_bytes = max_body_bytes
         self.status_decisions = status_decisions
         self.alerts_enabled = alerts_enabled
@@ -137,7 +142,7 @@ class Api:
         self.clients = clients  # the tap's ClientGuard, which counts body timeouts
 
     def __repr__(self) -> str:
-        return f"Api(token={'*****' if self._token else None}, insecure={self._insecure})"
+        return f"Api({self.gate!r})"
 
     def routes(self, *, healthz: bool = True) -> list[web.RouteDef]:
         routes = [
@@ -155,26 +160,11 @@ class Api:
     def authorize(
         self, header: str | None, host: str | None = None, origin: str | None = None
     ) -> tuple[int, str] | None:
-        """None when allowed, else (status, message).
-
-        Without a token (``insecure_loopback``) the request must also name a loopback ``Host``
-        and, if a browser sent an ``Origin``, a loopback origin: a web page the operator has open
-        can then neither post to the API (a cross-origin simple request) nor reach it through a
-        name that resolves to 127.0.0.1 (DNS rebinding).
-        """
-        if self._token is None:
-            if self._insecure:
-                if not _loopback_host(host) or (origin is not None and not _loopback_origin(origin)):
-                    return 403, "insecure_loopback: only requests to and from a loopback address"
-                return None
-            return 403, "disabled: no token configured (set server.token_file or server.token_env)"
-        scheme, _, given = (header or "").partition(" ")
+        """None when an operator may call, else (status, message) (the framework-free check)."""
         try:
-            offered = given.strip().encode("utf-8")
-        except UnicodeEncodeError:  # a byte that is not UTF-8 in the header: no token has it
-            return 401, "missing or wrong bearer token"
-        if scheme.lower() != "bearer" or not hmac.compare_digest(offered, self._token):
-            return 401, "missing or wrong bearer token"
+            self.gate.admit("operator", header=header, peer="-", host=host, origin=origin)
+        except Refused as exc:
+            return exc.status, exc.message
         return None
 
     async def ingest(self, payload: Any) -> dict[str, Any]:
@@ -222,20 +212,11 @@ class Api:
         except InputError as exc:
             raise _error(400, str(exc)) from exc
 
-    def _check(self, request: web.Request) -> None:
-        headers = request.headers
-        denied = self.authorize(headers.get("Authorization"), headers.get("Host"), headers.get("Origin"))
-        if denied is not None:
-            status, message = denied
-            endpoint = request.path.rsplit("/", 1)[-1]
-            self.guard.counters.api_auth_failures[(endpoint, str(status))] += 1
-            path = untrusted.printable(request.path, 100)
-            log.warning("%s %s from %s: %s", request.method, path, request.remote, message)
-            headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-            raise _error(status, message, headers)
+    def _check(self, request: web.Request, role: str = "operator", limit: str | None = None) -> Caller:
+        return check(self.gate, request, role, limit, self.guard.counters)
 
     async def post_alerts(self, request: web.Request) -> web.Response:
-        self._check(request)
+        caller = self._check(request, "alertmanager", "alerts")
         if not self.guard.running:
             raise _error(503, "guard not running yet; retry")
         payload = await self._body(request)
@@ -246,13 +227,14 @@ class Api:
             raise _error(400, str(exc)) from exc
         except PlanWriteError as exc:  # not on disk: Alertmanager retries a 5xx
             raise _error(503, str(exc)) from exc
+        await self.guard.audit_event(webhook_record(caller, payload, result, self._clock()))
         return web.json_response(result)
 
     async def disabled(self, request: web.Request) -> web.Response:
         raise _error(404, "the Alertmanager receiver is disabled (alertmanager.enabled: false)")
 
     async def post_override(self, request: web.Request) -> web.Response:
-        self._check(request)
+        caller = self._check(request, "operator", "overrides")
         body = await self._body(request)
         if not isinstance(body, dict):
             raise _error(400, "body must be a JSON object")
@@ -274,6 +256,7 @@ class Api:
                 body.get("load_bucket"),
                 pool=body.get("pool"),
                 reason=untrusted.printable(body.get("reason") or "", 200),  # one log line, no escapes
+                caller=caller.to_json(),
             )
         except InputError as exc:
             raise _error(400, str(exc)) from exc
@@ -282,6 +265,7 @@ class Api:
         return web.json_response({"decisions": [d.to_json() for d in decisions]})
 
     async def get_overrides(self, request: web.Request) -> web.Response:
+        self._check(request)
         rows = [
             {
                 "task_type": k[0],
@@ -296,6 +280,7 @@ class Api:
         return web.json_response({"overrides": rows})
 
     async def status(self, request: web.Request) -> web.Response:
+        self._check(request)
         return web.json_response(self.guard.status(self.status_decisions))
 
     async def healthz(self, request: web.Request) -> web.Response:
@@ -310,25 +295,47 @@ def _json_type(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
-def _loopback_host(host: str | None) -> bool:
-    """A ``Host`` header (``name``, ``name:port``, ``[v6]`` or ``[v6]:port``) naming a loopback address."""
-    if not host:
-        return False
-    if host.startswith("["):
-        name = host[1 : host.find("]")] if "]" in host else ""
-    else:
-        name = host.rpartition(":")[0] if ":" in host else host
-    if name.lower() == "localhost":
-        return True
+def check(
+    gate: control_auth.Gate, request: web.Request, role: str, limit: str | None = None, counters: Any = None
+) -> Caller:
+    """The caller of ``request`` when it may act as ``role``; else the refusal as an HTTP error."""
+    headers = request.headers
     try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
+        return gate.admit(
+            role,
+            header=headers.get("Authorization"),
+            peer=request.remote or "unknown",
+            host=headers.get("Host"),
+            origin=headers.get("Origin"),
+            name=request.get(controltls.CERT_NAME),
+            limit=limit,
+        )
+    except Refused as exc:
+        if counters is not None and exc.status in (401, 403):
+            endpoint = request.path.rsplit("/", 1)[-1]
+            counters.api_auth_failures[(endpoint, str(exc.status))] += 1
+        raise _error(exc.status, exc.message, exc.headers) from None
 
 
-def _loopback_origin(origin: str) -> bool:
-    parts = urlsplit(origin)
-    return parts.scheme in ("http", "https") and bool(parts.netloc) and _loopback_host(parts.netloc)
+MAX_AUDIT_TEXT = 300
+
+
+def webhook_record(caller: Caller, payload: Any, result: dict[str, Any], now: float) -> dict[str, Any]:
+    """The audit line of one accepted webhook: who sent it (credential, peer, Alertmanager's
+    ``groupKey`` and ``externalURL``) and what came of it."""
+    data = payload if isinstance(payload, dict) else {}
+
+    def text(key: str) -> str:
+        value = data.get(key)
+        return untrusted.printable(value, MAX_AUDIT_TEXT) if isinstance(value, str) else ""
+
+    return {
+        "event": "webhook",
+        "at": now,
+        "caller": {**caller.to_json(), "group_key": text("groupKey"), "external_url": text("externalURL")},
+        "accepted": result.get("accepted", 0),
+        "outcomes": result.get("outcomes", {}),
+    }
 
 
 def _error(
@@ -342,6 +349,7 @@ def _error(
         404: web.HTTPNotFound,
         408: web.HTTPRequestTimeout,
         413: web.HTTPRequestEntityTooLarge,
+        429: web.HTTPTooManyRequests,
         503: web.HTTPServiceUnavailable,
     }
     if close:

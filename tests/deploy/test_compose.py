@@ -102,6 +102,12 @@ def test_specguard_config_is_valid_and_points_at_the_simulator():
         "nospec": "http://sim",
     }
     assert cfg.exporter.tap.listen.endswith(":8090")
+    server = cfg.sections["server"]
+    assert server.listen == "0.0.0.0:8091"
+    roles = {c.name: c.roles for c in server.credentials}
+    assert roles == {"alertmanager": ("alertmanager",), "operator": ("operator",)}
+    mounted = {t: s for _, t, s in bind_mounts()}
+    assert all(mounted[c.token_file].is_file() for c in server.credentials)
 
 
 def test_prometheus_config_passes_promtool(tmp_path: Path):
@@ -126,7 +132,7 @@ def test_alertmanager_config_passes_amtool_and_routes_to_specguard():
     assert out.returncode == 0, out.stdout + out.stderr
     am = yaml.safe_load(path.read_text())
     (hook,) = next(r for r in am["receivers"] if r["name"] == "specguard")["webhook_configs"]
-    assert hook["url"] == "http://specguard:8090/api/v1/alerts" and hook["send_resolved"] is True
+    assert hook["url"] == "http://specguard:8091/api/v1/alerts" and hook["send_resolved"] is True
     assert hook["http_config"]["authorization"]["type"] == "Bearer"
     mounted = {t: s for _, t, s in bind_mounts()}
     assert mounted[hook["http_config"]["authorization"]["credentials_file"]].is_file()

@@ -23,8 +23,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PORTS = (8001, 8002, 8003, 8090)
+PORTS = (8001, 8002, 8003, 8090, 8091)
 TAP_STEP = 8090 - 8001  # the tap keeps its place beside the pools when --port-base moves them
+CONTROL_STEP = 8091 - 8001  # and the control listener its place beside the tap
 # a status row: CLASS  LOAD  POOL  K  PHASE (hold: words)  RC [INTERVAL] (BASELINE, POOL)
 LIVE_RC = re.compile(
     r"^\S+/\S+ +\S+ +\S+ +\d+ +\S+(?: [a-z,() ]+?)? +(\d+\.\d+) \[[^]]+\] \(live, [^)]+\)", re.M
@@ -70,25 +71,30 @@ def kill_group(pgid: int) -> None:
 
 def moved_block(block: str, base: int) -> str:
     """The block with its ports moved as the README says: ``--port-base BASE`` for ``--port-base
-    8001``, the tap's URL in the curl, and ``--url`` for ``specguard load`` and ``status``."""
+    8001``, the tap's URL in the curl and ``specguard load``, the control listener's for ``status``."""
     readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     said = (
         "Give both `--port-base 9001` instead of `--port-base 8001`: the pools move to 9001-9003 and the "
         "tap, which keeps its place beside them, to 9090; then use `http://127.0.0.1:9090` in the curl and "
-        "add `--url http://127.0.0.1:9090` to `specguard load` and `specguard status`."
+        "add `--url http://127.0.0.1:9090` to `specguard load`, and `--url http://127.0.0.1:9091` (the "
+        "control listener, beside the tap) to `specguard status`."
     )
     assert said in readme, "README.md no longer says how to move the hand run's ports as this test does"
     tap = f"http://127.0.0.1:{base + TAP_STEP}"
+    control = f"http://127.0.0.1:{base + CONTROL_STEP}"
     out = block.replace("--port-base 8001", f"--port-base {base}").replace("http://127.0.0.1:8090", tap)
-    out = re.sub(r"^specguard (load|status)\b", rf"specguard \1 --url {tap}", out, flags=re.M)
-    assert out.count(f"--port-base {base}") == 2 and out.count(f"--url {tap}") == 2, out
+    out = re.sub(r"^specguard load\b", rf"specguard load --url {tap}", out, flags=re.M)
+    out = re.sub(r"^specguard status\b", rf"specguard status --url {control}", out, flags=re.M)
+    assert out.count(f"--port-base {base}") == 2 and out.count(f"--url {tap}") == 1, out
+    assert out.count(f"--url {control}") == 1, out
     return out
 
 
 def free_base() -> int:
-    """A port base whose pools (base..base+2) and tap (base+89) are free, from the README's 9001."""
+    """A port base whose pools (base..base+2), tap (base+89) and control listener (base+90) are free,
+    from the README's 9001."""
     for base in range(9001, 20001, 100):
-        if not any(taken(p) for p in (base, base + 1, base + 2, base + TAP_STEP)):
+        if not any(taken(p) for p in (base, base + 1, base + 2, base + TAP_STEP, base + CONTROL_STEP)):
             return base
     raise AssertionError("no free port base for the moved hand run")
 
@@ -113,6 +119,8 @@ def held(ports):
     finally:
         proc.kill()
         proc.wait(timeout=10)
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def test_readme_hand_run_ends_in_a_decision_with_its_reason(tmp_path):

@@ -20,7 +20,7 @@ import aiohttp
 from specguard.cli.commands import status as status_cmd
 from specguard.lab import loadgen
 from specguard.lab import replay_policies as rp
-from specguard.monitor import config, guard_wiring
+from specguard.monitor import config, control_auth, guard_wiring
 from specguard.monitor.app import Monitor
 from specguard.rules import policy as policy_mod
 from specguard.sim import cluster
@@ -84,10 +84,13 @@ async def test_default_setup_gives_rc_at_every_load_bucket_with_traffic_within_5
         monitor = Monitor(cfg, rng=random.Random(0))
         guard_wiring.configure(monitor, cfg)
         url = await monitor.start("127.0.0.1", 0)
+        # no credential configured: the operator token specguard makes at start reads /status
+        token = control_auth.generated_token_path(monitor.control_port).read_text().strip()
+        operator = {"Authorization": f"Bearer {token}"}
         try:
             async with aiohttp.ClientSession() as session:
                 # at start-up, before any traffic: every cell is listed as having no baseline
-                async with session.get(f"{url}/status") as response:
+                async with session.get(f"{monitor.control_url}/status", headers=operator) as response:
                     status = await response.json()
                 assert {row["source"] for row in status["baselines"]["load_buckets"]} == {"none"}
                 assert {(m["pool"], m["load_bucket"]) for m in status["baselines"]["missing"]} >= {
@@ -109,7 +112,7 @@ async def test_default_setup_gives_rc_at_every_load_bucket_with_traffic_within_5
                     if traffic and all(found[b] - {"none"} for b in traffic):
                         covered_at = (time.monotonic() - start) / SCALE
                         break
-                async with session.get(f"{url}/status") as response:
+                async with session.get(f"{monitor.control_url}/status", headers=operator) as response:
                     status = await response.json()
                 async with session.get(f"{url}/metrics") as response:
                     available = samples(await response.text(), "specguard_baseline_available")

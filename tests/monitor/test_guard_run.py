@@ -87,10 +87,10 @@ async def wait_for(predicate, seconds=20.0):
     return predicate()
 
 
-def status_cli(url):
+def status_cli(url, token_file):
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = cli.main(["status", "--url", url, "--json"])
+        code = cli.main(["status", "--url", url, "--token-file", str(token_file), "--json"])
     return code, json.loads(out.getvalue())
 
 
@@ -100,10 +100,11 @@ async def test_run_with_guard_end_to_end(tmp_path):
         monitor, guard, url = await start(cfg)
         try:
             async with aiohttp.ClientSession() as session:
-                async with session.post(f"{url}/api/v1/alerts", json=ALERT) as response:
+                control = monitor.control_url
+                async with session.post(f"{control}/api/v1/alerts", json=ALERT) as response:
                     assert response.status == 401  # no token
                 headers = {"Authorization": f"Bearer {TOKEN}"}
-                async with session.post(f"{url}/api/v1/alerts", json=ALERT, headers=headers) as response:
+                async with session.post(f"{control}/api/v1/alerts", json=ALERT, headers=headers) as response:
                     assert response.status == 200 and (await response.json())["outcomes"] == {"new": 1}
                 # the alert is evidence: creative goes off at the next scheduled evaluation
                 assert await wait_for(lambda: monitor.router.plan().get(CREATIVE_KEYS[0]) == "nospec")
@@ -137,7 +138,7 @@ async def test_run_with_guard_end_to_end(tmp_path):
             line = f"specguard_speculation_enabled{{{labels}}} 0.0"
             assert line in metrics
             assert 'specguard_webhook_alerts_total{outcome="new",status="firing"} 1.0' in metrics
-            code, status = await asyncio.to_thread(status_cli, url)
+            code, status = await asyncio.to_thread(status_cli, monitor.control_url, tmp_path / "token")
             assert code == 0 and status["plan_version"] >= 1
             rows = {(c["task_type"], c["load_bucket"]): c for c in status["classes"]}
             assert rows[("creative", "low")]["pool"] == "nospec"
@@ -249,7 +250,8 @@ guard: {enabled: false}
     cfg = config.load(path)
     monitor = Monitor(cfg)
     guard = guard_wiring.configure(monitor, cfg)
-    assert [c.name for c in monitor._components] == ["guard (disabled)"]
+    # no credential configured: an operator token is made at start
+    assert [c.name for c in monitor._components] == ["control credential", "guard (disabled)"]
     with pytest.raises(InputError, match=r"task_type \('poetry'\) is not configured \(known: chat, code"):
         await guard.override("pause", "poetry")
     with pytest.raises(InputError, match=r"load_bucket \('huge'\) is not configured"):

@@ -96,10 +96,8 @@ async def test_alerts_need_the_token(api, headers, caplog):
 async def test_no_token_configured_refuses_mutations(tmp_path):
     guard, _ = make_guard(tmp_path, ScriptedSource({}), Clock())
     api = receiver.Api(guard, token=None)
-    assert api.authorize(None) == (
-        403,
-        "disabled: no token configured (set server.token_file or server.token_env)",
-    )
+    assert api.authorize(None) == (401, "missing or wrong bearer token")  # no credential: no caller
+    assert api.authorize("Bearer anything")[0] == 401
     insecure = receiver.Api(guard, token=None, insecure=True)
     assert insecure.authorize(None, "127.0.0.1:8090") is None
     assert insecure.authorize(None, "[::1]:8090", "http://localhost:3000") is None
@@ -207,7 +205,7 @@ async def test_pin_and_unpin_a_class(api):
     )
     assert status == 200 and {d["load_bucket"] for d in body["decisions"]} == {"low", "high"}
     assert router.plan()[CREATIVE] == "nospec"
-    listed = await (await client.get("/api/v1/overrides")).json()
+    listed = await (await client.get("/api/v1/overrides", headers=AUTH)).json()
     assert {(o["load_bucket"], o["pin"]) for o in listed["overrides"]} == {
         ("low", "nospec"),
         ("high", "nospec"),
@@ -249,7 +247,8 @@ async def test_override_needs_the_token(api):
 async def test_status_and_healthz(api):
     client, guard, _, clock = api
     await guard.evaluate()
-    status = await (await client.get("/status")).json()
+    assert (await client.get("/status")).status == 401  # status is operator-only too
+    status = await (await client.get("/status", headers=AUTH)).json()
     assert status["plan_version"] == 0 and status["classes"][0]["task_type"] == "creative"
     assert status["classes"][0]["speculation_enabled"] is True
     assert status["last_evaluation"] == clock.now

@@ -82,7 +82,8 @@ def make_guard(tmp_path, sources, clock, pol=None, *, acts=(), audit_path=None, 
 
 def plan_moves(records):
     """(class, from, to) of the audit records that changed a pool."""
-    return [(r["class"], r["from"], r["to"]) for r in records if r["from"] != r["to"]]
+    decisions = [r for r in records if "event" not in r]  # webhook lines say who sent what
+    return [(r["class"], r["from"], r["to"]) for r in decisions if r["from"] != r["to"]]
 
 
 def flaps(records):
@@ -258,7 +259,7 @@ async def test_alertmanager_duplicates_and_ha_pairs_act_once(tmp_path):
     acted = [(d.key, d.action) for d in decisions if d.action != "none"]
     assert acted == [(CREATIVE, "off")]
     assert router.plan()[CREATIVE] == "nospec"
-    records, _ = audit_mod.read(tmp_path / "audit.jsonl")
+    records = audit_mod.decisions(audit_mod.read(tmp_path / "audit.jsonl")[0])
     assert plan_moves(records) == [("creative/high", "spec-k4", "nospec")]
     assert guard.counters.webhook_alerts[("firing", "duplicate")] == 9
 
@@ -276,7 +277,7 @@ async def test_alertmanager_resolved_before_firing_changes_nothing(tmp_path):
             clock.now += 10
     assert [d for d in decisions if d.action != "none"] == []
     assert set(router.plan().values()) == {"spec-k4"}
-    assert audit_mod.read(tmp_path / "audit.jsonl") == ([], [])
+    assert audit_mod.decisions(audit_mod.read(tmp_path / "audit.jsonl")[0]) == []
 
 
 async def test_alertmanager_out_of_order_new_episode_after_resolve(tmp_path):
@@ -296,7 +297,7 @@ async def test_alertmanager_out_of_order_new_episode_after_resolve(tmp_path):
         assert router.plan()[CREATIVE] == "spec-k4"
         await post(am_payload("firing", starts="2026-11-29T11:00:00Z"))  # a new episode
         await guard.evaluate()
-    records, _ = audit_mod.read(tmp_path / "audit.jsonl")
+    records = audit_mod.decisions(audit_mod.read(tmp_path / "audit.jsonl")[0])
     assert [r["action"] for r in records] == ["off", "restore", "off"]
     assert router.plan()[CREATIVE] == "nospec"
 
@@ -313,7 +314,7 @@ async def test_stale_firing_after_resolve_is_ignored(tmp_path):
         for _ in range(3):
             await guard.evaluate()
             clock.now += 10
-    records, _ = audit_mod.read(tmp_path / "audit.jsonl")
+    records = audit_mod.decisions(audit_mod.read(tmp_path / "audit.jsonl")[0])
     assert [r["action"] for r in records] == []
 
 
@@ -394,7 +395,7 @@ async def test_configmap_conflicts_and_api_errors_lose_no_decision(tmp_path):
     stored = state_mod.decode(json.loads(kube.data["plan.json"]), "configmap")
     assert stored.version == guard.version == 1
     assert stored.routing() == router.plan() == {CREATIVE: "nospec", CODE: "spec-k4"}
-    records, _ = audit_mod.read(tmp_path / "audit.jsonl")
+    records = audit_mod.decisions(audit_mod.read(tmp_path / "audit.jsonl")[0])
     assert plan_moves(records) == [("creative/high", "spec-k4", "nospec")]
 
 
@@ -492,7 +493,7 @@ async def test_clock_jump_causes_no_flap(tmp_path, jump):
     assert actions.count("off") == 1 and actions.count("restore") <= 1
     # a restore needs three good evaluations in a row after the change (steps 4, 5, 6 at the earliest)
     assert all(step >= 6 for step, a in timeline if a == "restore")
-    records, _ = audit_mod.read(tmp_path / "audit.jsonl")
+    records = audit_mod.decisions(audit_mod.read(tmp_path / "audit.jsonl")[0])
     assert len(records) == len(timeline) and not [c for c, m in flaps(records).items() if len(m) > 2]
     assert router.plan()[CREATIVE] in ("nospec", "spec-k4")
 

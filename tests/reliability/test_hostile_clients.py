@@ -278,6 +278,8 @@ def test_an_exhausted_open_file_limit_does_not_lock_out_legitimate_requests(tmp_
         f'pools: [{{name: spec-k4, url: "http://127.0.0.1:{port}", engine: vllm}}]\n'
         f'tap: {{listen: "127.0.0.1:{listen}"}}\nscrape: {{interval_seconds: 3600, timeout_seconds: 1}}\n'
         "guard: {enabled: false}\n"
+        # a free port of its own: the tap's + 1 may be a client connection's port on a busy machine
+        f'server: {{listen: "127.0.0.1:{relkit.closed_port()}"}}\n'
     )
 
     def limit() -> None:

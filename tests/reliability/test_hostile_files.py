@@ -211,6 +211,7 @@ def test_run_listens_on_ipv6_masks_credentials_and_fails_cleanly_on_a_taken_port
     cfg.write_text(
         'pools: [{name: a, url: "http://scraper:s3cret-pw@127.0.0.1:9", engine: vllm}]\n'
         "scrape: {interval_seconds: 3600, timeout_seconds: 1}\nguard: {enabled: false}\n"
+        f'server: {{listen: "[::1]:{free_port(socket.AF_INET6, "::1")}"}}\n'  # a free port of its own
     )
     command = [sys.executable, "-m", "specguard", "run", "--config", str(cfg), "--listen", f"[::1]:{port}"]
     first = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)

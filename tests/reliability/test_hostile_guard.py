@@ -40,7 +40,9 @@ async def start_guard(
         {"spec-k4": engine_url},
         extra=(
             "guard: {interval_seconds: 3600}\n"
-            f'server: {{token_file: "{tmp_path / "token"}"}}\n'
+            # these tests load the alert book and the parsers, not the rate limits (tested on their own)
+            f'server: {{token_file: "{tmp_path / "token"}", alerts_per_second: 10000, alerts_burst: 100000,'
+            " overrides_per_second: 10000, overrides_burst: 100000}\n"
             f'actuators: {{plan_file: "{tmp_path / "plan.json"}", audit_log: "{tmp_path / "audit.jsonl"}"}}\n'
             + extra
         ),
@@ -74,12 +76,12 @@ async def test_an_alert_flood_is_bounded_and_guard_work_never_slows_traffic(tmp_
         monitor, url, registry = await start_guard(
             tmp_path, engine_url, "alertmanager: {max_alerts: 4000, max_alerts_per_class: 16}\n"
         )
-        guard = monitor.guard
+        guard, control = monitor.guard, monitor.control_url
         try:
             async with aiohttp.ClientSession(headers=AUTH) as session:
 
                 async def push(payload: dict) -> dict:
-                    async with session.post(url + "/api/v1/alerts", json=payload) as response:
+                    async with session.post(control + "/api/v1/alerts", json=payload) as response:
                         assert response.status == 200, await response.text()
                         return await response.json()
 
@@ -88,7 +90,7 @@ async def test_an_alert_flood_is_bounded_and_guard_work_never_slows_traffic(tmp_
                         await push(alerts(start, 1000))
                     unknown = await push(alerts(0, 1000, task_type="no-such-class"))
                     await guard.evaluate()
-                async with session.get(url + "/status") as response:
+                async with session.get(control + "/status") as response:
                     status = await response.read()
 
                 flooded = [20_000]
@@ -224,7 +226,7 @@ async def test_hostile_bodies_and_headers_get_4xx_never_500(tmp_path, caplog):
     engine = hostkit.Engine()
     async with relkit.serving(engine.app()) as engine_url:
         monitor, url, _ = await start_guard(tmp_path, engine_url)
-        host, port = url.removeprefix("http://").rsplit(":", 1)
+        host, port = monitor.control_url.removeprefix("http://").rsplit(":", 1)
 
         async def send(raw: bytes) -> bytes:
             reader, writer = await asyncio.open_connection(host, int(port))
@@ -287,11 +289,13 @@ async def test_insecure_loopback_refuses_browsers_and_rebound_names(tmp_path, he
         )
         monitor = Monitor(cfg, registry=CollectorRegistry())
         guard_wiring.configure(monitor, cfg)
-        url = await monitor.start("127.0.0.1", 0)
+        await monitor.start("127.0.0.1", 0)
         try:
             async with aiohttp.ClientSession() as session:
                 body = {"action": "pause", "task_type": "chat"}
-                async with session.post(url + "/api/v1/overrides", json=body, headers=headers) as response:
+                async with session.post(
+                    monitor.control_url + "/api/v1/overrides", json=body, headers=headers
+                ) as response:
                     got = response.status
         finally:
             await monitor.stop()

@@ -20,7 +20,7 @@ import yaml
 from aiohttp import web
 
 from specguard.errors import ConfigError
-from specguard.monitor import guard_wiring, receiver
+from specguard.monitor import control_auth, guard_wiring
 from specguard.monitor.app import Monitor
 from tests.reliability import relkit
 
@@ -54,16 +54,18 @@ async def pool():
 
 
 async def start_with_guard(cfg):
+    """(monitor, tap URL, control URL) of a running monitor with the guard."""
     monitor = Monitor(cfg)
     guard_wiring.configure(monitor, cfg)
-    return monitor, await monitor.start("127.0.0.1", 0)
+    tap = await monitor.start("127.0.0.1", 0)
+    return monitor, tap, monitor.control_url
 
 
 @pytest.mark.parametrize(
     ("server", "headers", "status"),
     [
-        pytest.param("{}", {}, 403, id="no-token-configured"),
-        pytest.param("{}", {"Authorization": f"Bearer {TOKEN}"}, 403, id="no-token-configured-any-bearer"),
+        pytest.param("{}", {}, 401, id="no-token-configured"),
+        pytest.param("{}", {"Authorization": f"Bearer {TOKEN}"}, 401, id="no-token-configured-any-bearer"),
         pytest.param("TOKENFILE", {}, 401, id="token-missing"),
         pytest.param("TOKENFILE", {"Authorization": f"Bearer {TOKEN[:-1]}x"}, 401, id="token-last-char"),
         pytest.param("TOKENFILE", {"Authorization": f"Bearer {TOKEN}x"}, 401, id="token-longer"),
@@ -78,7 +80,7 @@ async def test_mutating_endpoints_need_a_token(pool, tmp_path, server, headers, 
         server = f'{{token_file: "{tmp_path / "token"}"}}'
     cfg = guard_config({"spec-k4": pool}, tmp_path, server)
     with caplog.at_level(logging.DEBUG):
-        monitor, url = await start_with_guard(cfg)
+        monitor, _, url = await start_with_guard(cfg)
         try:
             async with aiohttp.ClientSession() as session:
                 got = []
@@ -102,14 +104,16 @@ async def test_mutating_endpoints_need_a_token(pool, tmp_path, server, headers, 
 
 @pytest.mark.parametrize("listen", ["0.0.0.0:0", "10.1.2.3:8090", "[::]:0", "example.com:80"])
 def test_insecure_mode_refuses_a_non_loopback_address(tmp_path, listen):
-    cfg = guard_config({"spec-k4": "http://127.0.0.1:9"}, tmp_path, "{insecure_loopback: true}", listen)
+    server = f'{{insecure_loopback: true, listen: "{listen}"}}'  # the control listener is what counts
+    cfg = guard_config({"spec-k4": "http://127.0.0.1:9"}, tmp_path, server, listen)
     with pytest.raises(ConfigError, match="not loopback"):
         guard_wiring.build(Monitor(cfg), cfg)
 
 
 def test_listen_override_cannot_expose_insecure_api(tmp_path):
-    """``specguard run --listen`` overrides tap.listen before the guard is wired, so the loopback
-    check of ``server.insecure_loopback: true`` sees the address actually bound: refused, exit 2."""
+    """``specguard run --control-listen`` overrides server.listen before the guard is wired, so the
+    loopback check of ``server.insecure_loopback: true`` sees the address actually bound: refused,
+    exit 2."""
     cfg = tmp_path / "specguard.yaml"
     cfg.write_text(
         'pools: [{name: a, url: "http://127.0.0.1:9", engine: vllm}]\n'
@@ -119,7 +123,7 @@ def test_listen_override_cannot_expose_insecure_api(tmp_path):
     port = relkit.closed_port()
     command = [sys.executable, "-m", "specguard", "run", "--config", str(cfg)]
     proc = subprocess.Popen(
-        [*command, "--listen", f"0.0.0.0:{port}"],
+        [*command, "--control-listen", f"0.0.0.0:{port}"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -158,8 +162,8 @@ def test_unreadable_token_refuses_to_start(tmp_path):
 
 
 def test_token_comparison_is_constant_time():
-    """``hmac.compare_digest`` in the receiver, and no ``==``/``!=`` on a token anywhere."""
-    source = inspect.getsource(receiver.Api.authorize)
+    """``hmac.compare_digest`` at the control listener's door, and no ``==``/``!=`` on a token anywhere."""
+    source = inspect.getsource(control_auth.Gate.identify)
     assert "hmac.compare_digest(" in source
     offenders = []
     for path in sorted((ROOT / "specguard").rglob("*.py")):
@@ -189,7 +193,7 @@ async def test_body_size_limits(pool, tmp_path, mode):
     (tmp_path / "token").write_text(TOKEN)
     server = f'{{token_file: "{tmp_path / "token"}", max_body_bytes: 2048}}'
     cfg = relkit.monitor_config({"spec-k4": pool}, extra=f"tap: {{max_body_bytes: 4096}}\nserver: {server}\n")
-    monitor, url = await start_with_guard(cfg)
+    monitor, tap, control = await start_with_guard(cfg)
     headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
     big_tap = json.dumps({**relkit.chat_body(), "pad": "x" * 8000}).encode()
     big_alert = json.dumps({**ALERT, "pad": "x" * 4000}).encode()
@@ -202,9 +206,10 @@ async def test_body_size_limits(pool, tmp_path, mode):
                 ("/api/v1/overrides", big_alert),
             ):
                 payload = chunked(data) if mode == "chunked" else data
+                url = tap if path.startswith("/v1/") else control
                 async with session.post(url + path, data=payload, headers=headers) as response:
                     statuses.append(response.status)
-            async with session.post(url + "/v1/chat/completions", json=relkit.chat_body()) as response:
+            async with session.post(tap + "/v1/chat/completions", json=relkit.chat_body()) as response:
                 statuses.append(response.status)  # a normal request afterwards is fine
     finally:
         await monitor.stop()

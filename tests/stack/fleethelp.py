@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import yaml
-from stackhelp import DEPLOY, TOKEN, Proc, Stack, http_get, scrape, wait_until
+from stackhelp import DEPLOY, TOKEN, Proc, Stack, control_url, http_get, scrape, wait_until
 
 SIDECAR = DEPLOY / "kubernetes" / "base" / "specguard.yaml"
 DECIDER = DEPLOY / "kubernetes" / "base" / "guard.yaml"
@@ -55,9 +55,13 @@ def sim_args(workdir: Path, seed: int = 3) -> tuple[str, ...]:
     return ("--config", str(path), "--seed", str(seed))
 
 
-def plan_source(source: str, decider_url: str, kube_url: str | None) -> dict:
+def plan_source(source: str, decider_url: str, kube_url: str | None, workdir: Path | None = None) -> dict:
     if source == "http":
-        return {"plan_http": {"urls": [decider_url], "timeout_seconds": 1}}
+        token = (workdir or Path(".")) / "decider-token"  # the decider's token has the follower role
+        token.write_text(TOKEN + "\n")
+        return {
+            "plan_http": {"urls": [control_url(decider_url)], "timeout_seconds": 1, "token_file": str(token)}
+        }
     return {
         "configmap": {"namespace": NAMESPACE, "name": CONFIGMAP, "api_server": kube_url, "timeout_seconds": 5}
     }
@@ -75,7 +79,9 @@ def follower_config(
     config["cost"] = {"min_samples": 20, "baseline_min_samples": 20}
     config["guard"]["interval_seconds"] = POLL_SECONDS
     acts = {k: v for k, v in config["actuators"].items() if k != "configmap"}
-    acts.update(plan_source(source, decider, kube), plan_file=str(workdir / f"follower-{index}-plan.json"))
+    acts.update(
+        plan_source(source, decider, kube, workdir), plan_file=str(workdir / f"follower-{index}-plan.json")
+    )
     config["actuators"] = acts
     return config
 
@@ -95,7 +101,7 @@ def decider_config(engines: dict[str, str], source: str, workdir: Path, promethe
     rule.update(consecutive_failure_limit=0)
     token = workdir / "decider-token"
     token.write_text(TOKEN + "\n")
-    config["server"]["token_file"] = str(token)
+    config["server"] = {"token_file": str(token)}  # every role; its control listener: control_url
     acts = config["actuators"]
     acts.update(plan_file=str(workdir / "decider-plan.json"), audit_log=str(workdir / "audit.jsonl"))
     if source == "http":
@@ -115,9 +121,11 @@ def start_run(stack: Stack, name: str, config: dict, port: int, *, wait: bool = 
     """`specguard run` named `name` on 127.0.0.1:`port`, once its /livez answers (unless not `wait`)."""
     path = stack.workdir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
-    argv = [sys.executable, "-m", "specguard", "run", "--config", str(path), "--listen", f"127.0.0.1:{port}"]
-    proc = stack.spawn(name, argv)
     url = f"http://127.0.0.1:{port}"
+    control = control_url(url).removeprefix("http://")
+    argv = [sys.executable, "-m", "specguard", "run", "--config", str(path), "--listen", f"127.0.0.1:{port}"]
+    argv += ["--control-listen", control]
+    proc = stack.spawn(name, argv)
     if wait:
         wait_healthy(proc, url)
     return proc, url
@@ -179,9 +187,11 @@ def sample(url: str, name: str, **labels: str) -> float | None:
 
 
 def audit(path: Path) -> list[dict]:
+    """The decisions in an audit log (its webhook lines say who sent what, and are left out)."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in records if "event" not in r]
 
 
 def post_json(url: str, body: dict) -> int:

@@ -297,6 +297,8 @@ class Stack(ExitStack):
             str(path),
             "--listen",
             f"127.0.0.1:{port}",
+            "--control-listen",
+            control_url(f"http://127.0.0.1:{port}").removeprefix("http://"),
         ]
         proc = self.spawn("specguard", argv)
         url = f"http://127.0.0.1:{port}"
@@ -357,6 +359,17 @@ class Stack(ExitStack):
         return Prometheus(url)
 
 
+CONTROLS: dict[str, str] = {}
+
+
+def control_url(url: str) -> str:
+    """The control listener of the specguard whose tap is ``url``: a free port of its own, the same
+    across a restart (``--control-listen``)."""
+    if url not in CONTROLS:
+        CONTROLS[url] = f"http://127.0.0.1:{free_port()}"
+    return CONTROLS[url]
+
+
 def specguard_config(pools: dict[str, str], workdir: Path) -> dict:
     """The compose stack's specguard config, pointed at this stack's simulator pools, with the
     guard evaluating every second and its receiver's token in a file."""
@@ -366,7 +379,8 @@ def specguard_config(pools: dict[str, str], workdir: Path) -> dict:
     config["scrape"] = {"interval_seconds": 1, "timeout_seconds": 1}
     token_file = workdir / "specguard-token"
     token_file.write_text(TOKEN + "\n")
-    config["server"]["token_file"] = str(token_file)
+    # one token with every role; the control listener on a port of its own (control_url)
+    config["server"] = {"token_file": str(token_file)}
     config["guard"].update(interval_seconds=1, window_seconds=60, min_samples=10, cooldown_seconds=0)
     config["alertmanager"].pop("url", None)  # the compose stack's Alertmanager: this one starts later
     config["alertmanager"].pop("receiver", None)

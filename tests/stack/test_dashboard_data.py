@@ -24,6 +24,7 @@ from stackhelp import (
     DASHBOARD,
     Prometheus,
     Stack,
+    control_url,
     dashboard_variables,
     drive_load,
     http_post,
@@ -108,7 +109,9 @@ def test_every_panel_runs_and_shows_data(tmp_path: Path):
             rule.update(consecutive_failure_limit=20, failure_limit=20)
         config["guard"]["best_pool_consecutive_limit"] = 20
         specguard = stack.start_specguard(config)
-        prom = stack.start_prometheus(specguard, stack.start_alertmanager(specguard + "/api/v1/alerts"))
+        prom = stack.start_prometheus(
+            specguard, stack.start_alertmanager(control_url(specguard) + "/api/v1/alerts")
+        )
         load = drive_load(specguard, 40, results, seed=3)
         # one request on a path the tap does not forward: answered 404 by the tap itself
         status, _ = http_post(specguard + "/v1/embeddings", {"input": "x", "model": "m"})

@@ -38,7 +38,7 @@ from fleethelp import (
     truth_counts,
     wait_healthy,
 )
-from stackhelp import Stack, free_port, scrape, wait_until
+from stackhelp import Stack, control_url, free_port, scrape, wait_until
 
 from specguard.lab import loadgen
 from tests.monitor.kubekit import FakeKubeApi, Threaded
@@ -120,7 +120,7 @@ def test_fleet_end_to_end(tmp_path: Path, source: str):
         for proc, url in started:
             wait_healthy(proc, url)
         followers = [url for _, url in started]
-        am_url = stack.start_alertmanager(decider_url + "/api/v1/alerts")
+        am_url = stack.start_alertmanager(control_url(decider_url) + "/api/v1/alerts")
         jobs = {"fleet": followers, "specguard-guard": [decider_url]}
         prom = stack.start_prometheus(decider_url, am_url, jobs=jobs)
         config = decider_config(engines, source, tmp_path, prom.url, kube_url)

@@ -25,6 +25,7 @@ from stackhelp import (
     TOKEN,
     Receiver,
     Stack,
+    control_url,
     drive_load,
     moved_off,
     specguard_config,
@@ -51,7 +52,9 @@ def test_alert_moves_the_losing_class_off_speculation(tmp_path: Path):
     with Stack(tmp_path) as stack, Receiver() as receiver:
         pools = stack.start_sim(time_scale=0.05)
         specguard = stack.start_specguard(guard_config(pools, tmp_path))
-        am_url = stack.start_alertmanager(specguard + "/api/v1/alerts", receiver.url, only=RC_ALERT)
+        am_url = stack.start_alertmanager(
+            control_url(specguard) + "/api/v1/alerts", receiver.url, only=RC_ALERT
+        )
         prom = stack.start_prometheus(specguard, am_url)
         load = drive_load(specguard, 28, results, seed=2)
         t0 = time.monotonic()

@@ -27,6 +27,7 @@ from stackhelp import (
     TOKEN,
     Receiver,
     Stack,
+    control_url,
     drive_load,
     http_get,
     http_post,
@@ -84,7 +85,7 @@ def test_stack_end_to_end(tmp_path: Path):
         config["guard"]["best_pool"] = False  # nor may the cheapest-pool choice (the alert would then
         # rightly stay silent: it reads the pool the class is planned on)
         specguard = stack.start_specguard(config)
-        am_url = stack.start_alertmanager(specguard + "/api/v1/alerts", receiver.url)
+        am_url = stack.start_alertmanager(control_url(specguard) + "/api/v1/alerts", receiver.url)
         prom = stack.start_prometheus(specguard, am_url)
         load = drive_load(specguard, 25, results)
         t0 = time.monotonic()
@@ -177,7 +178,7 @@ def test_stack_end_to_end(tmp_path: Path):
         assert receiver.received[0][2]["version"] == "4"
 
         # specguard's receiver refuses a post without the token ...
-        status, _ = http_post(specguard + "/api/v1/alerts", receiver.received[0][2])
+        status, _ = http_post(control_url(specguard) + "/api/v1/alerts", receiver.received[0][2])
         assert status in (401, 403), status
 
         # ... accepted Alertmanager's, and the guard moved the losing class off speculation

@@ -19,7 +19,7 @@ import pytest
 from vllmkit import LOOP_PROMPT, NUM_SPECULATIVE_TOKENS
 
 from specguard.lab import loadgen
-from specguard.monitor import config, guard_wiring
+from specguard.monitor import config, control_auth, guard_wiring
 from specguard.monitor.app import Monitor
 
 pytestmark = pytest.mark.vllm
@@ -49,6 +49,9 @@ async def test_default_config_gives_rc_with_a_baseline_at_every_load_bucket_on_r
     monitor = Monitor(cfg, rng=random.Random(5))
     guard = guard_wiring.configure(monitor, cfg)
     url = await monitor.start("127.0.0.1", 0)
+    # no credential configured: the operator token specguard makes at start reads /status
+    token = control_auth.generated_token_path(monitor.control_port).read_text().strip()
+    operator = {"Authorization": f"Bearer {token}"}
     covered: dict[str, set[str]] = {}
     try:
         start = time.monotonic()
@@ -59,7 +62,7 @@ async def test_default_config_gives_rc_with_a_baseline_at_every_load_bucket_on_r
                 )
                 assert all(r.ok for r in results), [r.error for r in results if not r.ok][:3]
                 traffic = {r.load_bucket for r in monitor.stats.records() if r.pool == "spec-k4"}
-                async with session.get(f"{url}/status") as response:
+                async with session.get(f"{monitor.control_url}/status", headers=operator) as response:
                     status = await response.json()
                 evaluated = status["last_evaluation"]
                 rows = [

@@ -1,26 +1,33 @@
 """``specguard status``: the current plan and the last decisions of a running guard.
 
-Reads ``/status`` of a running instance (``--url``, or ``tap.listen`` of ``--config``); when
-the instance cannot be reached, or with ``--plan-file``, reads the persisted plan (and the
-audit log, if given or configured) instead. ``--json`` prints the machine-readable form.
+Reads ``/status`` of a running instance's control listener (``--url``, or ``server.listen`` of
+``--config``, default ``http://127.0.0.1:8091``) with an operator token: ``--token-file``, else
+``$SPECGUARD_TOKEN``, else the operator credential of ``--config``, else the token ``specguard run``
+generated for that port when no credential is configured. When the instance cannot be reached, or
+with ``--plan-file``, reads the persisted plan (and the audit log, if given or configured)
+instead. ``--json`` prints the machine-readable form.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import ssl
 import sys
 import textwrap
 import time
 import urllib.error
 import urllib.request
 from typing import Any
+from urllib.parse import urlsplit
 
 from specguard import columns as columns_mod
 from specguard import untrusted
-from specguard.errors import InputError, SourceError
+from specguard.errors import ConfigError, InputError, SourceError
 from specguard.monitor import audit as audit_mod
+from specguard.monitor import control_auth
 from specguard.monitor import state as state_mod
 from specguard.rules import rcquality
 
@@ -32,8 +39,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Print the current plan (class x load bucket -> pool/K) and the last decisions, "
         "from a running instance's /status or from the persisted plan file.",
     )
-    parser.add_argument("--url", help="base URL of a running specguard (default: tap.listen of --config)")
-    parser.add_argument("--config", metavar="FILE", help="the config file (for tap.listen and actuators.*)")
+    parser.add_argument(
+        "--url",
+        help="base URL of a running specguard's control listener (default: server.listen of --config, "
+        f"else {DEFAULT_URL})",
+    )
+    parser.add_argument("--config", metavar="FILE", help="the config file (server.*, actuators.*)")
+    parser.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="an operator token (default: $SPECGUARD_TOKEN, the config's operator credential, or the "
+        "token specguard run generated)",
+    )
+    parser.add_argument("--cacert", metavar="FILE", help="the CA of an https control listener")
     parser.add_argument(
         "--plan-file", metavar="FILE", help="read this persisted plan instead of a running instance"
     )
@@ -48,31 +66,39 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+DEFAULT_URL = "http://127.0.0.1:8091"
+
+
 def run(args: argparse.Namespace) -> int:
     plan_file, audit_log, url = args.plan_file, args.audit_log, args.url
+    token = None
     if args.config:
         from specguard.monitor import config as config_mod
 
         cfg = config_mod.load(args.config)
         acts = cfg.sections.get("actuators")
-        url = url or f"http://{cfg.exporter.tap.listen}"
+        server = cfg.sections.get("server")
+        if not url:
+            scheme = "https" if server is not None and server.tls is not None else "http"
+            url = f"{scheme}://{config_mod.control_listen(cfg)}"
+        token = config_token(server)
         if acts is not None:
             plan_file = plan_file or (acts.plan_file if not args.url else None)
             audit_log = audit_log or acts.audit_log
     note = None
+    if args.plan_file is None and not url and not plan_file:
+        url = DEFAULT_URL
     if args.plan_file is None and url:
+        token = operator_token(args.token_file, token, url)
         try:
-            status = fetch(url, args.timeout)
+            status = fetch(url, args.timeout, token, args.cacert)
         except SourceError as exc:
             if not plan_file:
                 raise
             note = f"{exc}; showing the persisted plan"
             status = from_files(plan_file, audit_log)
-    elif plan_file:
-        status = from_files(plan_file, audit_log)
     else:
-        url = "http://127.0.0.1:8090"
-        status = fetch(url, args.timeout)
+        status = from_files(plan_file, audit_log)
     if note:
         status["note"] = note
     status["decisions"] = status.get("decisions", [])[-args.decisions :] if args.decisions else []
@@ -84,12 +110,49 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def fetch(url: str, timeout: float) -> dict[str, Any]:
+def config_token(server: Any) -> str | None:
+    """The token of the config's first operator credential (the legacy token has every role)."""
+    if server is None:
+        return None
+    for credential in server.all_credentials():
+        if "operator" in credential.roles:
+            return credential.token()
+    return None
+
+
+def operator_token(token_file: str | None, configured: str | None, url: str) -> str | None:
+    """``--token-file``, else ``$SPECGUARD_TOKEN``, else the config's, else the generated one."""
+    from specguard.monitor import guard_config
+
+    if token_file:
+        return guard_config.read_token(token_file, "--token-file")
+    if os.environ.get("SPECGUARD_TOKEN", "").strip():
+        return os.environ["SPECGUARD_TOKEN"].strip()
+    if configured:
+        return configured
+    port = urlsplit(url).port
+    path = control_auth.generated_token_path(port) if port else None
+    if path is not None and path.is_file():
+        try:
+            return guard_config.read_token(str(path), "the generated operator token")
+        except ConfigError:
+            return None
+    return None
+
+
+def fetch(url: str, timeout: float, token: str | None = None, cacert: str | None = None) -> dict[str, Any]:
     target = url.rstrip("/") + "/status"
+    request = urllib.request.Request(target, headers={"Authorization": f"Bearer {token}"} if token else {})
+    context = ssl.create_default_context(cafile=cacert) if cacert else None
     try:
-        with urllib.request.urlopen(target, timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
             body = response.read()
     except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):
+            raise SourceError(
+                f"{target}: HTTP {exc.code}: an operator token is needed (--token-file, "
+                "$SPECGUARD_TOKEN, or the config's server.credentials with --config)"
+            ) from exc
         raise SourceError(f"{target}: HTTP {exc.code}") from exc
     except (urllib.error.URLError, TimeoutError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
@@ -121,6 +184,7 @@ def from_files(plan_file: str, audit_log: str | None) -> dict[str, Any]:
         for k, s in sorted(doc.states.items())
     ]
     decisions, torn = audit_mod.read(audit_log) if audit_log else ([], [])
+    decisions = audit_mod.decisions(decisions)  # webhook lines are no decisions
     return {
         "mode": "file",
         "plan_version": doc.version,
