@@ -81,6 +81,7 @@ def test_render_has_every_piece():
             "ConfigMap",
             "Deployment",
             "Lease",
+            "NetworkPolicy",
             "PodMonitor",
             "PrometheusRule",
             "Role",
