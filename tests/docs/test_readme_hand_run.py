@@ -113,6 +113,7 @@ def held(ports):
     finally:
         proc.kill()
         proc.wait(timeout=10)
+        proc.stdout.close()
 
 
 def test_readme_hand_run_ends_in_a_decision_with_its_reason(tmp_path):
