@@ -31,7 +31,7 @@ MIX = [
     ),
 ]
 CLASSES = {("extraction", "greedy"): "copy", ("creative", "high"): "sampled"}
-FIRST_PAIRS, MORE_PAIRS, MAX_PAIRS = 3, 3, 9
+FIRST_PAIRS, MORE_PAIRS, MAX_PAIRS = 6, 4, 14
 
 
 async def test_guard_decisions_agree_with_interleaved_ab_ground_truth(llamacpp_servers, tmp_path):
