@@ -67,17 +67,14 @@ class LlamacppServer(server.SimServer):
     def __init__(self, runtime: PoolRuntime, truth: Callable[[], dict[str, Any]]):
         super().__init__(runtime, truth, LlamacppMetrics(runtime.config, runtime.pool))
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=server.MAX_BODY_BYTES)
-        app.router.add_get("/health", self.health)
-        app.router.add_get("/v1/health", self.health)
-        app.router.add_get("/v1/models", self.models)
-        app.router.add_get("/metrics", self.metrics_page)
-        app.router.add_get("/props", self.props)
-        app.router.add_get("/sim/truth", self.truth_page)
-        app.router.add_post("/v1/completions", self.completions)
-        app.router.add_post("/v1/chat/completions", self.chat_completions)
-        return app
+    metrics_content_type = CONTENT_TYPE_METRICS
+
+    def dialect_routes(self) -> list[web.RouteDef]:
+        return [
+            web.get("/health", self.health),
+            web.get("/v1/health", self.health),
+            web.get("/props", self.props),
+        ]
 
     async def health(self, request: web.Request) -> web.Response:
         return json_response({"status": "ok"})
@@ -93,9 +90,6 @@ class LlamacppServer(server.SimServer):
         return json_response(
             {"build_info": BUILD_INFO, "model_alias": name, "model_path": name, "total_slots": slots}
         )
-
-    async def metrics_page(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_METRICS})
 
     async def _openai(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         try:

@@ -1,6 +1,7 @@
-"""What the simulated vLLM and SGLang servers share: the pool runtime, the plain endpoints
-(``/health``, ``/sim/truth``), OpenAI request parsing, the run-or-stream flow that cancels a
-generation when its client goes away, and server-sent-event framing."""
+"""What the simulated vLLM, SGLang and llama.cpp servers share: the pool runtime, the routes
+every one serves (the OpenAI API, ``/metrics``, ``/sim/truth``), OpenAI request parsing, the
+run-or-stream flow that cancels a generation when its client goes away, and server-sent-event
+framing."""
 
 from __future__ import annotations
 
@@ -90,9 +91,38 @@ class SimServer:
         runtime.sinks.append(metrics)
         self.created = int(time.time())
 
+    metrics_content_type = "text/plain; version=0.0.4; charset=utf-8"
+
     @staticmethod
     def error_response(status: int, message: str, err_type: str, param: str | None) -> web.Response:
         raise NotImplementedError
+
+    def middlewares(self) -> list:
+        return []
+
+    def dialect_routes(self) -> list[web.RouteDef]:
+        """The engine's own routes beside the common ones (health, version, server info...)."""
+        return []
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=self.middlewares(), client_max_size=MAX_BODY_BYTES)
+        app.router.add_routes(
+            [
+                *self.dialect_routes(),
+                web.get("/v1/models", self.models),
+                web.get("/metrics", self.metrics_page),
+                web.get("/sim/truth", self.truth_page),
+                web.post("/v1/completions", self.completions),
+                web.post("/v1/chat/completions", self.chat_completions),
+            ]
+        )
+        return app
+
+    async def models(self, request: web.Request) -> web.Response:
+        raise NotImplementedError
+
+    async def metrics_page(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": self.metrics_content_type})
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)

@@ -66,23 +66,20 @@ class SglangServer(server.SimServer):
     def __init__(self, runtime: PoolRuntime, truth: Callable[[], dict[str, Any]]):
         super().__init__(runtime, truth, SglangMetrics(runtime.config, runtime.pool))
 
-    def app(self) -> web.Application:
-        app = web.Application(middlewares=[server.fastapi_errors], client_max_size=server.MAX_BODY_BYTES)
-        for path, handler in (
+    metrics_content_type = "text/plain; version=0.0.4"
+
+    def middlewares(self) -> list:
+        return [server.fastapi_errors]
+
+    def dialect_routes(self) -> list[web.RouteDef]:
+        gets = [
             ("/health", self.health),
             ("/health_generate", self.health),
-            ("/v1/models", self.models),
             ("/get_model_info", self.model_info),
             ("/server_info", self.server_info),
             ("/get_server_info", self.server_info),
-            ("/metrics", self.metrics_page),
-            ("/sim/truth", self.truth_page),
-        ):
-            app.router.add_get(path, handler)
-        app.router.add_post("/generate", self.generate)
-        app.router.add_post("/v1/completions", self.completions)
-        app.router.add_post("/v1/chat/completions", self.chat_completions)
-        return app
+        ]
+        return [web.get(path, handler) for path, handler in gets] + [web.post("/generate", self.generate)]
 
     # ---- simple endpoints ------------------------------------------------------------------------
     async def models(self, request: web.Request) -> web.Response:
@@ -125,9 +122,6 @@ class SglangServer(server.SimServer):
                 "version": SGLANG_VERSION,
             }
         )
-
-    async def metrics_page(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4"})
 
     # ---- labels and classes ------------------------------------------------------------------------
     def _header_labels(self, request: web.Request) -> dict[str, str]:

@@ -89,20 +89,17 @@ class VllmServer(server.SimServer):
         self.http_metrics = HttpMetrics(self.metrics.registry)
         self.system_fingerprint = system_fingerprint(runtime)
 
-    def app(self) -> web.Application:
-        app = web.Application(
-            middlewares=[self.http_metrics.middleware, server.fastapi_errors],
-            client_max_size=server.MAX_BODY_BYTES,
-        )
-        app.router.add_get("/health", self.health)
-        app.router.add_get("/ping", self.health)
-        app.router.add_get("/version", self.version)
-        app.router.add_get("/v1/models", self.models)
-        app.router.add_get("/metrics", self.metrics_page)
-        app.router.add_get("/sim/truth", self.truth_page)
-        app.router.add_post("/v1/completions", self.completions)
-        app.router.add_post("/v1/chat/completions", self.chat_completions)
-        return app
+    metrics_content_type = CONTENT_TYPE_METRICS
+
+    def middlewares(self) -> list:
+        return [self.http_metrics.middleware, server.fastapi_errors]
+
+    def dialect_routes(self) -> list[web.RouteDef]:
+        return [
+            web.get("/health", self.health),
+            web.get("/ping", self.health),
+            web.get("/version", self.version),
+        ]
 
     # ---- simple endpoints ------------------------------------------------------------------------
     async def version(self, request: web.Request) -> web.Response:
@@ -136,9 +133,6 @@ class VllmServer(server.SimServer):
             ],
         }
         return web.json_response({"object": "list", "data": [card]})
-
-    async def metrics_page(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_METRICS})
 
     # ---- generation ------------------------------------------------------------------------------
     async def _openai(self, request: web.Request, *, chat: bool) -> web.StreamResponse:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -10,8 +11,20 @@ import time
 
 
 def test_ctrl_c_says_what_is_done_and_exits_130():
-    argv = [sys.executable, "-m", "specguard", "demo", "--no-live", "--duration", "0"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # a paced replay (--duration 60: about 36 s of it) is still running when Ctrl-C comes, however
+    # fast or loaded the machine; unbuffered, so that "2/3" arrives when it is printed
+    argv = [sys.executable, "-m", "specguard", "demo", "--no-live", "--duration", "60"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        # as from a terminal: a shell's background job (CI's, say) starts with SIGINT ignored, and
+        # an ignored signal stays ignored through exec
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     assert proc.stdout is not None
     try:
         for line in proc.stdout:  # Ctrl-C once the calibration is done and the replay runs

@@ -19,6 +19,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests import engineproc
+
 ROOT = Path(__file__).resolve().parents[2]
 PROVISION = ROOT / "scripts" / "provision-llamacpp"
 SERVE = ROOT / "scripts" / "serve-llamacpp"
@@ -127,18 +129,7 @@ def wait_healthy(server: Server, deadline_s: float = START_DEADLINE_S) -> float:
 
 def stop(server: Server) -> None:
     """SIGTERM, then SIGKILL to the process group."""
-    proc = server.proc
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=10)
+    engineproc.stop(server.proc, STOP_GRACE_S)
 
 
 def kill(server: Server) -> None:

@@ -21,35 +21,16 @@ import pytest
 from specguard.lab import loadgen
 from specguard.monitor import config
 from specguard.monitor.app import Monitor
+from tests import realmix
+from tests.realmix import CLASSES, scrape_all
 
 pytestmark = pytest.mark.llamacpp
 
 MAX_TOKENS = 16
-CLASSES = {
-    ("extraction", "greedy"): "copy",
-    ("code", "greedy"): "copy",
-    ("chat", "medium"): "sampled",
-    ("creative", "high"): "sampled",
-}
 
 
 def real_mix(stream: bool | None = None) -> list[loadgen.RequestClass]:
-    def cls(task: str, temperature: float, prompt_tokens: int) -> loadgen.RequestClass:
-        return loadgen.RequestClass(
-            task,
-            temperature=temperature,
-            max_tokens=MAX_TOKENS,
-            prompt_tokens=prompt_tokens,
-            prompts="task",
-            stream=stream,
-        )
-
-    return [cls("extraction", 0.0, 40), cls("code", 0.0, 40), cls("chat", 0.7, 20), cls("creative", 1.0, 20)]
-
-
-async def scrape_all(monitor: Monitor) -> None:
-    for loop in monitor.loops:
-        assert await loop.scrape_once(), loop.watch.last_error
+    return realmix.task_mix(MAX_TOKENS, 40, 20, stream)
 
 
 async def test_per_class_counts_are_the_engines_own_and_greedy_copy_tasks_accept_more(llamacpp_servers):

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import time
@@ -35,6 +34,8 @@ from pathlib import Path
 
 import pytest
 from vllmkit import LOOP_PROMPT, MODEL_NAME, NUM_SPECULATIVE_TOKENS, SMOL_NAME, SPEC_CONFIG
+
+from tests import engineproc
 
 ROOT = Path(__file__).resolve().parents[2]
 PROVISION = ROOT / "scripts" / "provision-vllm"
@@ -189,17 +190,7 @@ def _post_json(url: str, body: dict, timeout: float = 120.0) -> dict:
 
 def stop(proc: subprocess.Popen) -> None:
     """SIGTERM the server (it stops its EngineCore and Worker), then SIGKILL its process group."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # children left behind, if any (own session: pgid == pid)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=10)
+    engineproc.stop(proc, STOP_GRACE_S)
 
 
 def wait_healthy(name: str, proc: subprocess.Popen, url: str, log_path: Path) -> None:

@@ -38,11 +38,6 @@ scrape: {{interval_seconds: {scrape_s}, timeout_seconds: {min(5.0, scrape_s)}}}
 """
 
 
-async def scrape_all(monitor: Monitor) -> None:
-    for loop in monitor.loops:
-        assert await loop.scrape_once(), loop.watch.last_error
-
-
 def pool_sums(monitor: Monitor, pool: str) -> dict[str, float]:
     totals = [t for key, t in monitor.stats.totals().items() if key[0] == pool]
     per_pos = [0] * K

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
 import signal
 import subprocess
 
@@ -21,13 +20,11 @@ from conftest import provision, server_command, server_env, stop
 from vllmkit import MODEL_NAME
 
 from specguard.lab import failover, loadgen
-from specguard.monitor import config
-from specguard.monitor.app import Monitor
+from tests import realfailover
 
 pytestmark = pytest.mark.vllm
 
 CONCURRENCY = 4
-DOWN_INTERVAL = 0.5
 MIX = [
     loadgen.RequestClass("creative", temperature=1.0, max_tokens=24, prompt_tokens=20, chat=False),
     loadgen.RequestClass("code", temperature=0.0, max_tokens=24, prompt_tokens=20, chat=False),
@@ -78,47 +75,18 @@ class VllmVictim:
 
 async def test_a_real_engine_killed_during_load_fails_over_and_comes_back(vllm_engines, tmp_path):
     victim = VllmVictim(tmp_path)
-    await victim.restart()
-    try:
-        cfg = config.parse_text(
-            f"""
-pools:
-  - {{name: spec, url: "{vllm_engines.spec.url}", engine: vllm, num_speculative_tokens: 4}}
-  - {{name: nospec, url: "{vllm_engines.nospec.url}", engine: vllm, num_speculative_tokens: 0}}
-  - {{name: victim, url: "{victim.url}", engine: vllm, num_speculative_tokens: 0}}
-tap: {{holdout_share: 0.1, probe_share: 0, default_pool: spec, nospec_pool: nospec}}
-scrape: {{interval_seconds: 3600, timeout_seconds: 2, down_interval_seconds: {DOWN_INTERVAL}}}
-""",
-            "failover.yaml",
-        )
-        monitor = Monitor(cfg, rng=random.Random(5))
-        monitor.router.set_plan({("creative", "high", load): "victim" for load in ("low", "medium", "high")})
-        url = await monitor.start("127.0.0.1", 0)
-        try:
-            outcome = await failover.kill_during_load(
-                monitor,
-                url,
-                victim,
-                MIX,
-                concurrency=CONCURRENCY,
-                before_s=5,
-                down_s=3,
-                after_s=5,
-                back_timeout_s=60,
-                load_during_restart=False,  # see kill_during_load: a starved start took > 300 s in CI
-            )
-        finally:
-            await monitor.stop()
-    finally:
-        victim.stop()
+    outcome, records = await realfailover.kill_during_load(
+        "vllm",
+        vllm_engines.spec.url,
+        vllm_engines.nospec.url,
+        4,
+        victim,
+        MIX,
+        CONCURRENCY,
+        before_s=5,
+        down_s=3,
+        after_s=5,
+        load_during_restart=False,  # see kill_during_load: a starved start took > 300 s in CI
+    )
     print("real vLLM failover outcome:", outcome.to_json(), "model", MODEL_NAME)  # shown with -s
-
-    assert outcome.failed <= CONCURRENCY, outcome.errors  # at most the requests in flight on it
-    assert outcome.failed_after_failover == 0, outcome.errors
-    assert outcome.time_to_failover_s is not None and outcome.time_to_failover_s < 3  # (down_s)
-    assert outcome.time_back_s is not None and outcome.time_back_s <= 10 * DOWN_INTERVAL
-    assert outcome.failover_requests > 0
-    assert outcome.served_by.get("victim", 0) > 0 and outcome.served_by.get("nospec", 0) > 0
-    records = monitor.stats.records()
-    moved = [r for r in records if r.route == "failover"]
-    assert moved and {(r.task_type, r.pool) for r in moved} == {("creative", "nospec")}  # nearest K: 0
+    realfailover.assert_failed_over(outcome, records, CONCURRENCY)

@@ -29,12 +29,13 @@ import time
 import abkit
 import pytest
 import vllmkit as kit
-from tapkit import SPEC_FIELDS, K, config_text, pool_sums, pools, scrape_all
+from tapkit import SPEC_FIELDS, K, config_text, pool_sums, pools
 
 from specguard.lab import loadgen
-from specguard.monitor import config, guard_wiring
+from specguard.monitor import config
 from specguard.monitor.app import Monitor
-from specguard.rules import cost
+from tests import abtiming, realmix
+from tests.realmix import CLASSES, scrape_all
 
 pytestmark = pytest.mark.vllm
 
@@ -42,25 +43,9 @@ MAX_TOKENS = 32
 
 
 def real_mix(stream: bool | None = None) -> list[loadgen.RequestClass]:
-    def cls(task: str, temperature: float, prompt_tokens: int) -> loadgen.RequestClass:
-        return loadgen.RequestClass(
-            task,
-            temperature=temperature,
-            max_tokens=MAX_TOKENS,
-            prompt_tokens=prompt_tokens,
-            prompts="task",
-            stream=stream,
-        )
-
-    return [cls("extraction", 0.0, 80), cls("code", 0.0, 80), cls("chat", 0.7, 30), cls("creative", 1.0, 20)]
+    return realmix.task_mix(MAX_TOKENS, 80, 30, stream)
 
 
-CLASSES = {
-    ("extraction", "greedy"): "copy",
-    ("code", "greedy"): "copy",
-    ("chat", "medium"): "sampled",
-    ("creative", "high"): "sampled",
-}
 KEYS = list(CLASSES)
 MAX_PAIRS = 13  # per class, for the ground truth
 
@@ -126,23 +111,7 @@ pools:
   - {{name: nospec, url: "{engines.nospec.url}", engine: vllm, num_speculative_tokens: 0}}
 tap: {{listen: "127.0.0.1:0", holdout_share: 0.5, probe_share: 0, default_pool: spec, nospec_pool: nospec}}
 scrape: {{interval_seconds: 3600}}
-cost: {{min_samples: 4, baseline_min_samples: 4, baseline_scope: class_then_load}}
-guard:
-  window_seconds: 3600
-  min_samples: 4
-  consecutive_failure_limit: 0
-  failure_limit: -1
-  cooldown_seconds: 0
-  shorten: false
-  best_pool: false
-  prior: none
-  holdout: fixed
-  rules:
-    # The shipped rule: off when even the lower confidence bound is above 1.0.
-    - {{name: relative-cost, measure: rc_lower, threshold: 1.0, restore_measure: rc, restore_threshold: 0.95}}
-server: {{insecure_loopback: true}}
-actuators: {{plan_file: "{tmp_path / "plan.json"}", audit_log: "{tmp_path / "audit.jsonl"}"}}
-"""
+""" + abtiming.guard_yaml(4, tmp_path)
 
 
 async def test_guard_decisions_agree_with_interleaved_ab_ground_truth(smollm2_engines, tmp_path):
@@ -155,72 +124,16 @@ async def test_guard_decisions_agree_with_interleaved_ab_ground_truth(smollm2_en
         aa = await asyncio.to_thread(
             abkit.aa_bias, engines.nospec.url, engines.nospec.pid, (cpus[0], cpus[-1]), real_mix()[0], 4, 300
         )
-    # 2. Ground truth: per class, the same requests on spec and nospec in ABBA order; more pairs for
-    #    the undecided classes while none is decided (a loaded machine widens every interval).
-    pairs: dict[tuple[str, str], list] = {key: [] for key in CLASSES}
-    truth: dict[tuple[str, str], abkit.Ratio] = {}
-    while not truth or (
-        all(t.verdict == "undecided" for t in truth.values()) and len(pairs[KEYS[0]]) < MAX_PAIRS
-    ):
-        for cls, key in zip(real_mix(), CLASSES, strict=True):
-            if key in truth and truth[key].verdict != "undecided":
-                continue
-            more = 5 if not pairs[key] else 4
-            seed = 400 + 100 * len(pairs[key])
-            pairs[key] += await asyncio.to_thread(
-                abkit.interleaved, engines.spec.url, engines.nospec.url, cls, more, seed
-            )
-            truth[key] = abkit.ratio(pairs[key])
-    # 3. The guard, on its own live evidence: traffic through the tap, half held out on nospec.
+    # 2. Ground truth, then 3. the guard on its own live evidence (traffic through the tap, half
+    #    held out on nospec).
+    truth = await abtiming.ground_truth(
+        engines.spec.url, engines.nospec.url, real_mix(), KEYS, 5, 4, MAX_PAIRS
+    )
     cfg = config.parse_text(guard_config(engines, tmp_path), "specguard.yaml")
-    monitor = Monitor(cfg, rng=random.Random(3))
-    guard, _ = guard_wiring.build(monitor, cfg)
-    url = await monitor.start("127.0.0.1", 0)
-    try:
-        results = await loadgen.run_load(url, real_mix(), 1, requests=48, stream=True, seed=500)
-        assert {r.status for r in results} == {200}, [r.error for r in results if not r.ok]
-        now = time.time()
-        decisions = {d.key: d for d in await guard.evaluate(now)}
-        settings = cfg.sections["cost"].with_traffic(
-            cfg.exporter.classes.load_buckets, cfg.exporter.tap.full_rollback_request_threshold
-        )
-        measured = {
-            (c.task_type, c.temperature_bucket): c
-            for c in cost.evaluate(monitor.stats.records(), {"spec": K, "nospec": 0}, None, now, settings)
-            if c.pool == "spec" and c.load_bucket == "low"
-        }
-    finally:
-        await monitor.stop()
-
+    decisions, measured = await abtiming.guard_on_live_evidence(cfg, real_mix(), 48, {"spec": K, "nospec": 0})
     report = [f"A/A bias (core {cpus[0]} / core {cpus[-1]}, same no-spec engine): {aa}"]
-    decided = 0
-    for key, kind in CLASSES.items():
-        t, c = truth[key], measured[key]
-        decision = decisions[(*key, "low")]
-        assert c.rc is not None and c.baseline_source == "live", c
-        report.append(
-            f"{key[0]}/{key[1]} ({kind}): truth RC {t} -> {t.verdict}; guard RC {c.rc:.3f} "
-            f"[{c.lower:.3f}, {c.upper:.3f}] -> {decision.action}"
-        )
-        # The decision follows the guard's own evidence (the shipped rule) ...
-        if c.lower > 1.0:
-            assert (decision.action, decision.to_pool) == ("off", "nospec"), report
-        else:
-            assert decision.action == "none", report
-        # ... and that evidence agrees with the truth: neither says "pays" (upper < 1) where the
-        # other says "loses" (lower > 1), and the two intervals overlap or the point estimates are
-        # within 25% of each other. (The guard measures the live mix, the truth an interleaved A/B
-        # of one class at a time. CI runs saw intervals missing each other by 0.005, both saying
-        # "loses", and points 26% apart with overlapping intervals and an A/A bias of 1.12.)
-        assert not (c.upper < 1.0 < t.lower or t.upper < 1.0 < c.lower), report
-        overlap = c.lower <= t.upper and t.lower <= c.upper
-        assert overlap or abs(c.rc / t.point - 1.0) < 0.25, report
-        if t.verdict == "pays":
-            decided += 1
-            assert decision.action == "none", report
-        elif t.verdict == "loses":
-            decided += 1
-            assert c.upper > 1.0, report
-    report.append(f"wall time {time.monotonic() - t0:.0f} s")
-    print("\n".join(report))  # shown with -s; docs/real-model.md quotes a run
-    assert decided >= 1, report
+    try:
+        abtiming.judge(CLASSES, truth, measured, decisions, report)
+    finally:
+        report.append(f"wall time {time.monotonic() - t0:.0f} s")
+        print("\n".join(report))  # shown with -s; docs/real-model.md quotes a run

@@ -16,12 +16,13 @@ import time
 import aiohttp
 import pytest
 import vllmkit as kit
-from tapkit import MIX, SPEC_FIELDS, K, config_text, pool_sums, pools, scrape_all
+from tapkit import MIX, SPEC_FIELDS, K, config_text, pool_sums, pools
 from vllmkit import LOOP_PROMPT, MODEL_NAME
 
 from specguard.lab import loadgen
 from specguard.monitor import config
 from specguard.monitor.app import Monitor
+from tests.realmix import scrape_all
 
 pytestmark = pytest.mark.vllm
 
