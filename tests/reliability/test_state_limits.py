@@ -100,10 +100,14 @@ async def test_disk_full_answers_503_keeps_nothing_and_a_restart_has_every_200(t
                     ok = await post(session, monitor.control_url + "/api/v1/alerts", alerts(0, 1))
                     disk.fill()
                     refused = [  # 10 one after the other, then 10 at once (batched into shared writes)
-                        await post(session, monitor.control_url + "/api/v1/alerts", alerts(100 + i, 1)) for i in range(10)
+                        await post(session, monitor.control_url + "/api/v1/alerts", alerts(100 + i, 1))
+                        for i in range(10)
                     ]
                     refused += await asyncio.gather(
-                        *(post(session, monitor.control_url + "/api/v1/alerts", alerts(110 + i, 1)) for i in range(10))
+                        *(
+                            post(session, monitor.control_url + "/api/v1/alerts", alerts(110 + i, 1))
+                            for i in range(10)
+                        )
                     )
                     pin_refused = await post(session, monitor.control_url + "/api/v1/overrides", PIN)
                     in_memory = (len(guard.alerts), [k for k, s in guard.states.items() if s.pin])
@@ -167,7 +171,9 @@ async def test_webhooks_against_a_full_book_never_stall_traffic_and_are_kept(tmp
                 guard = monitor.guard
                 async with aiohttp.ClientSession(headers=AUTH) as session:
                     for start in range(0, 10_000, 2_000):  # the book at its cap
-                        assert (await post(session, monitor.control_url + "/api/v1/alerts", alerts(start, 2_000)))[0] == 200
+                        assert (
+                            await post(session, monitor.control_url + "/api/v1/alerts", alerts(start, 2_000))
+                        )[0] == 200
                     assert len(guard.alerts) == 10_000
                     size = (tmp_path / "plan.json").stat().st_size
                     writes = getattr(guard.persistence, "writes", 0)  # (main had no such count)
@@ -175,7 +181,9 @@ async def test_webhooks_against_a_full_book_never_stall_traffic_and_are_kept(tmp
 
                     async def webhooks() -> None:
                         for i in sent:
-                            assert (await post(session, monitor.control_url + "/api/v1/alerts", alerts(i, 1)))[0] == 200
+                            assert (
+                                await post(session, monitor.control_url + "/api/v1/alerts", alerts(i, 1))
+                            )[0] == 200
 
                     with LoopLag() as calm:
                         quiet = await hostkit.probe(url, 20)
