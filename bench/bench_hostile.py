@@ -242,16 +242,23 @@ def tap_rss(pid: int) -> float:
     return 0.0
 
 
-async def bench(args: argparse.Namespace, tap_url: str, engine_url: str, tap_pid: int) -> dict:
+async def _wait_up(url: str) -> None:
+    """Until the specguard at ``url`` answers /healthz 200 (60 s at most)."""
     async with aiohttp.ClientSession() as session:
-        for _ in range(300):  # wait for the tap
+        for _ in range(600):
             try:
-                async with session.get(tap_url + "/healthz") as response:
+                async with session.get(url + "/healthz") as response:
                     if response.status == 200:
-                        break
+                        return
             except aiohttp.ClientError:
                 pass
             await asyncio.sleep(0.1)
+    raise SystemExit(f"specguard run at {url} did not come up (see its log)")
+
+
+async def bench(args: argparse.Namespace, tap_url: str, engine_url: str, tap_pid: int) -> dict:
+    await _wait_up(tap_url)
+    async with aiohttp.ClientSession() as session:
 
         async def page(kind: str, fail: bool = False) -> None:
             async with session.post(engine_url + f"/control?page={kind}&fail={int(fail)}") as response:
@@ -390,19 +397,6 @@ def _tap_config(tmp: Path, engine_port: int, tap_port: int, extra: str = "") -> 
         f'audit_log: "{tmp / f"audit-{tap_port}.jsonl"}"}}\n' + extra
     )
     return cfg
-
-
-async def _wait_up(url: str) -> None:
-    async with aiohttp.ClientSession() as session:
-        for _ in range(600):
-            try:
-                async with session.get(url + "/healthz") as response:
-                    if response.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise SystemExit(f"specguard run at {url} did not come up (see its log)")
 
 
 async def _webhook_flood(url: str, stop: asyncio.Event, clients: int = 8) -> dict:

@@ -11,7 +11,10 @@ import contextlib
 import json
 import re
 import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -19,6 +22,19 @@ from aiohttp.test_utils import TestServer
 from specguard.monitor import config
 
 K = {"spec-k4": 4, "spec-k2": 2, "nospec": 0}
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_specguard(cfg: Path) -> subprocess.CompletedProcess:
+    """``specguard run --config cfg`` in a process of its own, to its exit: for the start-up
+    refusals (a config that must stop it at once; 60 s would be a hang)."""
+    return subprocess.run(
+        [sys.executable, "-m", "specguard", "run", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
 
 
 @contextlib.asynccontextmanager

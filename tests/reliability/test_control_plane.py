@@ -547,13 +547,7 @@ def test_a_bad_tls_file_is_a_config_error_at_start(tmp_path):
         'tap: {listen: "127.0.0.1:0"}\nscrape: {interval_seconds: 3600}\n'
         f'server: {{tls: {{cert_file: "{tmp_path / "none.crt"}", key_file: "{tmp_path / "none.key"}"}}}}\n'
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "specguard", "run", "--config", str(cfg)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
+    done = relkit.run_specguard(cfg)
     assert done.returncode == 2 and done.stderr.startswith(f"Error: {cfg}: server.tls: cannot load"), (
         done.stderr
     )

@@ -148,13 +148,7 @@ def test_unreadable_token_refuses_to_start(tmp_path):
             'tap: {listen: "127.0.0.1:0"}\n'
             f'server: {{token_file: "{tmp_path / name}"}}\n'
         )
-        done = subprocess.run(
-            [sys.executable, "-m", "specguard", "run", "--config", str(cfg)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=ROOT,
-        )
+        done = relkit.run_specguard(cfg)
         assert done.returncode == 2, done.stderr
         assert done.stderr.startswith("Error: ") and "server.token_file: " in done.stderr
         assert expect in done.stderr
