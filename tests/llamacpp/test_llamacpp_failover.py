@@ -21,6 +21,9 @@ from tests import realfailover
 pytestmark = pytest.mark.llamacpp
 
 CONCURRENCY = 4
+# dead for 6 s: at 4 clients the mix's creative requests (planned on the victim) keep coming even
+# when the vLLM tier shares the machine's 2 cores
+DOWN_S = 6
 MIX = [
     loadgen.RequestClass("creative", temperature=1.0, max_tokens=16, prompt_tokens=20, prompts="task"),
     loadgen.RequestClass("code", temperature=0.0, max_tokens=16, prompt_tokens=40, prompts="task"),
@@ -66,8 +69,8 @@ async def test_a_real_server_killed_during_load_fails_over_and_comes_back(llamac
         MIX,
         CONCURRENCY,
         before_s=4,
-        down_s=3,
+        down_s=DOWN_S,
         after_s=4,
     )
     print("real llama.cpp failover outcome:", outcome.to_json())  # shown with -s
-    realfailover.assert_failed_over(outcome, records, CONCURRENCY)
+    realfailover.assert_failed_over(outcome, records, CONCURRENCY, DOWN_S)

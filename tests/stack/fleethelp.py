@@ -72,8 +72,12 @@ def follower_config(
 ) -> dict:
     """The shipped sidecar config, pointed at this fleet; its plan from `source`."""
     config = yaml.safe_load(SIDECAR.read_text())
+    key = workdir / "engine-api-key"  # the Secret the manifests mount (the simulator takes any key)
+    key.write_text("fleet-engine-key\n")
     for pool in config["pools"]:
         pool["url"] = engines[FOLLOWERS[index][pool["name"]]]
+        if "api_key_file" in pool:
+            pool["api_key_file"] = str(key)
     config["scrape"] = {"interval_seconds": 1, "timeout_seconds": 1}
     config["tap"].update(holdout_share=0.2)  # a live baseline within seconds
     config["cost"] = {"min_samples": 20, "baseline_min_samples": 20}

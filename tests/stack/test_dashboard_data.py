@@ -115,7 +115,16 @@ def test_every_panel_runs_and_shows_data(tmp_path: Path):
         load = drive_load(specguard, 40, results, seed=3)
         # one request on a path the tap does not forward: answered 404 by the tap itself
         status, _ = http_post(specguard + "/v1/embeddings", {"input": "x", "model": "m"})
-        assert status < 500
+        assert status == 404
+        # and one the engine answers without per-request stats (n > 1): an unattributed request
+        body = {
+            "model": "sim-llama-3.1-8b",
+            "n": 2,
+            "max_tokens": 8,
+            "messages": [{"role": "user", "content": "hi"}],
+        }
+        status, _ = http_post(specguard + "/v1/chat/completions", body)
+        assert status == 200
 
         wait_until(
             "creative moved off speculation",
