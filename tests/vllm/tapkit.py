@@ -112,7 +112,17 @@ class SpecguardRun:
         self.log = tmp_path / "run.log"
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "specguard", "run", "--config", str(path)],
+                # the control listener on a free port of its own (the tap's port + 1 may be taken)
+                [
+                    sys.executable,
+                    "-m",
+                    "specguard",
+                    "run",
+                    "--config",
+                    str(path),
+                    "--control-listen",
+                    f"127.0.0.1:{free_port()}",
+                ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=tmp_path,
