@@ -57,3 +57,8 @@ class UnreachableError(SourceError):
     """Nothing answered at the address: connection refused, no route, or the connect timed out.
 
     Unlike a slow or malformed answer, this says the server is not serving at all (failover)."""
+
+
+class NotReadyError(SourceError):
+    """The server answered 503 Service Unavailable: it listens but does not serve yet (a
+    llama.cpp server loading its model) or any more (draining). As good as down for routing."""

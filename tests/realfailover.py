@@ -59,7 +59,7 @@ scrape: {{interval_seconds: 3600, timeout_seconds: 2, down_interval_seconds: {DO
 
 def assert_failed_over(outcome, records, concurrency: int, down_s: float = 3) -> None:
     """The tap learns of a dead pool from the requests sent to it: it is marked down within the
-    time it stays dead (``down_s``) only if requests keep coming, so the load must keep some."""
+    time it stays dead (``down_s``, or the experiment's ``max_down_s``) only if requests come."""
     assert outcome.failed <= concurrency, outcome.errors  # at most the requests in flight on it
     assert outcome.failed_after_failover == 0, outcome.errors
     assert outcome.time_to_failover_s is not None and outcome.time_to_failover_s < down_s, outcome

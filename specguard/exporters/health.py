@@ -1,12 +1,13 @@
 """Which pools are serving: passive health from the tap's own connects, active from the scrape.
 
 A pool is marked down as soon as a connect to it fails (connection refused, no route, connect
-timeout), whether the tap's forward of a request (passive) or a scrape of its page (active)
-found it. It is marked up again by the first answer of any kind: an HTTP status from a
-request or a scrape, even an error page, means the engine is listening again. A slow answer
-(a read timeout) is no verdict either way. The scrape loop re-checks a pool that is down every
-``scrape.down_interval_seconds``, so a pool that comes back is used again within seconds with
-no traffic needed to find out.
+timeout) or it answers 503 Service Unavailable (it listens but does not serve: llama.cpp's
+"Loading model" while a restarted server loads), whether the tap's forward of a request
+(passive) or a scrape of its page (active) found it. It is marked up again by the first other
+answer: any other HTTP status from a request or a scrape, even an error page, means the engine
+is listening and serving again. A slow answer (a read timeout) is no verdict either way. The
+scrape loop re-checks a pool that is down every ``scrape.down_interval_seconds``, so a pool that
+comes back is used again within seconds with no traffic needed to find out.
 
 A pool that answers but fails (``Ejector``: so many 5xx answers or resets in a row, as Envoy's
 outlier detection counts them) is *ejected*: out of service for an interval whatever its scrape

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 
 from specguard import untrusted
-from specguard.errors import InputError, SpecguardError, UnreachableError
+from specguard.errors import InputError, NotReadyError, SpecguardError, UnreachableError
 from specguard.exporters import promtext
 from specguard.exporters.config import PoolConfig
 from specguard.exporters.health import PoolHealth
@@ -183,7 +183,7 @@ class ScrapeLoop:
                 snapshot = await self._fetch(pool, self.timeout)
         except asyncio.CancelledError:
             raise
-        except (UnreachableError, aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
+        except (UnreachableError, NotReadyError, aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
             error, answered = str(exc) or type(exc).__name__, False
         except TimeoutError:
             error = f"{pool.display_url}{pool.metrics_path}: timed out after {self.timeout}s"

@@ -201,13 +201,18 @@ class Router:
         """Where a request goes after a connect to every pool in ``tried`` failed; None: nowhere.
 
         A holdout or probe request goes back to its class's planned pool if that one serves
-        (measuring gives way to serving); anything else to the best serving pool not yet tried.
+        (measuring gives way to serving); anything else to the best serving pool not yet tried,
+        and with none serving to the planned pool if it was not tried.
         """
         planned = failed.planned or self.planned(task_type, temperature_bucket, load_bucket_of)
         if planned not in tried and self.serving(planned):
             return RouteChoice(planned, "plan")
         pool = self.fallback(task_type, temperature_bucket, load_bucket_of(planned), planned, tried)
-        return RouteChoice(pool, ROUTE_FAILOVER, planned) if pool is not None else None
+        if pool is not None:
+            return RouteChoice(pool, ROUTE_FAILOVER, planned)
+        if planned not in tried:  # none serving: the plan's pool is the best try (it may be back)
+            return RouteChoice(planned, "plan")
+        return None
 
     def set_holdout_mode(self, mode: str) -> None:
         """``share`` (the holdout share, per load bucket where set), ``capacity_matched`` or

@@ -2,7 +2,8 @@
 
 An unreachable engine, a timeout or a non-200 answer is a ``SourceError`` naming the URL and the
 reason (temporary: the scrape loop retries); one that could not even be connected to is an
-``UnreachableError`` (the pool is down, see ``exporters.health``); a page that is not Prometheus
+``UnreachableError`` and one that answered 503 a ``NotReadyError`` (either way the pool is down,
+see ``exporters.health``); a page that is not Prometheus
 text is an ``InputError``.
 """
 
@@ -17,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
-from specguard.errors import InputError, SourceError, UnreachableError
+from specguard.errors import InputError, NotReadyError, SourceError, UnreachableError
 from specguard.exporters import engines, offload, promtext
 from specguard.exporters.addresses import mask_url
 from specguard.exporters.snapshot import EngineSnapshot
@@ -76,6 +77,8 @@ async def fetch_page(
         budget = aiohttp.ClientTimeout(total=timeout, sock_connect=timeout * 0.8)
         sent = {"Accept": ACCEPT, **(headers or {})}
         async with session.get(url, headers=sent, timeout=budget) as response:
+            if response.status == 503:  # listening, not serving (llama.cpp: "Loading model")
+                raise NotReadyError(f"{shown}: HTTP 503 {response.reason or ''}: not ready".rstrip())
             if response.status != 200:
                 raise SourceError(f"{shown}: HTTP {response.status} {response.reason or ''}".rstrip())
             return await _read_page(response, shown, limits)

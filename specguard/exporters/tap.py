@@ -10,9 +10,10 @@ hop-by-hop), body and stream events byte for byte, except for what the tap itsel
 the engine for, which it removes again (see ``tapstream``). Each finished tapped request
 becomes one ``RequestRecord`` in the ``WindowedStats``.
 
-A connect that fails marks the pool down (``exporters.health``) and, with ``tap.failover``,
-the request is sent again to the best serving pool: only then, since nothing has reached the
-engine or the client yet. Any answer from a pool marks it up again.
+A connect that fails, or a 503 answer (the engine listens but does not serve: loading,
+draining), marks the pool down (``exporters.health``) and, with ``tap.failover``, the request
+is sent again to the best serving pool: only then, since the engine did nothing with it and
+nothing has reached the client yet. Any other answer from a pool marks it up again.
 """
 
 from __future__ import annotations
@@ -258,10 +259,15 @@ class Tap:
             self.health.mark_down(pool.name, f"connect failed: {reason}", "tap")
 
     def _answered(self, pool: PoolConfig, status: int) -> None:
-        """Any answer means the pool listens; a 5xx one counts towards its ejection."""
-        if self.health is not None:
-            self.health.mark_up(pool.name, "tap")
-            self.health.answered(pool.name, status >= 500)
+        """An answer means the pool serves, a 5xx one counting towards its ejection; but a 503 says
+        it listens without serving (loading, draining): down, like a failed connect."""
+        if self.health is None:
+            return
+        if status == 503:
+            self.health.mark_down(pool.name, "answered 503 Service Unavailable (not serving)", "tap")
+            return
+        self.health.mark_up(pool.name, "tap")
+        self.health.answered(pool.name, status >= 500)
 
     def _reset(self, pool: PoolConfig) -> None:
         """The pool took the request and broke the connection: a failure towards its ejection."""
@@ -454,6 +460,11 @@ class Tap:
                     await out.write_eof()
                     return out
                 data, whole = await taprelay.read_window(resp, self.config.tap.max_inspect_bytes)
+                if whole and resp.status == 503:
+                    # it did nothing: another pool may serve it (nginx's proxy_next_upstream
+                    # http_503); with none, the client gets this answer as it came
+                    flow.resend = True
+                    return web.Response(body=data, status=503, reason=resp.reason, headers=reply_headers)
                 if whole:
                     data = self._inspect_body(data, flow)
                     return web.Response(

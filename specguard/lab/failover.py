@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -86,9 +86,15 @@ async def kill_during_load(
     seed: int = 0,
     back_timeout_s: float = 60.0,
     load_during_restart: bool = True,
+    max_down_s: float | None = None,
 ) -> Outcome:
     """Run ``mix`` through the tap at ``url``; kill ``victim`` after ``before_s``, restart it after
     ``down_s`` more, and keep the load on for ``after_s`` once the tap uses it again.
+
+    With ``max_down_s`` the victim stays dead past ``down_s`` (up to ``max_down_s``) until the tap
+    has marked it down and served a request planned for it elsewhere, and the load stays on past
+    ``after_s`` (up to ``back_timeout_s``) until the victim has served a request sent after it
+    came back: on a slow engine under a loaded machine a fixed window may see no such request.
 
     ``load_during_restart=False`` pauses the load (requests in flight finish) while the victim
     starts: a real engine pinned to a core that a busy engine spins on may otherwise take many
@@ -118,12 +124,27 @@ async def kill_during_load(
         stop.set()
         results.extend(await task)
 
+    def failed_over() -> bool:
+        return (
+            sum(n for (pool, _), n in monitor.health.failovers.items() if pool == victim.pool)
+            > failovers_before
+        )
+
+    def served_since(at: float) -> bool:
+        return any(
+            r.pool == victim.pool and r.started_at > at for r in monitor.stats.records()[records_before:]
+        )
+
     load: asyncio.Task | None = start_load(seed)
     try:
         await asyncio.sleep(before_s)
         killed_at = time.time()
         await victim.kill()
         await asyncio.sleep(down_s)
+        if max_down_s is not None:
+            await _until(
+                lambda: not monitor.health.healthy(victim.pool) and failed_over(), max_down_s - down_s
+            )
         if not load_during_restart:
             await finish(load)
             load = None
@@ -132,9 +153,11 @@ async def kill_during_load(
         if load is None:
             load = start_load(seed + 1)
         deadline = time.monotonic() + back_timeout_s
-        while not monitor.health.healthy(victim.pool) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await _until(lambda: monitor.health.healthy(victim.pool), back_timeout_s)
+        back_at = time.time()
         await asyncio.sleep(after_s)
+        if max_down_s is not None:
+            await _until(lambda: served_since(back_at), deadline - time.monotonic())
     finally:
         if load is not None:  # None only when the restart failed with the load paused
             await finish(load)
@@ -154,6 +177,13 @@ async def kill_during_load(
         served_by=dict(sorted(served.items())),
         errors=[f"#{r.index} {r.task_type}: {r.status} {r.error or ''}".rstrip() for r in failed],
     )
+
+
+async def _until(done: Callable[[], bool], timeout_s: float) -> None:
+    """Poll ``done()`` until it is true or ``timeout_s`` has passed."""
+    deadline = time.monotonic() + timeout_s
+    while not done() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
 
 
 def _whole(result: loadgen.LoadResult) -> bool:

@@ -21,9 +21,10 @@ from tests import realfailover
 pytestmark = pytest.mark.llamacpp
 
 CONCURRENCY = 4
-# dead for 6 s: at 4 clients the mix's creative requests (planned on the victim) keep coming even
-# when the vLLM tier shares the machine's 2 cores
+# dead for 6 s, and longer (up to MAX_DOWN_S) until a request planned on it was served elsewhere:
+# with the vLLM tier on the same 2 cores a request can take seconds, so 6 s may see none
 DOWN_S = 6
+MAX_DOWN_S = 40
 MIX = [
     loadgen.RequestClass("creative", temperature=1.0, max_tokens=16, prompt_tokens=20, prompts="task"),
     loadgen.RequestClass("code", temperature=0.0, max_tokens=16, prompt_tokens=40, prompts="task"),
@@ -71,6 +72,7 @@ async def test_a_real_server_killed_during_load_fails_over_and_comes_back(llamac
         before_s=4,
         down_s=DOWN_S,
         after_s=4,
+        max_down_s=MAX_DOWN_S,
     )
     print("real llama.cpp failover outcome:", outcome.to_json())  # shown with -s
-    realfailover.assert_failed_over(outcome, records, CONCURRENCY, DOWN_S)
+    realfailover.assert_failed_over(outcome, records, CONCURRENCY, MAX_DOWN_S)

@@ -117,10 +117,13 @@ COMPLETION = {
 class Misbehaving:
     """An OpenAI-style upstream whose behaviour is set per test (``mode``).
 
-    Modes: ``ok`` (a small valid answer), ``5xx`` (503 with a JSON error), ``hang`` (never
+    Modes: ``ok`` (a small valid answer), ``5xx`` (500 with a JSON error), ``loading`` (503 on
+    every path, /metrics too, with llama.cpp's body while it loads its model), ``hang`` (never
     answers), ``hang_mid_stream`` (headers and one event, then silence), ``die_mid_stream``
     (two events, then the connection is closed).
     """
+
+    LOADING = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
 
     CHUNK = {
         "id": "c1",
@@ -140,8 +143,10 @@ class Misbehaving:
         await request.read()
         if self.mode == "5xx":
             return web.json_response(
-                {"error": {"message": "engine overloaded", "type": "server_error"}}, status=503
+                {"error": {"message": "engine failed", "type": "server_error"}}, status=500
             )
+        if self.mode == "loading":
+            return web.json_response(self.LOADING, status=503)
         if self.mode == "hang":
             await self.release.wait()
             return web.Response(status=500)
@@ -163,6 +168,8 @@ class Misbehaving:
     async def metrics(self, request: web.Request) -> web.Response:
         if self.mode == "5xx":
             return web.Response(status=500, text="boom")
+        if self.mode == "loading":
+            return web.json_response(self.LOADING, status=503)
         if self.mode == "hang":
             await self.release.wait()
         return web.Response(text="# nothing\n", content_type="text/plain")

@@ -62,7 +62,15 @@ async def test_a_pool_killed_during_load_fails_over_and_comes_back():
             monitor.health.listeners.append(lambda pool, healthy: statuses.append(guard.status()))
             try:
                 outcome = await failover.kill_during_load(
-                    monitor, url, victim, MIX, concurrency=CONCURRENCY, before_s=1.5, down_s=2, after_s=1.5
+                    monitor,
+                    url,
+                    victim,
+                    MIX,
+                    concurrency=CONCURRENCY,
+                    before_s=1.5,
+                    down_s=2,
+                    after_s=1.5,
+                    max_down_s=10,  # (and the load stays on until the pool served again)
                 )
                 text = generate_latest(monitor.registry).decode()
             finally:

@@ -41,7 +41,7 @@ def metric(monitor, name, labels):
 
 # (mode, status the client sees, whether the body arrives whole, upstream error kind, unattributed reason)
 FAULTS = [
-    pytest.param("5xx", 503, True, "status_5xx", "error_status", id="answers-503"),
+    pytest.param("5xx", 500, True, "status_5xx", "error_status", id="answers-500"),
     pytest.param("hang", 504, True, "timeout", "upstream_error", id="hangs"),
     pytest.param("hang_mid_stream", 200, False, "timeout", "upstream_error", id="hangs-mid-stream"),
     pytest.param("die_mid_stream", 200, False, "broken", "upstream_error", id="dies-mid-stream"),
@@ -80,7 +80,7 @@ async def test_misbehaving_engine(mode, status, whole, kind, reason):
                     async with session.post(f"{url}/v1/chat/completions", json=relkit.chat_body()) as resp:
                         answer = await resp.json()
                 if mode == "5xx":  # the engine's own error body, unchanged
-                    assert resp.status == 503 and answer["error"]["message"] == "engine overloaded"
+                    assert resp.status == 500 and answer["error"]["message"] == "engine failed"
                 elif mode == "hang":  # an OpenAI-shaped error naming the pool
                     assert resp.status == 504 and answer["error"]["type"] == "upstream_timeout"
                     assert "flaky" in answer["error"]["message"]
@@ -106,6 +106,62 @@ async def test_misbehaving_engine(mode, status, whole, kind, reason):
             assert monitor.router.plan() == {}
         finally:
             upstream.release.set()
+            await monitor.stop()
+
+
+async def test_an_engine_loading_its_model_is_down_until_it_serves():
+    """An engine that listens but answers 503 (llama.cpp's "Loading model" after a restart) is
+    down, found by its scrape or by a request, and back once it serves. A request it answered 503
+    was not served, so it goes to the no-spec pool; with no other pool the client gets the
+    engine's own 503, byte for byte."""
+    upstream = relkit.Misbehaving("loading")
+    async with (
+        relkit.serving(upstream.app()) as flaky_url,
+        cluster.SimCluster.from_config(None, seed=0, time_scale=TIME_SCALE, pools=["nospec"]) as sim,
+    ):
+        cfg = relkit.monitor_config({"flaky": flaky_url, "nospec": sim.urls["nospec"]}, extra=GUARD)
+        monitor = Monitor(cfg)
+        url = await monitor.start("127.0.0.1", 0)
+        loop = next(loop for loop in monitor.loops if loop.watch.pool.name == "flaky")
+        body = relkit.chat_body(sim.config.model_name)
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as session:
+
+                async def ask(stream: bool = False) -> int:
+                    async with session.post(
+                        f"{url}/v1/chat/completions", json={**body, "stream": stream}
+                    ) as resp:
+                        await resp.read()
+                        return resp.status
+
+                # 1. its scrape found it: down with the reason, its traffic served elsewhere
+                assert not await loop.scrape_once()
+                state = monitor.health.state("flaky")
+                assert not state.healthy and state.source == "scrape" and "HTTP 503" in (state.reason or "")
+                assert metric(monitor, "specguard_pool_healthy", {"pool": "flaky"}) == 0.0
+                assert await ask() == 200 and await ask(stream=True) == 200
+                assert [(r.pool, r.route) for r in monitor.stats.records()] == [("nospec", "failover")] * 2
+                assert upstream.requests == 0
+                # 2. loaded: the next scrape puts it back
+                upstream.mode = "ok"
+                await loop.scrape_once()  # (an empty page, but an answer)
+                assert monitor.health.healthy("flaky")
+                assert await ask() == 200 and monitor.stats.records()[-1].pool == "flaky"
+                # 3. restarted, loading again: the request it refused is served by the no-spec pool
+                upstream.mode = "loading"
+                assert await ask(stream=True) == 200
+                last = monitor.stats.records()[-1]
+                assert (last.pool, last.route, last.status) == ("nospec", "failover", 200)
+                assert upstream.requests == 2
+                state = monitor.health.state("flaky")
+                assert not state.healthy and state.source == "tap" and "503" in (state.reason or "")
+                # 4. no other pool serving: the engine's own answer
+                await sim.stop()
+                async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
+                    assert resp.status == 503
+                    assert await resp.json() == relkit.Misbehaving.LOADING
+            assert monitor.tap.in_flight == {"flaky": 0, "nospec": 0}
+        finally:
             await monitor.stop()
 
 
