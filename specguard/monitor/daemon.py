@@ -131,7 +131,12 @@ class Guard(FleetRoles):
         self._reporting: set[tuple[ClassKey, str]] = set()  # report-only rules now breached
         self._lock = asyncio.Lock()
         self.persistence = persist.Persistence(
-            self.store, self.audit, self.counters, build=self.stored, checkpoint=self._checkpoint
+            self.store,
+            self.audit,
+            self.counters,
+            build=self.stored,
+            checkpoint=self._checkpoint,
+            alerts=self.alerts,
         )
         self._scheduler: Any = None
         self.decisions.extend(audit_mod.decisions(self.audit.recent))
@@ -160,6 +165,7 @@ class Guard(FleetRoles):
         self._adopt(doc)
         for alert in doc.alerts:  # what Alertmanager sent before the restart (it re-sends hourly only)
             self.alerts.ingest(alert)
+        self.alerts.take_fresh()  # on disk already
         log.info(
             "loaded plan version %d (%d classes, %d alerts) from %s",
             doc.version,
@@ -209,7 +215,7 @@ class Guard(FleetRoles):
             result, changed = change()
             return result, None, changed
 
-        return await self.persistence.commit(apply)
+        return await self.persistence.commit(apply, alerts_only=True)
 
     def known_labels(self) -> dict[str, set[str]]:
         """The configured values of each class label (an alert naming another is refused)."""

@@ -25,6 +25,7 @@ from typing import Any
 from specguard.monitor import audit as audit_mod
 from specguard.monitor import state as state_mod
 from specguard.monitor.guard_metrics import GuardCounters
+from specguard.rules.evidence import AlertBook, AlertRecord
 
 log = logging.getLogger("specguard.guard")
 
@@ -42,11 +43,11 @@ second (each batch covers every change asked for meanwhile), whatever its rate."
 class PlanWriteError(OSError):
     """The plan file could not be written; the change that asked for it was rolled back."""
 
-    def __init__(self, path: str, exc: OSError) -> None:
+    def __init__(self, path: str, exc: OSError, what: str = "plan file") -> None:
         code = errno_mod.errorcode.get(exc.errno or 0, str(exc.errno))
         super().__init__(exc.errno, exc.strerror or str(exc))
         self.path = path
-        self.message = f"plan file {path}: write failed ({exc.strerror or exc}, {code}); not stored, retry"
+        self.message = f"{what} {path}: write failed ({exc.strerror or exc}, {code}); not stored, retry"
 
     def __str__(self) -> str:
         return self.message
@@ -56,6 +57,7 @@ class PlanWriteError(OSError):
 class _Request:
     change: Change | None
     future: asyncio.Future[Any] = field(repr=False)
+    alerts_only: bool = False  # changes the alert book only: the journal may keep it
 
 
 class Persistence:
@@ -68,14 +70,16 @@ class Persistence:
         counters: GuardCounters,
         build: Callable[[], state_mod.PlanDocument] | None = None,
         checkpoint: Callable[[], Undo] | None = None,
+        alerts: AlertBook | None = None,
     ) -> None:
         self.store = store
+        self.alerts = alerts  # its fresh alerts go to the store's journal when nothing else changed
         self.audit = audit
         self.counters = counters
         self.build = build  # the plan as it is now (the guard's ``stored``), taken at each write
         self.checkpoint = checkpoint  # once per batch: returns what puts the alert book back
         self.plan_behind = False  # the plan file is older than the router (a write failed)
-        self.writes = 0  # plan files written (one write covers every change coalesced into it)
+        self.writes = 0  # plan files written or journal appends (each covers a coalesced batch)
         self._lock = threading.Lock()
         self._queue: list[_Request] = []
         self._writer: asyncio.Task[None] | None = None
@@ -94,14 +98,16 @@ class Persistence:
         return min(max(seen), state_mod.MAX_VERSION - 2) + 1
 
     # -- the coalescing writer -----------------------------------------------------------------
-    async def commit(self, change: Change | None = None) -> Any:
+    async def commit(self, change: Change | None = None, *, alerts_only: bool = False) -> Any:
         """Apply ``change`` and return its result once a plan file containing it is on disk.
 
         Changes asked for during a write share the next one. When that write fails, every change
-        in it is undone (newest first) and ``PlanWriteError`` raised to each caller.
+        in it is undone (newest first) and ``PlanWriteError`` raised to each caller. A batch of
+        ``alerts_only`` changes appends the alerts it received to the alert journal instead of
+        writing the whole file (which, with a full book, is ~3 MB to encode and fsync).
         """
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Request(change, future))
+        self._queue.append(_Request(change, future, alerts_only))
         if self._writer is None or self._writer.done():
             self._writer = asyncio.get_running_loop().create_task(self._drain(), name="plan writer")
         return await asyncio.shield(future)  # a cancelled caller never cancels a shared write
@@ -134,7 +140,12 @@ class Persistence:
                     undos.append(undo)
             if dirty:
                 try:
-                    await self._write(self._document())
+                    if stored and self._appendable(batch):
+                        await asyncio.to_thread(self._append, self.alerts.take_fresh())  # type: ignore[union-attr]
+                    else:
+                        if self.alerts is not None:
+                            self.alerts.take_fresh()  # the whole file written now holds them
+                        await self._write(self._document())
                 except Exception as exc:  # the disk refused it (or a bug): nothing of the batch is kept
                     if not isinstance(exc, PlanWriteError):
                         log.exception("plan write failed")
@@ -152,6 +163,26 @@ class Persistence:
                     request.future.set_exception(result)
                 else:
                     request.future.set_result(result)
+
+    def _appendable(self, batch: Sequence[_Request]) -> bool:
+        return (
+            self.alerts is not None
+            and self.store is not None
+            and all(request.alerts_only for request in batch)
+            and self.store.can_append(len(self.alerts))
+        )
+
+    def _append(self, alerts: Sequence[AlertRecord]) -> None:
+        assert self.store is not None
+        with self._lock:
+            try:
+                self.store.append_alerts(alerts)
+            except OSError as exc:
+                self.counters.plan_write_errors += 1
+                error = PlanWriteError(str(self.store.journal.path), exc, "alert journal")
+                log.error("%s", error)
+                raise error from exc
+            self.writes += 1
 
     def _document(self) -> tuple[int, state_mod.PlanDocument | None]:
         if self.store is None or self.build is None:

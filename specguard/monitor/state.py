@@ -6,8 +6,10 @@ a ``.plan.json.XXXXXXXX.tmp``; the daemon's ``load`` at startup removes such lef
 What survives a restart: the plan itself, operator pins and pauses, the frozen flag, pending
 shorten-K confirmations and the action times (so the cooldown and the cap per hour hold across
 restarts), and the Alertmanager alerts received (Alertmanager re-sends a firing alert only every
-``repeat_interval``). Evaluation counters are not kept: after a restart the guard needs fresh evidence,
-which is the safe side.
+``repeat_interval``): those received since the file's last write are appended to its alert journal
+(``AlertJournal``), so a webhook costs a line, not a rewrite of a book of up to ~3 MB.
+Evaluation counters are not kept: after a restart the guard needs fresh evidence, which is the
+safe side.
 
 The same JSON is what an external router reads (the "plan file" actuator) and what the
 ConfigMap actuator stores under its key.
@@ -22,7 +24,7 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -255,6 +257,117 @@ def _alerts(data: Any, where: str) -> tuple[AlertRecord, ...]:
     return tuple(out)
 
 
+class AlertJournal:
+    """Alerts received since the plan file was last written, one JSON object per line.
+
+    A webhook's alerts are on disk (appended and fsynced) before its 200; the next whole write of
+    the plan file holds them, and the journal starts over. At start-up its lines are replayed onto
+    the plan file's alerts (the book's own rules make a repeat harmless). A line a crash cut short
+    is skipped: it was never acknowledged, since the fsync comes before the answer. An append the
+    disk refused is cut off again, so the next one never continues a torn line.
+    """
+
+    MAX_BYTES = 64 * 1024 * 1024
+    """Far above a journal's size (compacted at the book's size, ~3 MB at 10,000 alerts)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lines = 0
+        self.usable = True  # False after a refused append could not be cut off: whole writes only
+
+    def append(self, lines: Sequence[str]) -> None:
+        if not lines:
+            return
+        created = not self.path.exists()
+        with open(self.path, "ab") as handle:
+            size = handle.tell()
+            try:
+                handle.write(("\n".join(lines) + "\n").encode())
+                handle.flush()
+                os.fsync(handle.fileno())
+            except OSError:
+                try:
+                    handle.truncate(size)
+                except OSError:
+                    self.usable = False
+                raise
+        if created:
+            _fsync_dir(self.path.parent)
+        self.lines += len(lines)
+
+    def reset(self) -> None:
+        """Empty it (after a whole write); a failure is logged: its lines repeat what is written."""
+        if self.lines == 0 and self.usable and not self.path.exists():
+            return
+        try:
+            with open(self.path, "wb") as handle:
+                os.fsync(handle.fileno())
+        except OSError as exc:
+            log.warning("alert journal %s: not emptied (%s); replaying it is harmless", self.path, exc)
+            return
+        self.lines = 0
+        self.usable = True
+
+    def discard(self) -> None:
+        """No plan file to replay onto: whatever is there is older than anything kept now."""
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("alert journal %s: could not be removed (%s)", self.path, exc.strerror)
+
+    def load(self) -> tuple[AlertRecord, ...]:
+        """The journal's alerts, oldest first; a line that is not one is skipped with a warning."""
+        try:
+            raw = untrusted.read_bytes(self.path, self.MAX_BYTES, "alert journal")
+        except (FileNotFoundError, NotADirectoryError):
+            return ()
+        except (OSError, InputError) as exc:
+            log.error("alert journal %s: unreadable (%s); its alerts are lost", self.path, exc)
+            self.usable = False
+            return ()
+        out: list[AlertRecord] = []
+        skipped: list[str] = []
+        if raw and not raw.endswith(b"\n"):  # a torn last line: cut off, so appends start a new one
+            try:
+                os.truncate(self.path, raw.rfind(b"\n") + 1)
+            except OSError as exc:
+                log.error("alert journal %s: torn line not cut off (%s); whole writes only", self.path, exc)
+                self.usable = False
+        lines = raw.split(b"\n")
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            where = f"{self.path}:{number}"
+            try:
+                out.extend(_alerts([untrusted.loads(line, where)], where))
+            except InputError as exc:
+                skipped.append(str(exc))
+        if skipped:
+            log.warning(
+                "alert journal %s: %d line(s) skipped (a write cut short by a crash is one): %s",
+                self.path,
+                len(skipped),
+                untrusted.printable(skipped[0], 300),
+            )
+        self.lines = len(out) + len(skipped)
+        return tuple(out)
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        dir_fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dir_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)
+
+
 def atomic_write(path: Path, text: str) -> None:
     """Replace ``path`` with ``text`` so that readers and crashes see the old or the new file only."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -271,16 +384,7 @@ def atomic_write(path: Path, text: str) -> None:
         except OSError:
             pass
         raise
-    try:
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
+    _fsync_dir(path.parent)
 
 
 STALE_TEMP_SECONDS = 60.0
@@ -340,6 +444,7 @@ class PlanStore:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self.journal = AlertJournal(self.path.with_name(self.path.name + ".alerts"))
         self._alert_text: dict[str, tuple[AlertRecord, str]] = {}  # each alert's JSON, kept between saves
         self.recovered: str | None = None  # why the file on disk could not be used, if so
         self.salvaged_version: int | None = None  # the unusable file's version, if it was sound
@@ -355,14 +460,18 @@ class PlanStore:
         try:
             raw = self._read()
             if raw is None:
+                self.journal.discard()  # (appended to a plan file only: none without one)
                 return None
             data = _parse(raw, str(self.path))
-            return decode(data, str(self.path))
+            doc = decode(data, str(self.path))
         except _Unreadable:
             raise
         except InputError as exc:
             self._set_aside(exc, data)
+            self.journal.discard()
             return None
+        later = self.journal.load()
+        return replace(doc, alerts=doc.alerts + later) if later else doc
 
     def _set_aside(self, exc: InputError, data: Any) -> None:
         self.salvaged_version = salvage_version(data)
@@ -394,7 +503,19 @@ class PlanStore:
             raise _Unreadable(f"cannot read plan file {self.path}: {exc.strerror}") from exc
 
     def save(self, doc: PlanDocument) -> None:
+        """Write the whole plan, alerts included; the journal's alerts are in it, so it starts over."""
         atomic_write(self.path, self.text(doc))
+        self.journal.reset()
+
+    def append_alerts(self, alerts: Sequence[AlertRecord]) -> None:
+        """Keep ``alerts`` (received since the last write) by appending them to the journal: a few
+        hundred bytes to fsync instead of the whole book. OSError when the disk refused them."""
+        self.journal.append([json.dumps(_alert(a), sort_keys=True) for a in alerts])
+
+    def can_append(self, book_size: int) -> bool:
+        """Whether the next alerts may go to the journal: there is a plan file to replay them onto,
+        and the journal is still small next to the book (else a whole write compacts it)."""
+        return self.journal.usable and self.path.exists() and self.journal.lines < max(1024, book_size)
 
     def text(self, doc: PlanDocument) -> str:
         """The file's text (``encode``'s JSON). Each alert's JSON is kept from the save before, so

@@ -332,6 +332,7 @@ class AlertBook:
         self._alerts: dict[str, AlertRecord] = {}  # oldest received first
         self._slots: dict[tuple[str, ...], dict[str, None]] = {}  # slot -> fingerprints, oldest first
         self._resolved: dict[str, None] = {}  # resolved fingerprints, oldest received first
+        self._fresh: dict[str, AlertRecord] = {}  # new or changed since ``take_fresh`` last ran
         self.evicted = 0
 
     def __len__(self) -> int:
@@ -351,6 +352,7 @@ class AlertBook:
         if previous is None:
             self._make_room(_slot(alert))
             self._put(alert)
+            self._fresh[alert.fingerprint] = alert
             return "new"
         order = _compare_instants(alert.starts_at, previous.starts_at)
         if order < 0 or (order == 0 and previous.status == "resolved" and alert.status == "firing"):
@@ -359,6 +361,7 @@ class AlertBook:
         self._put(alert)
         if order == 0 and previous.status == alert.status:
             return "duplicate"
+        self._fresh[alert.fingerprint] = alert
         return "updated"
 
     def _put(self, alert: AlertRecord) -> None:
@@ -409,6 +412,11 @@ class AlertBook:
             self._alerts, self._resolved, self._slots, self.evicted = alerts, resolved, slots, evicted
 
         return restore
+
+    def take_fresh(self) -> list[AlertRecord]:
+        """The alerts new or changed since the last call, oldest first (what a journal appends)."""
+        fresh, self._fresh = self._fresh, {}
+        return [a for a in fresh.values() if self._alerts.get(a.fingerprint) is a]
 
     def snapshot(self) -> list[AlertRecord]:
         """The alerts now, for an evaluation running off the event loop."""

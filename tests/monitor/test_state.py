@@ -143,3 +143,82 @@ def test_received_alerts_are_kept_with_the_plan(tmp_path):
     assert "alerts" not in state_mod.encode(doc())  # no alerts: the plan file looks as before
     with pytest.raises(InputError, match=r"alerts\[0\]\.labels: must be an object of strings"):
         state_mod.decode({"entries": [], "alerts": [{"fingerprint": "x"}]}, "plan.json")
+
+
+def alert(n: int, status: str = "firing") -> AlertRecord:
+    return AlertRecord(
+        f"fp-{n}",
+        "SpecGuardRelativeCostAboveOne",
+        status,
+        {"task_type": "code"},
+        "2026-11-29T10:00:00Z",
+        90.0 + n,
+    )
+
+
+def test_alerts_appended_to_the_journal_are_back_after_a_restart_until_a_whole_write(tmp_path):
+    path = tmp_path / "plan.json"
+    store = state_mod.PlanStore(path)
+    assert not store.can_append(0)  # no plan file to replay onto yet: a whole write first
+    store.save(dataclasses.replace(doc(), alerts=(alert(0),)))
+    assert store.can_append(0)
+    store.append_alerts([alert(1), alert(2)])
+    store.append_alerts([alert(1, "resolved")])
+    assert store.journal.path == tmp_path / "plan.json.alerts"
+    assert json.loads(path.read_text())["alerts"] == [state_mod._alert(alert(0))]  # the file untouched
+    loaded = state_mod.PlanStore(path).load()
+    assert loaded.alerts == (alert(0), alert(1), alert(2), alert(1, "resolved"))  # oldest first
+    assert loaded.states == doc().states
+    # a whole write holds them all: the journal starts over
+    store.save(dataclasses.replace(doc(), alerts=(alert(0), alert(2), alert(1, "resolved"))))
+    assert store.journal.path.read_bytes() == b"" and store.journal.lines == 0
+    assert state_mod.PlanStore(path).load().alerts == (alert(0), alert(1, "resolved"), alert(2))
+
+
+def test_the_journal_is_compacted_at_the_book_size(tmp_path):
+    store = state_mod.PlanStore(tmp_path / "plan.json")
+    store.save(doc())
+    store.append_alerts([alert(n) for n in range(1024)])
+    assert not store.can_append(10)  # 1,024 lines: the next batch is a whole write
+    assert store.can_append(5000)  # (a book of 5,000: its size is the bound)
+
+
+def test_a_line_a_crash_cut_short_is_skipped_and_the_rest_kept(tmp_path, caplog):
+    path = tmp_path / "plan.json"
+    store = state_mod.PlanStore(path)
+    store.save(doc())
+    store.append_alerts([alert(1), alert(2)])
+    with open(store.journal.path, "ab") as handle:
+        handle.write(b'{"fingerprint": "fp-3", "alertna')  # killed mid-write: never answered
+    restarted = state_mod.PlanStore(path)
+    assert restarted.load().alerts == (alert(1), alert(2))
+    assert "1 line(s) skipped" in caplog.text and "plan.json.alerts:3" in caplog.text
+    restarted.append_alerts([alert(4)])  # the torn line was cut off: this one is whole
+    assert state_mod.PlanStore(path).load().alerts == (alert(1), alert(2), alert(4))
+
+
+def test_an_append_the_disk_refused_is_cut_off_so_the_next_one_is_whole(tmp_path, monkeypatch):
+    path = tmp_path / "plan.json"
+    store = state_mod.PlanStore(path)
+    store.save(doc())
+    store.append_alerts([alert(1)])
+    size = store.journal.path.stat().st_size
+    fsync = os.fsync
+
+    def full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space"):
+        store.append_alerts([alert(2)])
+    monkeypatch.setattr(os, "fsync", fsync)
+    assert store.journal.path.stat().st_size == size and store.journal.usable
+    store.append_alerts([alert(3)])
+    assert state_mod.PlanStore(path).load().alerts == (alert(1), alert(3))
+
+
+def test_without_a_plan_file_an_old_journal_is_dropped(tmp_path):
+    path = tmp_path / "plan.json"
+    (tmp_path / "plan.json.alerts").write_text(json.dumps(state_mod._alert(alert(1))) + "\n")
+    assert state_mod.PlanStore(path).load() is None
+    assert not (tmp_path / "plan.json.alerts").exists()

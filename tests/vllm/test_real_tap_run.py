@@ -71,9 +71,10 @@ def test_specguard_run_exports_rc_consistent_with_its_own_counters(vllm_engines,
     """The RC that ``specguard run`` exports is the ratio of the TPOTs its own counters give:
     decode seconds / decode tokens of the class on the speculative engine, over the same of every
     class on the real no-spec engine in the same load bucket."""
+    # dry run: a class the guard moved off its pool would export RC 1 there from then on
     guard = """
 cost: {min_samples: 2, baseline_min_samples: 2, baseline_scope: load}
-guard: {interval_seconds: 1, min_samples: 2, window_seconds: 600}
+guard: {interval_seconds: 1, min_samples: 2, window_seconds: 600, dry_run: true}
 server: {insecure_loopback: true}
 """
     run = SpecguardRun(vllm_engines, tmp_path, guard, holdout=0.4)
