@@ -9,6 +9,8 @@ about speculation, so no decision is made and nothing flaps).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
@@ -35,6 +37,25 @@ async def guard_round(monitor, cfg):
     return await guard.evaluate()
 
 
+@contextlib.asynccontextmanager
+async def flaky_beside_nospec(mode: str) -> AsyncIterator[tuple]:
+    """A tap over a misbehaving ``flaky`` pool (the default) and a simulated no-spec pool:
+    (upstream, simulator, config, monitor, tap URL)."""
+    upstream = relkit.Misbehaving(mode)
+    async with (
+        relkit.serving(upstream.app()) as flaky_url,
+        cluster.SimCluster.from_config(None, seed=0, time_scale=TIME_SCALE, pools=["nospec"]) as sim,
+    ):
+        cfg = relkit.monitor_config({"flaky": flaky_url, "nospec": sim.urls["nospec"]}, extra=GUARD)
+        monitor = Monitor(cfg)
+        url = await monitor.start("127.0.0.1", 0)
+        try:
+            yield upstream, sim, cfg, monitor, url
+        finally:
+            upstream.release.set()
+            await monitor.stop()
+
+
 def metric(monitor, name, labels):
     return monitor.registry.get_sample_value(name, labels)
 
@@ -50,63 +71,50 @@ FAULTS = [
 
 @pytest.mark.parametrize(("mode", "status", "whole", "kind", "reason"), FAULTS)
 async def test_misbehaving_engine(mode, status, whole, kind, reason):
-    upstream = relkit.Misbehaving(mode)
-    async with (
-        relkit.serving(upstream.app()) as flaky_url,
-        cluster.SimCluster.from_config(None, seed=0, time_scale=TIME_SCALE, pools=["nospec"]) as sim,
-    ):
-        cfg = relkit.monitor_config({"flaky": flaky_url, "nospec": sim.urls["nospec"]}, extra=GUARD)
-        monitor = Monitor(cfg)
-        url = await monitor.start("127.0.0.1", 0)
-        try:
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as session:
-                body = relkit.chat_body(stream=mode.endswith("stream"))
-                seen: dict = {"events": 0, "broken": False}
-                async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
-                    seen["status"] = resp.status
-                    try:
-                        async for line in resp.content:
-                            seen["events"] += line.startswith(b"data:")
-                    except aiohttp.ClientPayloadError:
-                        seen["broken"] = True
-                # 1. what the client saw
-                assert seen["status"] == status
-                assert seen["broken"] is (not whole)
-                if mode == "hang_mid_stream":
-                    assert seen["events"] == 1
-                if mode == "die_mid_stream":
-                    assert seen["events"] == 2
-                if not mode.endswith("stream"):  # a whole (non-streamed) answer: the body the client got
-                    async with session.post(f"{url}/v1/chat/completions", json=relkit.chat_body()) as resp:
-                        answer = await resp.json()
-                if mode == "5xx":  # the engine's own error body, unchanged
-                    assert resp.status == 500 and answer["error"]["message"] == "engine failed"
-                elif mode == "hang":  # an OpenAI-shaped error naming the pool
-                    assert resp.status == 504 and answer["error"]["type"] == "upstream_timeout"
-                    assert "flaky" in answer["error"]["message"]
-                # 2. the tap survived: the engine recovers, the same tap serves it again
-                upstream.mode = "ok"
+    async with flaky_beside_nospec(mode) as (upstream, sim, cfg, monitor, url):
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as session:
+            body = relkit.chat_body(stream=mode.endswith("stream"))
+            seen: dict = {"events": 0, "broken": False}
+            async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
+                seen["status"] = resp.status
+                try:
+                    async for line in resp.content:
+                        seen["events"] += line.startswith(b"data:")
+                except aiohttp.ClientPayloadError:
+                    seen["broken"] = True
+            # 1. what the client saw
+            assert seen["status"] == status
+            assert seen["broken"] is (not whole)
+            if mode == "hang_mid_stream":
+                assert seen["events"] == 1
+            if mode == "die_mid_stream":
+                assert seen["events"] == 2
+            if not mode.endswith("stream"):  # a whole (non-streamed) answer: the body the client got
                 async with session.post(f"{url}/v1/chat/completions", json=relkit.chat_body()) as resp:
-                    assert (
-                        resp.status == 200 and (await resp.json())["choices"][0]["message"]["content"] == "ok"
-                    )
-            # 3. what the tap recorded
-            errors = monitor.stats.upstream_errors()
-            assert errors.get(("flaky", kind), 0) == (1 if mode.endswith("stream") else 2)
-            assert set(errors) == {("flaky", kind)}
-            assert monitor.tap.in_flight == {"flaky": 0, "nospec": 0}
-            records = monitor.stats.records()
-            assert len(records) == (2 if mode.endswith("stream") else 3)
-            assert [r.unattributed_reason for r in records[:-1]] == [reason] * (len(records) - 1)
-            value = metric(monitor, "specguard_upstream_errors_total", {"pool": "flaky", "kind": kind})
-            assert value == errors[("flaky", kind)]
-            # 4. what the guard decided: nothing (engine errors are no evidence), no flap
-            decisions = await guard_round(monitor, cfg)
-            assert [d for d in decisions if d.action != "none"] == []
-            assert monitor.router.plan() == {}
-        finally:
-            upstream.release.set()
-            await monitor.stop()
+                    answer = await resp.json()
+            if mode == "5xx":  # the engine's own error body, unchanged
+                assert resp.status == 500 and answer["error"]["message"] == "engine failed"
+            elif mode == "hang":  # an OpenAI-shaped error naming the pool
+                assert resp.status == 504 and answer["error"]["type"] == "upstream_timeout"
+                assert "flaky" in answer["error"]["message"]
+            # 2. the tap survived: the engine recovers, the same tap serves it again
+            upstream.mode = "ok"
+            async with session.post(f"{url}/v1/chat/completions", json=relkit.chat_body()) as resp:
+                assert resp.status == 200 and (await resp.json())["choices"][0]["message"]["content"] == "ok"
+        # 3. what the tap recorded
+        errors = monitor.stats.upstream_errors()
+        assert errors.get(("flaky", kind), 0) == (1 if mode.endswith("stream") else 2)
+        assert set(errors) == {("flaky", kind)}
+        assert monitor.tap.in_flight == {"flaky": 0, "nospec": 0}
+        records = monitor.stats.records()
+        assert len(records) == (2 if mode.endswith("stream") else 3)
+        assert [r.unattributed_reason for r in records[:-1]] == [reason] * (len(records) - 1)
+        value = metric(monitor, "specguard_upstream_errors_total", {"pool": "flaky", "kind": kind})
+        assert value == errors[("flaky", kind)]
+        # 4. what the guard decided: nothing (engine errors are no evidence), no flap
+        decisions = await guard_round(monitor, cfg)
+        assert [d for d in decisions if d.action != "none"] == []
+        assert monitor.router.plan() == {}
 
 
 async def test_an_engine_loading_its_model_is_down_until_it_serves():
@@ -114,55 +122,45 @@ async def test_an_engine_loading_its_model_is_down_until_it_serves():
     down, found by its scrape or by a request, and back once it serves. A request it answered 503
     was not served, so it goes to the no-spec pool; with no other pool the client gets the
     engine's own 503, byte for byte."""
-    upstream = relkit.Misbehaving("loading")
-    async with (
-        relkit.serving(upstream.app()) as flaky_url,
-        cluster.SimCluster.from_config(None, seed=0, time_scale=TIME_SCALE, pools=["nospec"]) as sim,
-    ):
-        cfg = relkit.monitor_config({"flaky": flaky_url, "nospec": sim.urls["nospec"]}, extra=GUARD)
-        monitor = Monitor(cfg)
-        url = await monitor.start("127.0.0.1", 0)
+    async with flaky_beside_nospec("loading") as (upstream, sim, cfg, monitor, url):
         loop = next(loop for loop in monitor.loops if loop.watch.pool.name == "flaky")
         body = relkit.chat_body(sim.config.model_name)
-        try:
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as session:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as session:
 
-                async def ask(stream: bool = False) -> int:
-                    async with session.post(
-                        f"{url}/v1/chat/completions", json={**body, "stream": stream}
-                    ) as resp:
-                        await resp.read()
-                        return resp.status
+            async def ask(stream: bool = False) -> int:
+                async with session.post(
+                    f"{url}/v1/chat/completions", json={**body, "stream": stream}
+                ) as resp:
+                    await resp.read()
+                    return resp.status
 
-                # 1. its scrape found it: down with the reason, its traffic served elsewhere
-                assert not await loop.scrape_once()
-                state = monitor.health.state("flaky")
-                assert not state.healthy and state.source == "scrape" and "HTTP 503" in (state.reason or "")
-                assert metric(monitor, "specguard_pool_healthy", {"pool": "flaky"}) == 0.0
-                assert await ask() == 200 and await ask(stream=True) == 200
-                assert [(r.pool, r.route) for r in monitor.stats.records()] == [("nospec", "failover")] * 2
-                assert upstream.requests == 0
-                # 2. loaded: the next scrape puts it back
-                upstream.mode = "ok"
-                await loop.scrape_once()  # (an empty page, but an answer)
-                assert monitor.health.healthy("flaky")
-                assert await ask() == 200 and monitor.stats.records()[-1].pool == "flaky"
-                # 3. restarted, loading again: the request it refused is served by the no-spec pool
-                upstream.mode = "loading"
-                assert await ask(stream=True) == 200
-                last = monitor.stats.records()[-1]
-                assert (last.pool, last.route, last.status) == ("nospec", "failover", 200)
-                assert upstream.requests == 2
-                state = monitor.health.state("flaky")
-                assert not state.healthy and state.source == "tap" and "503" in (state.reason or "")
-                # 4. no other pool serving: the engine's own answer
-                await sim.stop()
-                async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
-                    assert resp.status == 503
-                    assert await resp.json() == relkit.Misbehaving.LOADING
-            assert monitor.tap.in_flight == {"flaky": 0, "nospec": 0}
-        finally:
-            await monitor.stop()
+            # 1. its scrape found it: down with the reason, its traffic served elsewhere
+            assert not await loop.scrape_once()
+            state = monitor.health.state("flaky")
+            assert not state.healthy and state.source == "scrape" and "HTTP 503" in (state.reason or "")
+            assert metric(monitor, "specguard_pool_healthy", {"pool": "flaky"}) == 0.0
+            assert await ask() == 200 and await ask(stream=True) == 200
+            assert [(r.pool, r.route) for r in monitor.stats.records()] == [("nospec", "failover")] * 2
+            assert upstream.requests == 0
+            # 2. loaded: the next scrape puts it back
+            upstream.mode = "ok"
+            await loop.scrape_once()  # (an empty page, but an answer)
+            assert monitor.health.healthy("flaky")
+            assert await ask() == 200 and monitor.stats.records()[-1].pool == "flaky"
+            # 3. restarted, loading again: the request it refused is served by the no-spec pool
+            upstream.mode = "loading"
+            assert await ask(stream=True) == 200
+            last = monitor.stats.records()[-1]
+            assert (last.pool, last.route, last.status) == ("nospec", "failover", 200)
+            assert upstream.requests == 2
+            state = monitor.health.state("flaky")
+            assert not state.healthy and state.source == "tap" and "503" in (state.reason or "")
+            # 4. no other pool serving: the engine's own answer
+            await sim.stop()
+            async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
+                assert resp.status == 503
+                assert await resp.json() == relkit.Misbehaving.LOADING
+        assert monitor.tap.in_flight == {"flaky": 0, "nospec": 0}
 
 
 async def test_engine_refuses_then_restarts_with_reset_counters():
