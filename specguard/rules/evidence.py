@@ -332,7 +332,7 @@ class AlertBook:
         self._alerts: dict[str, AlertRecord] = {}  # oldest received first
         self._slots: dict[tuple[str, ...], dict[str, None]] = {}  # slot -> fingerprints, oldest first
         self._resolved: dict[str, None] = {}  # resolved fingerprints, oldest received first
-        self._fresh: dict[str, AlertRecord] = {}  # new or changed since ``take_fresh`` last ran
+        self._fresh: dict[str, AlertRecord] = {}  # in the book, new or changed since ``take_fresh``
         self.evicted = 0
 
     def __len__(self) -> int:
@@ -373,6 +373,7 @@ class AlertBook:
     def _drop(self, fingerprint: str) -> None:
         alert = self._alerts.pop(fingerprint)
         self._resolved.pop(fingerprint, None)
+        self._fresh.pop(fingerprint, None)  # (so it never holds more than the book)
         slot = _slot(alert)
         members = self._slots.get(slot, {})
         members.pop(fingerprint, None)

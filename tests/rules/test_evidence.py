@@ -98,3 +98,16 @@ def test_only_the_labels_the_guard_reads_are_kept():
     labels = book.snapshot()[0].labels
     assert set(labels) == {"task_type", "alertname", "pool", "temperature_bucket"}
     assert len(labels["temperature_bucket"]) == 128
+
+
+def test_fresh_alerts_are_what_changed_since_the_last_take_and_still_in_the_book():
+    book = AlertBook(max_alerts=2, max_per_class=16)
+    other = lambda fp: AlertRecord(fp, "SpecDecodeHurts", "firing", {"task_type": "chat"}, T0, 0.0)  # noqa: E731
+    book.ingest(note("firing"))
+    assert [a.status for a in book.take_fresh()] == ["firing"] and book.take_fresh() == []
+    book.ingest(note("firing"))  # a repeat: nothing new to keep
+    assert book.take_fresh() == []
+    book.ingest(note("resolved"))
+    book.ingest(other("b"))
+    book.ingest(other("c"))  # the full book evicts the resolved "fp": it is not kept either
+    assert [a.fingerprint for a in book.take_fresh()] == ["b", "c"]
