@@ -106,8 +106,9 @@ class PoolHealth:
     def answered(self, pool: str, failed: bool, what: str = "5xx") -> bool:
         """Record a pool's answer to a forwarded request: ``failed`` for a 5xx or a reset
         (``what`` says which), else a success that ends the run. True when this ejected it."""
-        if pool not in self._states:
-            return False
+        state = self._states.get(pool)
+        if state is None or not state.healthy:  # down: the resets of a dead engine's requests in flight
+            return False  # must not eject it too, or it would stay out once it is back
         if not failed:
             self._failures[pool] = 0
             return False

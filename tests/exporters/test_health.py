@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 
 import pytest
 
 from specguard.errors import SourceError, UnreachableError
 from specguard.exporters.config import PoolConfig
-from specguard.exporters.health import PoolHealth
+from specguard.exporters.health import EjectPolicy, PoolHealth
 from specguard.exporters.poolwatch import PoolWatch, ScrapeLoop
 from specguard.exporters.snapshot import EngineSnapshot
 
@@ -39,6 +40,23 @@ def test_down_then_up_with_the_reason_and_one_notification_each(caplog):
     assert "pool nospec marked down (tap: connect failed: refused)" in caplog.text
     assert "after 12.5 s down" in caplog.text
     assert not health.mark_down("ghost", "x", "tap") and health.healthy("ghost")
+
+
+def test_a_dead_pool_is_down_either_way_and_serves_again_as_soon_as_it_answers():
+    """A killed engine's requests in flight break after (or before) its first failed connect:
+    the resets eject nothing once it is down, and an ejection they caused before is dropped by the
+    failed connect, so the restarted engine serves at its first answer, not after an interval."""
+    for resets_first in (False, True):
+        health = PoolHealth(["spec", "nospec"], eject=EjectPolicy(consecutive=3, seconds=30))
+        changes: list[bool] = []
+        health.listeners.append(functools.partial(lambda seen, pool, healthy: seen.append(healthy), changes))
+        if resets_first:
+            assert [health.answered("nospec", True, "reset") for _ in range(3)] == [False, False, True]
+        assert health.mark_down("nospec", "connect failed: refused", "tap")
+        assert not any(health.answered("nospec", True, "reset") for _ in range(5))
+        assert not health.healthy("nospec")
+        assert health.mark_up("nospec", "scrape") and health.healthy("nospec")
+        assert changes[-1] is True and health.state("nospec").until is None
 
 
 def test_status_lists_every_pool_with_its_failovers():

@@ -57,10 +57,10 @@ async def test_switches_the_per_read_timer_off_and_times_out_a_quiet_stream(upst
 
 async def test_reads_closer_than_the_timeout_keep_a_long_stream_alive(upstream):
     session, url = upstream
-    timeout = aiohttp.ClientTimeout(sock_read=0.25)
-    async with session.get(url, params={"chunks": 8, "gap": 0.1, "stall": 0}, timeout=timeout) as resp:
-        watch = ReadWatch.take_over(resp, 0.25)
-        assert await read_all(resp, watch) == b"data: x\n\n" * 8  # 0.8 s in all, never 0.25 s quiet
+    timeout = aiohttp.ClientTimeout(sock_read=1.0)  # (10x the gap: a loaded machine delays reads)
+    async with session.get(url, params={"chunks": 16, "gap": 0.1, "stall": 0}, timeout=timeout) as resp:
+        watch = ReadWatch.take_over(resp, 1.0)
+        assert await read_all(resp, watch) == b"data: x\n\n" * 16  # 1.6 s in all, never 1 s quiet
         watch.close()
 
 

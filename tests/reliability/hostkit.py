@@ -120,12 +120,18 @@ def ratio(loud: list[float], quiet: list[float], q: float = 0.5) -> float:
 
 
 async def latency_ratio(
-    url: str, attack: Callable[[], Awaitable[object]], count: int = 12, q: float = 0.5
+    url: str, attack: Callable[[], Awaitable[object]], count: int = 12, q: float = 0.5, rounds: int = 3
 ) -> float:
-    """The same normal traffic without, then with ``attack`` running: the ratio at quantile ``q``."""
-    quiet = await probe(url, count)
-    async with running(attack):
-        loud = await probe(url, count)
+    """The same normal traffic without and with ``attack`` running: the ratio at quantile ``q``.
+
+    Measured in alternating rounds (quiet, attack, quiet, ...), so a change in the shared
+    machine's load during the test weighs on both sides alike."""
+    quiet: list[float] = []
+    loud: list[float] = []
+    for _ in range(rounds):
+        quiet += await probe(url, max(1, count // rounds))
+        async with running(attack):
+            loud += await probe(url, max(1, count // rounds))
     return ratio(loud, quiet, q)
 
 

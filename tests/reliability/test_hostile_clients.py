@@ -140,21 +140,26 @@ async def test_at_the_connection_cap_idle_connections_make_room(caplog):
 async def test_when_every_connection_is_busy_a_new_one_gets_503():
     engine = hostkit.Engine()
     release = asyncio.Event()
+    arrived = []
 
     async def slow(request: web.Request) -> web.Response:
+        arrived.append(request)
         await release.wait()
         return web.json_response({"choices": []})
 
     engine.body = slow
     async with relkit.serving(engine.app()) as engine_url:
         monitor, url, registry = await start(engine, engine_url, max_client_connections=4)
+        busy: list[asyncio.Task] = []
         try:
             async with aiohttp.ClientSession() as session:
                 body = {"model": "m", "prompt": "p"}
-                busy = [
+                busy += [
                     asyncio.create_task(session.post(url + "/v1/completions", json=body)) for _ in range(4)
                 ]
-                await asyncio.sleep(0.3)
+                async with asyncio.timeout(20):  # every connection admitted and busy at the engine
+                    while len(arrived) < 4:
+                        await asyncio.sleep(0.02)
                 reader, writer = await asyncio.open_connection(*host_port(url))
                 answer = await asyncio.wait_for(reader.read(), 5)
                 writer.close()
@@ -163,6 +168,8 @@ async def test_when_every_connection_is_busy_a_new_one_gets_503():
                 for task in busy:
                     assert (await task).status == 200
         finally:
+            release.set()
+            await asyncio.gather(*busy, return_exceptions=True)  # (none left unretrieved)
             await monitor.stop()
     assert answer.startswith(b"HTTP/1.1 503")
     assert (

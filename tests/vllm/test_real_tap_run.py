@@ -84,9 +84,12 @@ server: {insecure_loopback: true}
         results = asyncio.run(loadgen.run_load(run.base, MIX, 2, requests=24, stream=True, seed=8))
         assert {r.status for r in results} == {200}
 
+        last: list[str] = []  # what the last look saw, for the failure message
+
         def consistent():
             metrics = run.metrics()
             rcs = [(lab, v) for lab, v in metrics.get("specguard_relative_cost_per_token_ratio", [])]
+            last[:] = [f"RCs {rcs}"]
             if len(rcs) < 2:  # several classes measured (an evaluation may come before the last)
                 return None
             for lab, value in rcs:
@@ -99,10 +102,14 @@ server: {insecure_loopback: true}
                     metrics, "specguard_decode_seconds_total", pool="nospec", load_bucket=load
                 ) / total(metrics, "specguard_decode_tokens_total", pool="nospec", load_bucket=load)
                 if value != pytest.approx(spec / base, rel=1e-9):
+                    last.append(f"{lab}: exported {value}, counters give {spec / base}")
                     return None  # the last evaluation predates the last requests: wait for the next
             return metrics
 
-        metrics = run.wait_until(consistent, 30, "an RC evaluated over all the traffic")
+        try:
+            metrics = run.wait_until(consistent, 60, "an RC evaluated over all the traffic")
+        except pytest.fail.Exception as exc:
+            pytest.fail(f"{exc}\nlast seen: {'; '.join(last)}")
     finally:
         code = run.stop()
     assert code == 0, run.log.read_text()[-3000:]
