@@ -14,7 +14,9 @@ outlier detection counts them) is *ejected*: out of service for an interval what
 or its next answer says, since an engine whose API fails may well still serve its /metrics page.
 The interval doubles each time the pool is ejected again, up to a cap, and is back to the first
 after the pool has served a whole cap's length. The last serving pool is never ejected: with
-nowhere else to go, a failing pool is still the best try (Envoy's panic mode).
+nowhere else to go, a failing pool is still the best try (Envoy's panic mode). Nor is a pool
+that is down: its requests in flight break because it is gone, and it serves again at its first
+answer.
 
 Being down is a routing override, not a plan change: the router sends the traffic planned for
 a down pool to the best healthy one (``exporters.routing``), the plan stays as the guard made
