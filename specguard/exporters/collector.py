@@ -65,6 +65,21 @@ COUNTERS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+# Counters with a value only where drafts are verified: not exported for a no-spec pool
+# (num_speculative_tokens 0), whose page keeps requests, output tokens and TPOT (the baseline).
+SPEC_ONLY: frozenset[str] = frozenset(
+    {
+        "spec_requests",
+        "verify_rounds",
+        "draft_tokens",
+        "accepted_tokens",
+        "full_rollback_rounds",
+        "full_rollback_requests",
+        "approximate_requests",
+    }
+)
+
+
 def _safe(name: str, produce: Callable[[], Iterable[Metric]]) -> Iterator[Metric]:
     try:
         yield from list(produce())
@@ -73,11 +88,16 @@ def _safe(name: str, produce: Callable[[], Iterable[Metric]]) -> Iterator[Metric
 
 
 class TapCollector(Collector):
-    """Per-class counters, the TPOT histogram and the tap's own error/attribution counters."""
+    """Per-class counters, the TPOT histogram and the tap's own error/attribution counters.
 
-    def __init__(self, stats: WindowedStats, in_flight: Mapping[str, int]):
+    A label set is exported from its first request on (``WindowedStats`` keeps it for the
+    process's life); ``nospec_pools`` get no speculative counters (``SPEC_ONLY``, per position).
+    """
+
+    def __init__(self, stats: WindowedStats, in_flight: Mapping[str, int], nospec_pools: Iterable[str] = ()):
         self._stats = stats
         self._in_flight = in_flight
+        self._nospec = frozenset(nospec_pools)
 
     def describe(self) -> Iterator[Metric]:
         for name, _, doc in COUNTERS:
@@ -132,12 +152,16 @@ class TapCollector(Collector):
         for name, attr, doc in COUNTERS:
             family = CounterMetricFamily(name, doc, labels=CLASS_LABELS)
             for key, t in sorted(totals.items()):
+                if attr in SPEC_ONLY and key[0] in self._nospec:
+                    continue
                 family.add_metric(list(key), float(getattr(t, attr)))
             out.append(family)
         hist, positions, unattributed, unclassified, errors, resends, in_flight = self._other_families()
         for key, t in sorted(totals.items()):
             if t.tpot_count:  # 21 series per label set: only for label sets with observations
                 hist.add_metric(list(key), _buckets(t), t.tpot_sum)
+            if key[0] in self._nospec:
+                continue
             for position, value in enumerate(t.accepted_per_position):
                 positions.add_metric([*key, str(position)], float(value))
         for (pool, reason), value in sorted(self._stats.unattributed().items()):

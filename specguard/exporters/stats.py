@@ -12,7 +12,7 @@ import bisect
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 from specguard.exporters.records import RequestRecord
@@ -135,14 +135,17 @@ class WindowedStats:
         max_records: int = 100_000,
         full_rollback_request_threshold: float = 0.5,
         clock: Callable[[], float] = time.time,
-        keys: Iterable[Key] = (),
     ):
         self.window_seconds = window_seconds
         self.threshold = full_rollback_request_threshold
         self._clock = clock
         self._lock = threading.Lock()
         self._window: deque[RequestRecord] = deque(maxlen=max_records)
-        self._totals: dict[Key, Totals] = {key: Totals() for key in keys}
+        # A key enters with its first record and stays for the process's life: a label set
+        # dropped while idle would restart at 0 when its traffic returns, and rate() would miss
+        # its increase up to the next scrape each time. Bounded: every label value comes from
+        # the config's vocabulary.
+        self._totals: dict[Key, Totals] = {}
         self._unattributed: dict[tuple[str, str], int] = {}
         self._unclassified: dict[str, int] = {}
         self._errors: dict[tuple[str, str], int] = {}

@@ -120,19 +120,13 @@ class Monitor:
         self.metrics_max_bytes = METRICS_MAX_BYTES
         self._metrics_render: asyncio.Future[bytes] | None = None
         self.classifier = Classifier(ex.classes)
-        keys = [
-            (pool.name, task, temp.name, load.name)
-            for pool in ex.pools
-            for task in ex.classes.task_labels
-            for temp in ex.classes.temperature_buckets
-            for load in ex.classes.load_buckets
-        ]
+        # Label sets appear with their first request (none pre-created): an idle class costs
+        # Prometheus no series. The guard's class list comes from the config, not from here.
         self.stats = stats.WindowedStats(
             window_seconds=ex.tap.window_seconds,
             max_records=ex.tap.max_window_records,
             full_rollback_request_threshold=ex.tap.full_rollback_request_threshold,
             clock=clock,
-            keys=keys,
         )
         tap_cfg = ex.tap
         policy = health.EjectPolicy(
@@ -173,7 +167,8 @@ class Monitor:
         self.clients = clientguard.ClientGuard(ex.tap.client_limits)
         self.tap.clients = self.clients
         self.registry.register(self.clients.collector())
-        self.registry.register(collector.TapCollector(self.stats, self.tap.in_flight))
+        nospec = [pool.name for pool in ex.pools if not pool.speculative]
+        self.registry.register(collector.TapCollector(self.stats, self.tap.in_flight, nospec))
         self.registry.register(collector.EngineCollector(self.watches.values()))
         self.registry.register(collector.HealthCollector(self.health))
         self.registry.register(self.tap.gate.collector())

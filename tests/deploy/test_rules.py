@@ -105,6 +105,8 @@ EXPECTED_ALERTS = {
     "SpecGuardUpstreamErrors",
     "SpecGuardPlanStale",
     "SpecGuardBaselineMissing",
+    "SpecGuardRuleEvaluationsMissed",
+    "SpecGuardRuleGroupSlow",
 }
 
 

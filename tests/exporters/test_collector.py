@@ -33,7 +33,7 @@ def labels(**kw):
 
 
 def test_tap_collector_exports_every_numerator_and_denominator():
-    stats = WindowedStats(keys=[("spec-k2", "chat", "greedy", "low")])
+    stats = WindowedStats()
     stats.add(record(0, hist=(1, 1, 2), out=10, decode=0.9))
     stats.add(record(0, hist=None, reason="n_gt_1"))
     stats.count_error("spec-k2", "timeout")
@@ -41,7 +41,7 @@ def test_tap_collector_exports_every_numerator_and_denominator():
     registry.register(TapCollector(stats, {"spec-k2": 3}))
     got = samples(registry)
     assert got[("specguard_requests_total", labels())] == 2
-    assert got[("specguard_requests_total", labels(task_type="chat"))] == 0  # pre-initialised
+    assert ("specguard_requests_total", labels(task_type="chat")) not in got  # no traffic: no series
     assert got[("specguard_spec_requests_total", labels())] == 1
     assert got[("specguard_verify_rounds_total", labels())] == 4
     assert got[("specguard_draft_tokens_total", labels())] == 8
@@ -56,6 +56,33 @@ def test_tap_collector_exports_every_numerator_and_denominator():
     assert got[("specguard_unattributed_requests_total", (("pool", "spec-k2"), ("reason", "n_gt_1")))] == 1
     assert got[("specguard_upstream_errors_total", (("kind", "timeout"), ("pool", "spec-k2")))] == 1
     assert got[("specguard_pool_in_flight_requests", (("pool", "spec-k2"),))] == 3
+
+
+def test_nospec_pool_exports_no_speculative_counters():
+    stats = WindowedStats()
+    stats.add(record(0, pool="nospec", hist=(1, 1, 2), out=10, decode=0.9))  # spec stats or not
+    stats.add(record(0, hist=(1, 1, 2), out=10, decode=0.9))
+    registry = CollectorRegistry()
+    registry.register(TapCollector(stats, {}, nospec_pools=["nospec"]))
+    got = samples(registry)
+    nospec = labels(pool="nospec")
+    for name in ("requests", "output_tokens", "decode_seconds", "decode_tokens"):
+        assert got[(f"specguard_{name}_total", nospec)] > 0, name
+    assert got[("specguard_time_per_output_token_seconds_count", nospec)] == 1
+    names = {name for name, key in got if dict(key).get("pool") == "nospec"}
+    for name in (
+        "spec_requests",
+        "verify_rounds",
+        "draft_tokens",
+        "accepted_tokens",
+        "full_rollback_rounds",
+        "full_rollback_requests",
+        "approximate_requests",
+        "accepted_per_position",
+    ):
+        assert f"specguard_{name}_total" not in names, name
+    spec_names = {name for name, key in got if dict(key).get("pool") == "spec-k2"}
+    assert {"specguard_verify_rounds_total", "specguard_accepted_per_position_total"} <= spec_names
 
 
 def test_collect_never_raises():

@@ -1,0 +1,33 @@
+"""docs/deploy.md's series-per-follower table is the kept ``bench/bench_series.py --json`` run."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import bench_series  # noqa: E402
+
+RESULT = json.loads((ROOT / "bench" / "results" / "series.json").read_text())
+
+
+def flat(text: str) -> str:
+    return re.sub(r"\s+", " ", text)
+
+
+def test_the_deploy_doc_carries_the_kept_run():
+    fix = "render it again: python3 bench/bench_series.py --render bench/results/series.json"
+    assert flat(bench_series.render(RESULT)) in flat((ROOT / "docs" / "deploy.md").read_text()), fix
+
+
+def test_the_kept_run_is_a_fresh_page_under_100_series_and_lazy_label_sets():
+    this, before = RESULT["this"], RESULT["baseline"]
+    assert this["ok"] == this["requests"] == before["requests"] > 0
+    assert this["before"]["series"] < 100 and this["before"]["label_sets"] == 0
+    assert before["before"]["label_sets"] == before["vocabulary"]  # the old page: every label set
+    assert 0 < this["after"]["label_sets"] < this["vocabulary"]
+    assert this["after"]["series"] < before["after"]["series"]
