@@ -320,12 +320,18 @@ def _many_classes(task_types: int) -> str:
 
 
 async def _classified_traffic(url: str, task_types: int) -> None:
-    """One request per task type, so every class has series on /metrics."""
+    """One request per task type and temperature bucket, so each of those classes has series on
+    /metrics (a label set is exported from its first request on)."""
+    gate = asyncio.Semaphore(8)
     async with aiohttp.ClientSession() as session:
-        for i in range(task_types):
+
+        async def one(i: int, temperature: float) -> None:
             headers = {"x-task-type": f"t{i}"}
-            async with session.post(url + "/v1/chat/completions", json=hostkit.chat(), headers=headers) as r:
+            body = {**hostkit.chat(), "temperature": temperature}
+            async with gate, session.post(url + "/v1/chat/completions", json=body, headers=headers) as r:
                 await r.read()
+
+        await asyncio.gather(*(one(i, t) for i in range(task_types) for t in (0.0, 0.3, 0.7, 1.0)))
 
 
 async def test_a_large_metrics_page_is_rendered_off_the_loop_and_capped(tmp_path, caplog):

@@ -110,6 +110,8 @@ class SpecguardRun:
         listen = f"127.0.0.1:{self.port}"
         path.write_text(config_text(engines, holdout=holdout, listen=listen, scrape_s=0.5) + extra_yaml)
         self.log = tmp_path / "run.log"
+        control = free_port()
+        self.control = f"http://127.0.0.1:{control}"
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
                 # the control listener on a free port of its own (the tap's port + 1 may be taken)
@@ -121,7 +123,7 @@ class SpecguardRun:
                     "--config",
                     str(path),
                     "--control-listen",
-                    f"127.0.0.1:{free_port()}",
+                    f"127.0.0.1:{control}",
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
