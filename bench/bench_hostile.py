@@ -382,7 +382,7 @@ CLASSES_AT_CAP = 41
 pools, 42 x 4 x 3 x 2 = 1,008 combinations, the most the default ``classes.max_combinations`` admits."""
 
 
-def _tap_config(tmp: Path, engine_port: int, tap_port: int, extra: str = "") -> Path:
+def _tap_config(tmp: Path, engine_port: int, tap_port: int, extra: str = "", server: str = "") -> Path:
     cfg = tmp / f"specguard-{tap_port}.yaml"
     cfg.write_text(
         f'pools: [{{name: spec-k4, url: "http://127.0.0.1:{engine_port}", engine: vllm, '
@@ -392,7 +392,7 @@ def _tap_config(tmp: Path, engine_port: int, tap_port: int, extra: str = "") -> 
         f'tap: {{listen: "127.0.0.1:{tap_port}", default_pool: spec-k4}}\n'
         "scrape: {interval_seconds: 1, timeout_seconds: 1}\n"
         "guard: {interval_seconds: 2}\n"
-        f'server: {{token_file: "{tmp / "token"}"}}\n'
+        f'server: {{token_file: "{tmp / "token"}"{server}}}\n'
         f'actuators: {{plan_file: "{tmp / f"plan-{tap_port}.json"}", '
         f'audit_log: "{tmp / f"audit-{tap_port}.jsonl"}"}}\n' + extra
     )
@@ -490,11 +490,15 @@ async def alert_book_attack(args: argparse.Namespace, url: str) -> dict:
 
 async def many_classes_attack(args: argparse.Namespace, url: str) -> dict:
     """/metrics of a config at the class cap, scraped every 2 s while normal traffic runs."""
-    async with aiohttp.ClientSession() as session:  # one request per task type: every class has series
+    # one request per task type and temperature bucket: those classes have series (a label set is
+    # exported from its first request on)
+    async with aiohttp.ClientSession() as session:
         for i in range(CLASSES_AT_CAP):
-            headers = {"x-task-type": f"t{i}"}
-            async with session.post(url + "/v1/chat/completions", json={"model": "m"}, headers=headers) as r:
-                await r.read()
+            for temperature in (0.0, 0.3, 0.7, 1.0):
+                headers = {"x-task-type": f"t{i}"}
+                body = {"model": "m", "temperature": temperature}
+                async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as r:
+                    await r.read()
     summary, scrapes = await _attack_runs(
         args, url, lambda u, stop: _scrape_metrics(u, stop, 2.0), args.rounds
     )
@@ -518,13 +522,16 @@ def state_suite(args: argparse.Namespace, engine_port: int) -> dict:
         tmp = Path(tmp_name)
         (tmp / "token").write_text(TOKEN + "\n")
         types = ", ".join(f"t{i}" for i in range(CLASSES_AT_CAP))
+        # the alert book's writes are what is measured: every webhook is let in (the rate limit,
+        # 1 a second with a burst of 30 by default, would refuse nearly all of the flood)
+        unlimited = ", alerts_per_second: 10000, alerts_burst: 10000"
         suites = {
-            "alert_book": ("", alert_book_attack),
-            "many_classes": (f"classes: {{task_types: [{types}]}}\n", many_classes_attack),
+            "alert_book": ("", unlimited, alert_book_attack),
+            "many_classes": (f"classes: {{task_types: [{types}]}}\n", "", many_classes_attack),
         }
-        for name, (extra, attack) in suites.items():
+        for name, (extra, server, attack) in suites.items():
             port = free_port()
-            cfg = _tap_config(tmp, engine_port, port, extra)
+            cfg = _tap_config(tmp, engine_port, port, extra, server)
             env = {**os.environ, "PYTHONPATH": str(args.tree)}
             command = [
                 sys.executable,
