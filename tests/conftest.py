@@ -2,8 +2,8 @@
 
 ``scripts/test`` runs pytest-xdist with ``--dist loadgroup``: each xdist group is one unit of work,
 run whole by one worker. Every test module is its own group unless it names one (so a module's
-fixtures start once); a real tier's tests share the group named after the tier's marker (its
-engines start once, in one worker); tests that bind the same fixed ports share a group too.
+fixtures start once); the real tiers' tests share one group (each tier's engines start once, in
+one worker, one tier after the other); tests that bind the same fixed ports share a group too.
 """
 
 from __future__ import annotations
@@ -18,8 +18,11 @@ from tests import propkit
 
 settings.load_profile(propkit.profile())
 
-# Markers of the real tiers: each tier's tests run in one worker, as the group of that name.
+# Markers of the real tiers. Their tests run in one worker, one tier after the other (group
+# REAL_ENGINES): each tier pins its engines to the machine's cores (spec on the first, no-spec on
+# the last), so two tiers at once would load one side of each A/B more than the other.
 REAL_TIERS = ("vllm", "llamacpp")
+REAL_ENGINES = "real-engines"
 # Modules that bind fixed ports (the README's 8001-8003 and 8090; docs/commands.md's simulator).
 FIXED_PORTS = "fixed-ports"
 FIXED_PORT_MODULES = ("tests/docs/test_readme_hand_run.py", "tests/docs/test_examples.py")
@@ -30,9 +33,8 @@ def xdist_group(item: pytest.Item) -> str:
     mark = item.get_closest_marker("xdist_group")
     if mark is not None:
         return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
-    for tier in REAL_TIERS:
-        if item.get_closest_marker(tier) is not None:
-            return tier
+    if any(item.get_closest_marker(tier) is not None for tier in REAL_TIERS):
+        return REAL_ENGINES
     module = item.nodeid.split("::", 1)[0]
     return FIXED_PORTS if module in FIXED_PORT_MODULES else module
 
@@ -41,7 +43,7 @@ def start_order(item: pytest.Item) -> int:
     """Longest groups first, so no long one is left for the end: real tiers, then the tests on a
     real Prometheus (``stack``) and on fixed ports, then the rest in collection order."""
     group = xdist_group(item)
-    if group in REAL_TIERS:
+    if group == REAL_ENGINES:
         return 0
     return 1 if group == FIXED_PORTS or item.get_closest_marker("stack") is not None else 2
 
