@@ -8,9 +8,10 @@ lost nothing (every webhook answered 200, every scrape served, no traceback in t
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
+
+from test_bench_figures import flat
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -18,10 +19,6 @@ sys.path.insert(0, str(ROOT / "bench"))
 import bench_hostile  # noqa: E402
 
 RESULT = json.loads((ROOT / "bench" / "results" / "hostile-state.json").read_text())
-
-
-def flat(text: str) -> str:
-    return re.sub(r"\s+", " ", text)
 
 
 def test_the_reliability_doc_carries_the_kept_state_run():

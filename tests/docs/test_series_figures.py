@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
+
+from test_bench_figures import flat
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -13,10 +14,6 @@ sys.path.insert(0, str(ROOT / "bench"))
 import bench_series  # noqa: E402
 
 RESULT = json.loads((ROOT / "bench" / "results" / "series.json").read_text())
-
-
-def flat(text: str) -> str:
-    return re.sub(r"\s+", " ", text)
 
 
 def test_the_deploy_doc_carries_the_kept_run():
