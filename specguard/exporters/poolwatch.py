@@ -163,6 +163,9 @@ class ScrapeLoop:
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()  # set by stop() and when the tap marks the pool down
+        # One scrape at a time: two pages fetched concurrently can be observed in the other order,
+        # and an older page after a newer one reads as a counter reset (its whole value counted).
+        self._one_at_a_time = asyncio.Lock()
         if health is not None:
             health.listeners.append(self._on_health)
 
@@ -170,8 +173,13 @@ class ScrapeLoop:
         """One scrape now; True when the pool answered with a page the adapters understood.
 
         A failure is logged as a warning when the pool goes down, then at debug level while it
-        stays down (``specguard_engine_up`` says it anyway); recovery is logged once.
+        stays down (``specguard_engine_up`` says it anyway); recovery is logged once. Concurrent
+        callers (the loop, a caller scraping on demand) take turns.
         """
+        async with self._one_at_a_time:
+            return await self._scrape()
+
+    async def _scrape(self) -> bool:
         pool = self.watch.pool
         first = self.watch.scrapes == 0
         was_up = self.watch.up
