@@ -4,11 +4,11 @@ A Monitor (the tap and exporter of `specguard run`, default classes: 5 task labe
 temperature buckets x 3 load buckets) over the simulator's three pools (spec-k4, spec-k2,
 nospec), default tap shares (holdout and probes reach the other pools). Its page is counted
 before any request, then after `--requests` requests of every task type at every temperature
-bucket at 4 clients and as many again at 32 (the low and medium load buckets). With
-`--baseline DIR` the same measurement runs once more in a process importing specguard from
-DIR (another checkout, e.g. the previous release), for comparison in the same run.
+bucket at 4 clients and as many again at 32 (the low and medium load buckets). Each
+`--baseline NAME=DIR` runs the same measurement once more in a process importing specguard from
+DIR (another checkout, e.g. an earlier release), for comparison in the same run.
 
-    python3 bench/bench_series.py --json [--baseline DIR] > bench/results/series.json
+    python3 bench/bench_series.py --json [--name NAME] [--baseline NAME=DIR ...] > bench/results/series.json
     python3 bench/bench_series.py --render bench/results/series.json
 """
 
@@ -103,17 +103,14 @@ def baseline(directory: str, requests: int) -> dict:
 
 
 def render(result: dict) -> str:
-    rows = [("label sets from their first request", result["this"])]
-    if "baseline" in result:
-        rows.append(("every label set from start-up (before)", result["baseline"]))
     lines = [
         "| code | series before traffic (per-class label sets) | after traffic (per-class label sets) |",
         "|---|---|---|",
     ]
-    for name, r in rows:
+    for r in result["runs"]:
         b, a = r["before"], r["after"]
         lines.append(
-            f"| {name} | {b['series']:,} ({b['label_sets']}) | {a['series']:,} ({a['label_sets']}) |"
+            f"| {r['name']} | {b['series']:,} ({b['label_sets']}) | {a['series']:,} ({a['label_sets']}) |"
         )
     return "\n".join(lines)
 
@@ -121,7 +118,10 @@ def render(result: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=400, help="requests per load level")
-    parser.add_argument("--baseline", help="a checkout whose specguard to measure too")
+    parser.add_argument("--name", default="this code", help="the name of this checkout's row")
+    parser.add_argument(
+        "--baseline", action="append", default=[], metavar="NAME=DIR", help="a checkout to measure too"
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--render", metavar="FILE", help="print the markdown table of a kept result")
@@ -132,9 +132,13 @@ def main() -> None:
     if args.measure:
         print(json.dumps(asyncio.run(measure(args.requests))))
         return
-    result = {"requests_per_level": args.requests, "this": asyncio.run(measure(args.requests))}
-    if args.baseline:
-        result["baseline"] = baseline(args.baseline, args.requests)
+    runs = [{"name": args.name, **asyncio.run(measure(args.requests))}]
+    for spec in args.baseline:
+        name, _, directory = spec.rpartition("=")
+        if not name or not directory:
+            parser.error(f"--baseline {spec!r}: expected NAME=DIR")
+        runs.append({"name": name, **baseline(directory, args.requests)})
+    result = {"requests_per_level": args.requests, "runs": runs}
     print(json.dumps(result, indent=2, sort_keys=True) if args.json else render(result))
 
 

@@ -20,6 +20,22 @@ CLS = f'{POOL},task_type=~"$task_type",temperature_bucket=~"$temperature_bucket"
 CLS_NOPOOL = (
     f'{JOB},task_type=~"$task_type",temperature_bucket=~"$temperature_bucket",load_bucket=~"$load_bucket"'
 )
+# acceptance counters carry no load_bucket (acceptance does not depend on load): the load-bucket
+# selector does not apply to them
+ACC = f'{POOL},task_type=~"$task_type",temperature_bucket=~"$temperature_bucket"'
+ACCEPTANCE = frozenset(
+    f"specguard_{name}_total"
+    for name in (
+        "spec_requests",
+        "verify_rounds",
+        "draft_tokens",
+        "accepted_tokens",
+        "full_rollback_rounds",
+        "full_rollback_requests",
+        "approximate_requests",
+        "accepted_per_position",
+    )
+)
 BY_CLS = "task_type, temperature_bucket"
 CELL = "pool, task_type, temperature_bucket, load_bucket"
 ACTION_BY = "task_type, temperature_bucket, action, reason"
@@ -46,11 +62,13 @@ NO_TRAFFIC = [special(dm.SpecialValueMatch.NA_N, "No traffic")]
 UP_DOWN = [mapping_values({"0": ("DOWN", "red"), "1": ("UP", "green")})]
 
 
-def rate(metric: str, sel: str = CLS) -> str:
+def rate(metric: str, sel: str | None = None) -> str:
+    """rate() over the selected series: ACC for acceptance counters, else CLS, unless ``sel``."""
+    sel = sel or (ACC if metric in ACCEPTANCE else CLS)
     return f"rate({metric}{{{sel}}}[{RI}])"
 
 
-def ratio(num: str, den: str, by: str, sel: str = CLS) -> str:
+def ratio(num: str, den: str, by: str, sel: str | None = None) -> str:
     """sum(rate(num)) / (sum(rate(den)) > 0), both aggregated by the same labels ("" = all)."""
     agg = f"sum by ({by})" if by else "sum"
     return f"{agg} ({rate(num, sel)})\n/\n({agg} ({rate(den, sel)}) > 0)"

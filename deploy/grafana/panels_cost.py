@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dashboard_kit import (
+    ACC,
     BY_CLS,
     CELL,
     CLS,
@@ -192,10 +193,11 @@ def headline() -> list:
         ),
         single(
             "Output tokens from drafts",
-            "Share of output tokens that were accepted drafts "
+            "Share of output tokens that were accepted drafts, over every load bucket "
             "(specguard_accepted_tokens_total / specguard_output_tokens_total).",
             query(
-                ratio("specguard_accepted_tokens_total", "specguard_output_tokens_total", ""), "from drafts"
+                ratio("specguard_accepted_tokens_total", "specguard_output_tokens_total", "", ACC),
+                "from drafts",
             ),
             "percentunit",
             minmax=(0, 1),
@@ -236,7 +238,7 @@ def headline() -> list:
 def acceptance() -> list:
     cls = "{{task_type}}/{{temperature_bucket}}"
     return [
-        db.Row("Acceptance per class and temperature bucket"),
+        db.Row("Acceptance per class and temperature bucket, over every load bucket"),
         ts(
             "Accept length per class",
             "Output tokens per verify round, bonus token included: 1 + accepted / rounds "
@@ -323,7 +325,10 @@ def acceptance() -> list:
 
 
 def latency() -> list:
-    tpot_bucket = rate("specguard_time_per_output_token_seconds_bucket")
+    # the histogram carries pool and load bucket only (per class, TPOT is the decode counters' ratio)
+    tpot_bucket = rate(
+        "specguard_time_per_output_token_seconds_bucket", f'{POOL},load_bucket=~"$load_bucket"'
+    )
     return [
         db.Row("Latency and traffic: with vs without speculation"),
         ts(
@@ -344,8 +349,8 @@ def latency() -> list:
         ),
         ts(
             "TPOT p50 / p90 / p99 per pool",
-            "Per-request time per output token quantiles per pool "
-            "(histogram specguard_time_per_output_token_seconds).",
+            "Per-request time per output token quantiles per pool, over every class "
+            "(histogram specguard_time_per_output_token_seconds, labelled by pool and load bucket).",
             [
                 query(
                     f"histogram_quantile({q}, sum by (le, pool) ({tpot_bucket}))", f"p{p} {{{{pool}}}}", ref

@@ -20,6 +20,12 @@ from specguard.exporters.stats import TPOT_BUCKETS, Totals, WindowedStats
 log = logging.getLogger("specguard.collector")
 
 CLASS_LABELS = ["pool", "task_type", "temperature_bucket", "load_bucket"]
+# Acceptance is a property of the draft and the traffic, not of the batch it ran in: its counters
+# (SPEC_ONLY, per position) carry no load_bucket. A quarter of the series; TPOT keeps the bucket.
+ACCEPTANCE_LABELS = CLASS_LABELS[:3]
+# The TPOT histogram is read per pool and load bucket (quantiles against the no-spec pool at the
+# same load); per class, TPOT is decode_seconds / decode_tokens. 21 series per label set.
+TPOT_LABELS = ["pool", "load_bucket"]
 
 # (metric name without _total, Totals attribute, help)
 COUNTERS: tuple[tuple[str, str, str], ...] = (
@@ -80,6 +86,11 @@ SPEC_ONLY: frozenset[str] = frozenset(
 )
 
 
+# Counters exported from their first increment, not with their label set: zero for every engine
+# that reports per-request numbers (only TensorRT-LLM's and TGI's streams are counted by chunk).
+SPARSE: frozenset[str] = frozenset({"approximate_requests"})
+
+
 def _safe(name: str, produce: Callable[[], Iterable[Metric]]) -> Iterator[Metric]:
     try:
         yield from list(produce())
@@ -91,7 +102,8 @@ class TapCollector(Collector):
     """Per-class counters, the TPOT histogram and the tap's own error/attribution counters.
 
     A label set is exported from its first request on (``WindowedStats`` keeps it for the
-    process's life); ``nospec_pools`` get no speculative counters (``SPEC_ONLY``, per position).
+    process's life); ``nospec_pools`` get no speculative counters (``SPEC_ONLY``, per position),
+    and those carry ``ACCEPTANCE_LABELS`` (summed over load buckets).
     """
 
     def __init__(self, stats: WindowedStats, in_flight: Mapping[str, int], nospec_pools: Iterable[str] = ()):
@@ -100,8 +112,8 @@ class TapCollector(Collector):
         self._nospec = frozenset(nospec_pools)
 
     def describe(self) -> Iterator[Metric]:
-        for name, _, doc in COUNTERS:
-            yield CounterMetricFamily(name, doc, labels=CLASS_LABELS)
+        for name, attr, doc in COUNTERS:
+            yield CounterMetricFamily(name, doc, labels=_labels(attr))
         yield from self._other_families()
 
     def collect(self) -> Iterator[Metric]:
@@ -112,12 +124,12 @@ class TapCollector(Collector):
             HistogramMetricFamily(
                 "specguard_time_per_output_token_seconds",
                 "Per-request time per output token after the first (streamed requests).",
-                labels=CLASS_LABELS,
+                labels=TPOT_LABELS,
             ),
             CounterMetricFamily(
                 "specguard_accepted_per_position",
                 "Verify rounds whose first position+1 drafts were all accepted (p_i numerator).",
-                labels=[*CLASS_LABELS, "position"],
+                labels=[*ACCEPTANCE_LABELS, "position"],
             ),
             CounterMetricFamily(
                 "specguard_unattributed_requests",
@@ -148,20 +160,19 @@ class TapCollector(Collector):
 
     def _collect(self) -> list[Metric]:
         totals = self._stats.totals()
+        speculative = _over_loads({key: t for key, t in totals.items() if key[0] not in self._nospec})
         out: list[Metric] = []
         for name, attr, doc in COUNTERS:
-            family = CounterMetricFamily(name, doc, labels=CLASS_LABELS)
-            for key, t in sorted(totals.items()):
-                if attr in SPEC_ONLY and key[0] in self._nospec:
-                    continue
-                family.add_metric(list(key), float(getattr(t, attr)))
+            family = CounterMetricFamily(name, doc, labels=_labels(attr))
+            for key, t in sorted((speculative if attr in SPEC_ONLY else totals).items()):
+                value = getattr(t, attr)
+                if value or attr not in SPARSE:
+                    family.add_metric(list(key), float(value))
             out.append(family)
         hist, positions, unattributed, unclassified, errors, resends, in_flight = self._other_families()
-        for key, t in sorted(totals.items()):
-            if t.tpot_count:  # 21 series per label set: only for label sets with observations
-                hist.add_metric(list(key), _buckets(t), t.tpot_sum)
-            if key[0] in self._nospec:
-                continue
+        for key, t in sorted(_tpot_by_pool_load(totals).items()):
+            hist.add_metric(list(key), _buckets(t), t.tpot_sum)
+        for key, t in sorted(speculative.items()):
             for position, value in enumerate(t.accepted_per_position):
                 positions.add_metric([*key, str(position)], float(value))
         for (pool, reason), value in sorted(self._stats.unattributed().items()):
@@ -175,6 +186,37 @@ class TapCollector(Collector):
         for pool, value in sorted(dict(self._in_flight).items()):
             in_flight.add_metric([pool], float(value))
         return [*out, hist, positions, unattributed, unclassified, errors, resends, in_flight]
+
+
+def _labels(attr: str) -> list[str]:
+    return ACCEPTANCE_LABELS if attr in SPEC_ONLY else CLASS_LABELS
+
+
+def _over_loads(totals: Mapping[tuple[str, ...], Totals]) -> dict[tuple[str, ...], Totals]:
+    """Acceptance numbers per (pool, task_type, temperature_bucket): summed over load buckets."""
+    out: dict[tuple[str, ...], Totals] = {}
+    for key, t in totals.items():
+        into = out.setdefault(key[:3], Totals())
+        for attr in SPEC_ONLY:
+            setattr(into, attr, getattr(into, attr) + getattr(t, attr))
+        grown = len(t.accepted_per_position) - len(into.accepted_per_position)
+        into.accepted_per_position.extend([0] * max(0, grown))
+        for i, value in enumerate(t.accepted_per_position):
+            into.accepted_per_position[i] += value
+    return out
+
+
+def _tpot_by_pool_load(totals: Mapping[tuple[str, ...], Totals]) -> dict[tuple[str, ...], Totals]:
+    """The TPOT histogram per (pool, load bucket), only where it has observations."""
+    out: dict[tuple[str, ...], Totals] = {}
+    for (pool, _, _, load), t in totals.items():
+        if not t.tpot_count:
+            continue
+        into = out.setdefault((pool, load), Totals())
+        into.tpot_count += t.tpot_count
+        into.tpot_sum += t.tpot_sum
+        into.tpot_buckets = [a + b for a, b in zip(into.tpot_buckets, t.tpot_buckets, strict=True)]
+    return out
 
 
 def _buckets(t: Totals) -> list[tuple[str, float]]:

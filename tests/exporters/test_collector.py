@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -32,6 +33,16 @@ def labels(**kw):
     return tuple(sorted(base.items()))
 
 
+def tpot(**kw):
+    """The labels of the TPOT histogram: pool and load bucket."""
+    return tuple((k, v) for k, v in labels(**kw) if k not in ("task_type", "temperature_bucket"))
+
+
+def acceptance(**kw):
+    """The labels of an acceptance counter: no load bucket."""
+    return tuple((k, v) for k, v in labels(**kw) if k != "load_bucket")
+
+
 def test_tap_collector_exports_every_numerator_and_denominator():
     stats = WindowedStats()
     stats.add(record(0, hist=(1, 1, 2), out=10, decode=0.9))
@@ -42,20 +53,53 @@ def test_tap_collector_exports_every_numerator_and_denominator():
     got = samples(registry)
     assert got[("specguard_requests_total", labels())] == 2
     assert ("specguard_requests_total", labels(task_type="chat")) not in got  # no traffic: no series
-    assert got[("specguard_spec_requests_total", labels())] == 1
-    assert got[("specguard_verify_rounds_total", labels())] == 4
-    assert got[("specguard_draft_tokens_total", labels())] == 8
-    assert got[("specguard_accepted_tokens_total", labels())] == 5
-    assert got[("specguard_full_rollback_rounds_total", labels())] == 1
+    assert got[("specguard_spec_requests_total", acceptance())] == 1
+    assert got[("specguard_verify_rounds_total", acceptance())] == 4
+    assert got[("specguard_draft_tokens_total", acceptance())] == 8
+    assert got[("specguard_accepted_tokens_total", acceptance())] == 5
+    assert got[("specguard_full_rollback_rounds_total", acceptance())] == 1
     assert got[("specguard_decode_tokens_total", labels())] == 18
-    assert got[("specguard_accepted_per_position_total", labels(position="0"))] == 3
-    assert got[("specguard_accepted_per_position_total", labels(position="1"))] == 2
-    assert got[("specguard_time_per_output_token_seconds_bucket", labels(le="0.1"))] == 2
-    assert got[("specguard_time_per_output_token_seconds_bucket", labels(le="0.075"))] == 0
-    assert got[("specguard_time_per_output_token_seconds_count", labels())] == 2
+    assert got[("specguard_accepted_per_position_total", acceptance(position="0"))] == 3
+    assert got[("specguard_accepted_per_position_total", acceptance(position="1"))] == 2
+    assert got[("specguard_time_per_output_token_seconds_bucket", tpot(le="0.1"))] == 2
+    assert got[("specguard_time_per_output_token_seconds_bucket", tpot(le="0.075"))] == 0
+    assert got[("specguard_time_per_output_token_seconds_count", tpot())] == 2
     assert got[("specguard_unattributed_requests_total", (("pool", "spec-k2"), ("reason", "n_gt_1")))] == 1
     assert got[("specguard_upstream_errors_total", (("kind", "timeout"), ("pool", "spec-k2")))] == 1
     assert got[("specguard_pool_in_flight_requests", (("pool", "spec-k2"),))] == 3
+
+
+def test_acceptance_counters_sum_over_load_buckets_and_latency_keeps_them():
+    stats = WindowedStats()
+    stats.add(record(0, hist=(1, 1, 2), out=10, decode=0.9))
+    stats.add(replace(record(0, hist=(0, 3), out=4, decode=0.3), load_bucket="high"))  # K=1 at high load
+    registry = CollectorRegistry()
+    registry.register(TapCollector(stats, {}))
+    got = samples(registry)
+    assert got[("specguard_verify_rounds_total", acceptance())] == 4 + 3
+    assert got[("specguard_accepted_tokens_total", acceptance())] == 5 + 3
+    assert got[("specguard_accepted_per_position_total", acceptance(position="0"))] == 3 + 3
+    assert got[("specguard_accepted_per_position_total", acceptance(position="1"))] == 2
+    assert not [
+        key for name, key in got if name == "specguard_draft_tokens_total" and "load_bucket" in dict(key)
+    ]
+    assert got[("specguard_requests_total", labels())] == 1
+    assert got[("specguard_requests_total", labels(load_bucket="high"))] == 1
+    assert got[("specguard_decode_tokens_total", labels(load_bucket="high"))] == 3
+    assert got[("specguard_time_per_output_token_seconds_count", tpot(load_bucket="high"))] == 1
+
+
+def test_the_tpot_histogram_is_per_pool_and_load_and_sparse_counters_wait_for_a_count():
+    stats = WindowedStats()
+    stats.add(record(0, task="code", out=10, decode=0.9))
+    stats.add(record(0, task="chat", out=10, decode=0.45))
+    registry = CollectorRegistry()
+    registry.register(TapCollector(stats, {}))
+    got = samples(registry)
+    assert got[("specguard_time_per_output_token_seconds_count", tpot())] == 2  # both classes
+    assert got[("specguard_time_per_output_token_seconds_sum", tpot())] == 0.1 + 0.05
+    assert got[("specguard_decode_seconds_total", labels(task_type="chat"))] == 0.45  # per class: counters
+    assert not [name for name, _ in got if name == "specguard_approximate_requests_total"]  # never counted
 
 
 def test_nospec_pool_exports_no_speculative_counters():
@@ -68,7 +112,7 @@ def test_nospec_pool_exports_no_speculative_counters():
     nospec = labels(pool="nospec")
     for name in ("requests", "output_tokens", "decode_seconds", "decode_tokens"):
         assert got[(f"specguard_{name}_total", nospec)] > 0, name
-    assert got[("specguard_time_per_output_token_seconds_count", nospec)] == 1
+    assert got[("specguard_time_per_output_token_seconds_count", tpot(pool="nospec"))] == 1
     names = {name for name, key in got if dict(key).get("pool") == "nospec"}
     for name in (
         "spec_requests",

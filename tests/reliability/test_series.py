@@ -36,6 +36,9 @@ SPEC_FAMILIES = {
     "specguard_approximate_requests",
     "specguard_accepted_per_position",
 }
+ALL = "*"  # a label the family does not carry
+TPOT = "specguard_time_per_output_token_seconds"
+SPARSE = {"specguard_approximate_requests"}  # from its first increment: never, on vLLM
 BASELINE_FAMILIES = {
     "specguard_requests",
     "specguard_output_tokens",
@@ -65,7 +68,8 @@ def page(monitor: Monitor) -> list:
 
 
 def class_sets(samples: list) -> dict[tuple[str, ...], set[str]]:
-    """Per-class label set -> the families it appears in."""
+    """Per-class label set -> the families it appears in; a label a family does not carry is ALL
+    (acceptance: no load bucket; the TPOT histogram: pool and load bucket only)."""
     out: dict[tuple[str, ...], set[str]] = {}
     for s in samples:
         family = s.name.removesuffix("_total")
@@ -73,7 +77,7 @@ def class_sets(samples: list) -> dict[tuple[str, ...], set[str]]:
             if family.endswith(suffix) and family.removesuffix(suffix) in CLASS_FAMILIES:
                 family = family.removesuffix(suffix)
         if family in CLASS_FAMILIES:
-            out.setdefault(tuple(s.labels[label] for label in CLASS_LABELS), set()).add(family)
+            out.setdefault(tuple(s.labels.get(label, ALL) for label in CLASS_LABELS), set()).add(family)
     return out
 
 
@@ -95,8 +99,13 @@ async def test_a_label_set_appears_with_its_first_request_and_not_before():
         finally:
             await monitor.stop()
     sets = class_sets(after)
-    assert list(sets) == [("spec-k4", "code", "greedy", "low")]  # exactly the class that had traffic
-    assert sets[("spec-k4", "code", "greedy", "low")] == CLASS_FAMILIES
+    # exactly the class that had traffic: volume and latency at its load bucket, acceptance over
+    # all loads, the TPOT histogram per pool and load
+    assert sets == {
+        ("spec-k4", "code", "greedy", "low"): CLASS_FAMILIES - SPEC_FAMILIES - {TPOT},
+        ("spec-k4", "code", "greedy", ALL): SPEC_FAMILIES - SPARSE,
+        ("spec-k4", ALL, ALL, "low"): {TPOT},
+    }
     requests = [s.value for s in after if s.name == "specguard_requests_total"]
     assert requests == [6.0]
     assert len(after) < 100 + 40  # one label set: 11 counters, 21 histogram series, K positions
@@ -116,9 +125,16 @@ async def test_the_nospec_pool_exports_the_baseline_and_no_speculative_counter()
     sets = class_sets(samples)
     nospec = ("nospec", "chat", "medium", "low")
     assert not sets[nospec] & SPEC_FAMILIES, sets[nospec] & SPEC_FAMILIES
-    assert sets[nospec] == BASELINE_FAMILIES  # no verify rounds, drafts, rollbacks, positions
-    assert set(sets) == {("spec-k4", "code", "greedy", "low"), nospec}
-    assert sets[("spec-k4", "code", "greedy", "low")] == CLASS_FAMILIES
+    # no verify rounds, drafts, rollbacks, positions: the baseline's counters and its TPOT histogram
+    assert sets[nospec] == BASELINE_FAMILIES - {TPOT}
+    assert sets[("nospec", ALL, ALL, "low")] == {TPOT}
+    assert set(sets) == {
+        ("spec-k4", "code", "greedy", "low"),
+        ("spec-k4", "code", "greedy", ALL),
+        ("spec-k4", ALL, ALL, "low"),
+        nospec,
+        ("nospec", ALL, ALL, "low"),
+    }
     decode = [
         s.value for s in samples if s.name == "specguard_decode_tokens_total" and s.labels["pool"] == "nospec"
     ]

@@ -131,17 +131,17 @@ def test_stack_end_to_end(tmp_path: Path):
 
         alpha = wait_until(
             "accept-rate series for creative and code",
-            lambda: both("pool_class_load:specguard_accepted_tokens_per_draft_tokens:ratio_rate5m"),
+            lambda: both("pool_class:specguard_accepted_tokens_per_draft_tokens:ratio_rate5m"),
             30,
             stack.procs,
         )
         creative_alpha, code_alpha = (max(v.values()) for v in alpha)
         assert creative_alpha < 0.15 < 0.5 < code_alpha, (creative_alpha, code_alpha)
         creative_len, code_len = (
-            max(v.values()) for v in both("pool_class_load:specguard_accept_length:ratio_rate5m")
+            max(v.values()) for v in both("pool_class:specguard_accept_length:ratio_rate5m")
         )
         assert 1.0 <= creative_len < 1.5 and code_len > 2.5, (creative_len, code_len)
-        rollback = both("pool_class_load:specguard_full_rollback_rounds_per_verify_rounds:ratio_rate5m")
+        rollback = both("pool_class:specguard_full_rollback_rounds_per_verify_rounds:ratio_rate5m")
         creative_fr, code_fr = (max(v.values()) for v in rollback)
         assert creative_fr > 0.8 and code_fr < 0.4, (creative_fr, code_fr)
         tpot = prom.value('pool_load:specguard_decode_seconds_per_decode_tokens:ratio_rate5m{pool="spec-k4"}')
