@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
 from test_bench_figures import flat
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,3 +33,13 @@ def test_the_kept_run_is_a_fresh_page_under_100_series_and_fewer_series_than_eve
         assert this["after"]["series"] < before["after"]["series"], before["name"]
     # the oldest: every label set exported from start-up
     assert baselines[-1]["before"]["label_sets"] == baselines[-1]["vocabulary"]
+
+
+def test_the_engine_page_compared_with_is_the_recorded_vllm_page():
+    page = (ROOT / "tests" / "fixtures" / "vllm-0.32-cpu-ngram-k4.metrics.txt").read_text()
+    samples = sum(len(f.samples) for f in text_string_to_metric_families(page))
+    assert f"exports about {round(samples, -1)} series of its own" in flat(
+        (ROOT / "docs" / "deploy.md").read_text()
+    )
+    this = RESULT["runs"][0]
+    assert this["after"]["series"] <= 1.5 * samples  # the target: at most 1.5x the engine's own page
