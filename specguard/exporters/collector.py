@@ -15,13 +15,14 @@ from prometheus_client.registry import Collector
 
 from specguard.exporters.health import PoolHealth
 from specguard.exporters.poolwatch import PoolWatch
-from specguard.exporters.stats import TPOT_BUCKETS, Totals, WindowedStats
+from specguard.exporters.stats import TPOT_BUCKETS, Key, Totals, WindowedStats
 
 log = logging.getLogger("specguard.collector")
 
 CLASS_LABELS = ["pool", "task_type", "temperature_bucket", "load_bucket"]
 # Acceptance is a property of the draft and the traffic, not of the batch it ran in: its counters
-# (SPEC_ONLY, per position) carry no load_bucket. A quarter of the series; TPOT keeps the bucket.
+# (SPEC_ONLY, per position) carry no load_bucket, one series where the latency counters have one
+# per load bucket with traffic. TPOT depends on load and keeps the bucket.
 ACCEPTANCE_LABELS = CLASS_LABELS[:3]
 # The TPOT histogram is read per pool and load bucket (quantiles against the no-spec pool at the
 # same load); per class, TPOT is decode_seconds / decode_tokens. 21 series per label set.
@@ -160,7 +161,8 @@ class TapCollector(Collector):
 
     def _collect(self) -> list[Metric]:
         totals = self._stats.totals()
-        speculative = _over_loads({key: t for key, t in totals.items() if key[0] not in self._nospec})
+        # acceptance per (pool, task_type, temperature_bucket), summed over load buckets
+        speculative = _grouped({k: t for k, t in totals.items() if k[0] not in self._nospec}, lambda k: k[:3])
         out: list[Metric] = []
         for name, attr, doc in COUNTERS:
             family = CounterMetricFamily(name, doc, labels=_labels(attr))
@@ -170,8 +172,9 @@ class TapCollector(Collector):
                     family.add_metric(list(key), float(value))
             out.append(family)
         hist, positions, unattributed, unclassified, errors, resends, in_flight = self._other_families()
-        for key, t in sorted(_tpot_by_pool_load(totals).items()):
-            hist.add_metric(list(key), _buckets(t), t.tpot_sum)
+        for key, t in sorted(_grouped(totals, lambda k: (k[0], k[3])).items()):  # (pool, load_bucket)
+            if t.tpot_count:  # 21 series per label set: only where there are observations
+                hist.add_metric(list(key), _buckets(t), t.tpot_sum)
         for key, t in sorted(speculative.items()):
             for position, value in enumerate(t.accepted_per_position):
                 positions.add_metric([*key, str(position)], float(value))
@@ -192,30 +195,13 @@ def _labels(attr: str) -> list[str]:
     return ACCEPTANCE_LABELS if attr in SPEC_ONLY else CLASS_LABELS
 
 
-def _over_loads(totals: Mapping[tuple[str, ...], Totals]) -> dict[tuple[str, ...], Totals]:
-    """Acceptance numbers per (pool, task_type, temperature_bucket): summed over load buckets."""
+def _grouped(
+    totals: Mapping[Key, Totals], group: Callable[[Key], tuple[str, ...]]
+) -> dict[tuple[str, ...], Totals]:
+    """Totals summed into the label set each family is exported with."""
     out: dict[tuple[str, ...], Totals] = {}
     for key, t in totals.items():
-        into = out.setdefault(key[:3], Totals())
-        for attr in SPEC_ONLY:
-            setattr(into, attr, getattr(into, attr) + getattr(t, attr))
-        grown = len(t.accepted_per_position) - len(into.accepted_per_position)
-        into.accepted_per_position.extend([0] * max(0, grown))
-        for i, value in enumerate(t.accepted_per_position):
-            into.accepted_per_position[i] += value
-    return out
-
-
-def _tpot_by_pool_load(totals: Mapping[tuple[str, ...], Totals]) -> dict[tuple[str, ...], Totals]:
-    """The TPOT histogram per (pool, load bucket), only where it has observations."""
-    out: dict[tuple[str, ...], Totals] = {}
-    for (pool, _, _, load), t in totals.items():
-        if not t.tpot_count:
-            continue
-        into = out.setdefault((pool, load), Totals())
-        into.tpot_count += t.tpot_count
-        into.tpot_sum += t.tpot_sum
-        into.tpot_buckets = [a + b for a, b in zip(into.tpot_buckets, t.tpot_buckets, strict=True)]
+        out.setdefault(group(key), Totals()).merge(t)
     return out
 
 

@@ -96,6 +96,17 @@ class Totals:
                 running += hist[i]
                 self.accepted_per_position[i - 1] += running
 
+    def merge(self, other: Totals) -> None:
+        """Add ``other``'s numbers to these (totals of several keys exported as one)."""
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(mine, list):
+                mine.extend([0] * (len(theirs) - len(mine)))
+                for i, value in enumerate(theirs):
+                    mine[i] += value
+            else:
+                setattr(self, f.name, mine + theirs)
+
     def copy(self) -> Totals:
         out = Totals(**{f.name: getattr(self, f.name) for f in fields(self)})
         out.accepted_per_position = list(self.accepted_per_position)
