@@ -52,6 +52,9 @@ CREATIVE = 'task_type="creative",temperature_bucket="high",load_bucket="low",poo
 # The same inputs summed in another order (Prometheus' series order vs the followers' order here)
 # can differ in the last bits of a float64; nothing else may differ.
 EXACT = 1e-9
+# the recorded series the decider's rule reads; the rate rules are left out of the comparison: each
+# Prometheus scrapes at its own instants, so their rates differ by those instants
+READ = '{__name__=~"pool_class_load:specguard_relative_cost_per_token(_samples)?:(ratio|sum)"}'
 
 
 def decider_queries(config: dict) -> dict[tuple[str, tuple[str, str, str], str], str]:
@@ -110,6 +113,12 @@ def expected(queries: dict, by_hand: dict) -> dict:
         found = by_hand.get((task, temp, load, pool))
         out[(rule, (task, temp, load), pool)] = found[0] if found and found[1] >= MIN_SAMPLES else None
     return out
+
+
+def recorded(prom: Prometheus, at: float) -> dict[frozenset, float]:
+    """The series READ selects at `at`, by their whole label sets."""
+    rows = prom.api("query", query=READ, time=at)["result"]
+    return {frozenset(r["metric"].items()): float(r["value"][1]) for r in rows}
 
 
 def same(got: dict, want: dict) -> bool:
@@ -180,8 +189,8 @@ def test_store_ruler_and_federation_answer_the_decider_alike(tmp_path: Path):
         read = moved["numbers"]["rules"]["fleet-relative-cost@spec-k4"]["value"]
         assert read > 1.0, moved
         # the number it acted on (audited to 6 decimals) is one the store's ruler recorded
-        recorded = [float(v) for _, v in store.query(f"{RC}{{{CREATIVE}}}[2m]")[0]["values"]]
-        assert any(abs(read - v) <= 5e-7 for v in recorded), (read, recorded)
+        ruled = [float(v) for _, v in store.query(f"{RC}{{{CREATIVE}}}[2m]")[0]["values"]]
+        assert any(abs(read - v) <= 5e-7 for v in ruled), (read, ruled)
         assert {r["class"] for r in decisions} == {"creative/high"}
         results = load.stop()
         assert results and all(r.status == 200 for r in results)
@@ -208,13 +217,22 @@ def test_store_ruler_and_federation_answer_the_decider_alike(tmp_path: Path):
         # scrape: about 1 s each here); an answer that stays different fails.
         def alike():
             at = time.time()
-            got = {
-                name: answers(prom, queries, at)
-                for name, prom in (("store", store), ("reference", reference), ("federated", federated))
-            }
-            return got if all(same(g, want) for g in got.values()) else None
+            proms = {"store": store, "reference": reference, "federated": federated}
+            got = {name: answers(prom, queries, at) for name, prom in proms.items()}
+            series = {name: recorded(prom, at) for name, prom in proms.items()}
+            return (
+                all(same(g, want) for g in got.values())
+                and series["store"]
+                and all(same(other, series["reference"]) for other in series.values())
+                and series
+            )
 
-        wait_until("the decider's queries answer alike", alike, 30, stack.procs, interval=1)
+        series = wait_until("the decider's queries answer alike", alike, 30, stack.procs, interval=1)
+        assert len(series["store"]) >= 2, series
+        # labels through both paths (the label sets are compared whole above): the followers' job
+        # kept, their instance summed away by the ruler (and not added back by federation with
+        # honor_labels: /federate exposes what it has no instance for with an empty one)
+        assert all(dict(k)["job"] == "fleet" and "instance" not in dict(k) for k in series["store"])
 
         # the store holds the raw series, remote-written with their labels: one instance per
         # follower under job "fleet", and fleet-wide counters equal to the followers' sums
