@@ -1,6 +1,7 @@
-"""A fleet on loopback for tests/stack/test_fleet.py: simulator replicas, one follower
-`specguard run` per replica (the shipped sidecar config), one decider `specguard run` (the
-shipped decider config, `guard.local: false`), on top of stackhelp's Prometheus and Alertmanager.
+"""A fleet on loopback for tests/stack/test_fleet.py and test_past_one_prometheus.py: simulator
+replicas, one follower `specguard run` per replica (the shipped sidecar config), one decider
+`specguard run` (the shipped decider config, `guard.local: false`), on top of stackhelp's
+Prometheus and Alertmanager.
 
 The plan reaches the followers either over HTTP (the decider's GET /api/v1/plan) or through a
 ConfigMap of the loopback Kubernetes API stand-in (tests/monitor/kubekit.py), which also holds
@@ -8,13 +9,17 @@ the deciders' Lease."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
+import threading
 import urllib.request
 from pathlib import Path
 
 import yaml
-from stackhelp import DEPLOY, TOKEN, Proc, Stack, control_url, http_get, scrape, wait_until
+from stackhelp import DEPLOY, TOKEN, Proc, Prometheus, Stack, control_url, http_get, scrape, wait_until
+
+from specguard.lab import loadgen
 
 SIDECAR = DEPLOY / "kubernetes" / "base" / "specguard.yaml"
 DECIDER = DEPLOY / "kubernetes" / "base" / "guard.yaml"
@@ -32,6 +37,41 @@ POLL_SECONDS = 2.0  # followers' plan poll (guard.interval_seconds of a follower
 SCRAPE_SECONDS = 1.0  # Prometheus scrape and rule evaluation interval
 BUCKET = {0.0: "greedy", 1.0: "high"}
 NAMESPACE, CONFIGMAP, LEASE = "serving", "routing", "specguard-guard"
+# the fleet's traffic: a class speculation hurts (creative at temperature 1), one it helps
+MIX = [
+    loadgen.RequestClass("creative", weight=2, temperature=1.0, max_tokens=64),
+    loadgen.RequestClass("code", weight=1, temperature=0.0, max_tokens=64),
+]
+RC = "pool_class_load:specguard_relative_cost_per_token:ratio"
+# the per-class counters the fleet-wide sums are checked on
+COUNTERS = {
+    "specguard_requests_total": "requests",
+    "specguard_verify_rounds_total": "verify_rounds",
+    "specguard_draft_tokens_total": "draft_tokens",
+    "specguard_accepted_tokens_total": "accepted_tokens",
+}
+
+
+class Load:
+    """Requests through every follower, round robin (as through a Service), until stopped."""
+
+    def __init__(self, urls: list[str]):
+        self.urls, self.results, self._stop = urls, [], threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fleet-load", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        seed = 0
+        while not self._stop.is_set():
+            seed += 1
+            run = loadgen.run_load(self.urls, MIX, concurrency=6, duration_s=2, seed=seed, stream=True)
+            self.results.extend(asyncio.run(run))
+
+    def stop(self) -> list:
+        self._stop.set()
+        self._thread.join(60)
+        assert not self._thread.is_alive()
+        return self.results
 
 
 def seeded_configmap() -> dict[str, str]:
@@ -204,3 +244,25 @@ def post_json(url: str, body: dict) -> int:
     )
     with urllib.request.urlopen(request, timeout=10) as response:
         return response.status
+
+
+def follower_counters(urls: list[str]) -> dict[tuple[str, str, str], dict[str, int]]:
+    """COUNTERS summed over the followers' own /metrics: (pool, task_type, temperature_bucket) -> field."""
+    total: dict = {}
+    for url in urls:
+        for key, row in counter_sums(scrape(url), COUNTERS).items():
+            into = total.setdefault(key, dict.fromkeys(row, 0))
+            for field, value in row.items():
+                into[field] += value
+    return total
+
+
+def fleet_counters(prom: Prometheus, job: str = "fleet") -> dict[tuple[str, str, str], dict[str, int]]:
+    """COUNTERS summed over the fleet's series in `prom`, keyed as follower_counters."""
+    got: dict = {}
+    for metric, field in COUNTERS.items():
+        by = "pool, task_type, temperature_bucket"
+        for labels, value in prom.value(f'sum by ({by}) ({metric}{{job="{job}"}}) > 0').items():
+            key = tuple(dict(labels)[k] for k in ("pool", "task_type", "temperature_bucket"))
+            got.setdefault(key, dict.fromkeys(COUNTERS.values(), 0))[field] = int(value)
+    return got

@@ -326,36 +326,60 @@ class Stack(ExitStack):
         return url
 
     def start_prometheus(
-        self, specguard_url: str, alertmanager_url: str, jobs: dict[str, list[str]] | None = None
+        self,
+        specguard_url: str | None = None,
+        alertmanager_url: str | None = None,
+        jobs: dict[str, list[str]] | None = None,
+        *,
+        name: str = "prometheus",
+        rules: bool = True,
+        agent: bool = False,
+        receiver: bool = False,
+        scrape_configs: tuple[dict, ...] = (),
+        remote_write: tuple[dict, ...] = (),
     ) -> Prometheus:
-        """Prometheus scraping `specguard_url` as job "specguard" (or every URL of `jobs`, by job)."""
-        jobs = jobs or {"specguard": [specguard_url]}
-        rules = self.workdir / "specguard-rules.yaml"
-        rules.write_text(stack_rules(RULES.read_text()))
-        config = {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
-            "rule_files": [str(rules)],
-            "alerting": {
+        """Prometheus scraping `specguard_url` as job "specguard" (or every URL of `jobs`, by job).
+
+        More than one per stack by `name` (its config, rules copy and storage are named after it).
+        `rules`: load the shipped rules (stack_rules); `agent`: agent mode (scrape and remote-write
+        only: no rules, no query API); `receiver`: accept remote writes on /api/v1/write;
+        `scrape_configs` are added as they are (federation), `remote_write` is its remote_write."""
+        jobs = jobs if jobs is not None else {"specguard": [specguard_url]}
+        config: dict = {"global": {"scrape_interval": "1s", "scrape_timeout": "1s"}}
+        if not agent:
+            config["global"]["evaluation_interval"] = "1s"
+        if rules:
+            path = self.workdir / ("specguard-rules.yaml" if name == "prometheus" else f"{name}-rules.yaml")
+            path.write_text(stack_rules(RULES.read_text()))
+            config["rule_files"] = [str(path)]
+        if alertmanager_url:
+            config["alerting"] = {
                 "alertmanagers": [{"static_configs": [{"targets": [alertmanager_url.split("//")[1]]}]}]
-            },
-            "scrape_configs": [
-                {"job_name": job, "static_configs": [{"targets": [url.split("//")[1] for url in urls]}]}
-                for job, urls in jobs.items()
-            ],
-        }
-        path = self.workdir / "prometheus.yml"
+            }
+        config["scrape_configs"] = [
+            {"job_name": job, "static_configs": [{"targets": [url.split("//")[1] for url in urls]}]}
+            for job, urls in jobs.items()
+        ] + list(scrape_configs)
+        if remote_write:
+            config["remote_write"] = list(remote_write)
+        path = self.workdir / f"{name}.yml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         port = free_port()
+        storage = self.workdir / ("prom-data" if name == "prometheus" else f"{name}-data")
         argv = [
             binary("prometheus"),
             f"--config.file={path}",
-            f"--storage.tsdb.path={self.workdir / 'prom-data'}",
+            f"--storage.{'agent' if agent else 'tsdb'}.path={storage}",
             f"--web.listen-address=127.0.0.1:{port}",
             "--web.enable-lifecycle",
         ]
-        proc = self.spawn("prometheus", argv)
+        if agent:
+            argv.append("--enable-feature=agent")
+        if receiver:
+            argv.append("--web.enable-remote-write-receiver")
+        proc = self.spawn(name, argv)
         url = f"http://127.0.0.1:{port}"
-        wait_until("prometheus ready", lambda: http_get(url + "/-/ready")[0] == 200, 30, [proc])
+        wait_until(f"{name} ready", lambda: http_get(url + "/-/ready")[0] == 200, 30, [proc])
         return Prometheus(url)
 
 

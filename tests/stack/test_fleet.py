@@ -15,21 +15,23 @@ by the last plan (also across its own restart); a restarted decider resumes with
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import threading
 import time
 from pathlib import Path
 
 import pytest
 from fleethelp import (
+    COUNTERS,
     FOLLOWERS,
     POLL_SECONDS,
+    RC,
     SCRAPE_SECONDS,
+    Load,
     audit,
-    counter_sums,
     decider_config,
+    fleet_counters,
     follower_config,
+    follower_counters,
     plan_of,
     sample,
     seeded_configmap,
@@ -40,17 +42,11 @@ from fleethelp import (
 )
 from stackhelp import Stack, control_url, free_port, scrape, wait_until
 
-from specguard.lab import loadgen
 from tests.monitor.kubekit import FakeKubeApi, Threaded
 
 pytestmark = pytest.mark.stack
 
-MIX = [
-    loadgen.RequestClass("creative", weight=2, temperature=1.0, max_tokens=64),
-    loadgen.RequestClass("code", weight=1, temperature=0.0, max_tokens=64),
-]
 CREATIVE = ("creative", "high", "low")
-RC = "pool_class_load:specguard_relative_cost_per_token:ratio"
 # RC across the followers by hand: their estimates weighted by speculative samples, and how many
 WEIGHTED = """
 label_replace(
@@ -59,34 +55,6 @@ label_replace(
   / sum(specguard_relative_cost_samples{{job="fleet",side="spec",{sel}}}), "what", "r", "", "")
 or label_replace(count(specguard_relative_cost_per_token_ratio{{job="fleet",{sel}}}), "what", "n", "", "")
 """
-COUNTERS = {
-    "specguard_requests_total": "requests",
-    "specguard_verify_rounds_total": "verify_rounds",
-    "specguard_draft_tokens_total": "draft_tokens",
-    "specguard_accepted_tokens_total": "accepted_tokens",
-}
-
-
-class Load:
-    """Requests through every follower, round robin (as through a Service), until stopped."""
-
-    def __init__(self, urls: list[str]):
-        self.urls, self.results, self._stop = urls, [], threading.Event()
-        self._thread = threading.Thread(target=self._run, name="fleet-load", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        seed = 0
-        while not self._stop.is_set():
-            seed += 1
-            run = loadgen.run_load(self.urls, MIX, concurrency=6, duration_s=2, seed=seed, stream=True)
-            self.results.extend(asyncio.run(run))
-
-    def stop(self) -> list:
-        self._stop.set()
-        self._thread.join(60)
-        assert not self._thread.is_alive()
-        return self.results
 
 
 def creative_routes(url: str) -> tuple[float, float]:
@@ -203,23 +171,10 @@ def test_fleet_end_to_end(tmp_path: Path, source: str):
         assert results and all(r.status == 200 for r in results)
 
         # fleet-wide per-class counters == the sum over the followers == the simulators' truth
-        direct: dict = {}
-        for url in followers:
-            for key, row in counter_sums(scrape(url), COUNTERS).items():
-                total = direct.setdefault(key, dict.fromkeys(row, 0))
-                for field, value in row.items():
-                    total[field] += value
-
-        def fleet_counters():
-            got = {}
-            for metric, field in COUNTERS.items():
-                by = "pool, task_type, temperature_bucket"
-                for labels, value in prom.value(f'sum by ({by}) ({metric}{{job="fleet"}}) > 0').items():
-                    key = tuple(dict(labels)[k] for k in ("pool", "task_type", "temperature_bucket"))
-                    got.setdefault(key, dict.fromkeys(COUNTERS.values(), 0))[field] = int(value)
-            return got if got == direct else None
-
-        wait_until("Prometheus holds the final counters", fleet_counters, 10, stack.procs)
+        direct = follower_counters(followers)
+        wait_until(
+            "Prometheus holds the final counters", lambda: fleet_counters(prom) == direct, 10, stack.procs
+        )
         real = truth_counts(next(iter(engines.values())), tuple(COUNTERS.values()))
         assert direct == real, (direct, real)
         assert {k[0] for k in real} == {"spec-k4", "nospec"} and len(real) == 4
