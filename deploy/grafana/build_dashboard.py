@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules, however this is loaded
+sys.path.append(str(Path(__file__).resolve().parents[2]))  # specguard itself, from a clone not installed
 
 from dashboard_kit import ACTION_BY, DS, JOB, POOL  # noqa: E402
 from grafana_foundation_sdk.builders import dashboard as db  # noqa: E402

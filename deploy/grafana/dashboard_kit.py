@@ -11,6 +11,8 @@ from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import prometheus as pm
 
+from specguard.exporters.collector import SPEC_ONLY
+
 DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 RI = "$__rate_interval"
 # label selectors: job filter everywhere; class/pool filters where the series has the labels
@@ -23,19 +25,7 @@ CLS_NOPOOL = (
 # acceptance counters carry no load_bucket (acceptance does not depend on load): the load-bucket
 # selector does not apply to them
 ACC = f'{POOL},task_type=~"$task_type",temperature_bucket=~"$temperature_bucket"'
-ACCEPTANCE = frozenset(
-    f"specguard_{name}_total"
-    for name in (
-        "spec_requests",
-        "verify_rounds",
-        "draft_tokens",
-        "accepted_tokens",
-        "full_rollback_rounds",
-        "full_rollback_requests",
-        "approximate_requests",
-        "accepted_per_position",
-    )
-)
+ACCEPTANCE = frozenset(f"specguard_{name}_total" for name in (*SPEC_ONLY, "accepted_per_position"))
 BY_CLS = "task_type, temperature_bucket"
 CELL = "pool, task_type, temperature_bucket, load_bucket"
 ACTION_BY = "task_type, temperature_bucket, action, reason"

@@ -17,7 +17,18 @@ import urllib.request
 from pathlib import Path
 
 import yaml
-from stackhelp import DEPLOY, TOKEN, Proc, Prometheus, Stack, control_url, http_get, scrape, wait_until
+from stackhelp import (
+    DEPLOY,
+    TOKEN,
+    Proc,
+    Prometheus,
+    Stack,
+    control_url,
+    free_port,
+    http_get,
+    scrape,
+    wait_until,
+)
 
 from specguard.lab import loadgen
 
@@ -173,6 +184,25 @@ def start_run(stack: Stack, name: str, config: dict, port: int, *, wait: bool = 
     if wait:
         wait_healthy(proc, url)
     return proc, url
+
+
+def start_followers(
+    stack: Stack, engines: dict[str, str], source: str, workdir: Path, decider_url: str, kube_url: str | None
+) -> list[str]:
+    """One follower `specguard run` per replica, started together; their URLs once all answer."""
+    started = [
+        start_run(
+            stack,
+            f"follower-{i}",
+            follower_config(i, engines, source, workdir, decider_url, kube_url),
+            free_port(),
+            wait=False,
+        )
+        for i in range(len(FOLLOWERS))
+    ]
+    for proc, url in started:
+        wait_healthy(proc, url)
+    return [url for _, url in started]
 
 
 def wait_healthy(proc: Proc, url: str) -> None:

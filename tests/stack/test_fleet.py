@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 from fleethelp import (
     COUNTERS,
-    FOLLOWERS,
     POLL_SECONDS,
     RC,
     SCRAPE_SECONDS,
@@ -36,9 +35,9 @@ from fleethelp import (
     sample,
     seeded_configmap,
     sim_args,
+    start_followers,
     start_run,
     truth_counts,
-    wait_healthy,
 )
 from stackhelp import Stack, control_url, free_port, scrape, wait_until
 
@@ -75,19 +74,7 @@ def test_fleet_end_to_end(tmp_path: Path, source: str):
         engines = stack.start_sim(time_scale=0.2, args=sim_args(tmp_path))
         decider_port = free_port()
         decider_url = f"http://127.0.0.1:{decider_port}"
-        started = [
-            start_run(
-                stack,
-                f"follower-{i}",
-                follower_config(i, engines, source, tmp_path, decider_url, kube_url),
-                free_port(),
-                wait=False,
-            )
-            for i in range(len(FOLLOWERS))
-        ]
-        for proc, url in started:
-            wait_healthy(proc, url)
-        followers = [url for _, url in started]
+        followers = start_followers(stack, engines, source, tmp_path, decider_url, kube_url)
         am_url = stack.start_alertmanager(control_url(decider_url) + "/api/v1/alerts")
         jobs = {"fleet": followers, "specguard-guard": [decider_url]}
         prom = stack.start_prometheus(decider_url, am_url, jobs=jobs)

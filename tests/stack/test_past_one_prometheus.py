@@ -24,17 +24,15 @@ from pathlib import Path
 import pytest
 import yaml
 from fleethelp import (
-    FOLLOWERS,
     RC,
     Load,
     audit,
     decider_config,
     fleet_counters,
-    follower_config,
     follower_counters,
     sim_args,
+    start_followers,
     start_run,
-    wait_healthy,
 )
 from stackhelp import Prometheus, Stack, free_port, scrape, wait_until
 
@@ -133,19 +131,7 @@ def test_store_ruler_and_federation_answer_the_decider_alike(tmp_path: Path):
         engines = stack.start_sim(time_scale=0.2, args=sim_args(tmp_path))
         decider_port = free_port()
         decider_url = f"http://127.0.0.1:{decider_port}"
-        started = [
-            start_run(
-                stack,
-                f"follower-{i}",
-                follower_config(i, engines, "http", tmp_path, decider_url, None),
-                free_port(),
-                wait=False,
-            )
-            for i in range(len(FOLLOWERS))
-        ]
-        for proc, url in started:
-            wait_healthy(proc, url)
-        followers = [url for _, url in started]
+        followers = start_followers(stack, engines, "http", tmp_path, decider_url, None)
         fleet = {"fleet": followers}
 
         # the store: no targets of its own, the shipped rules, remote writes accepted
