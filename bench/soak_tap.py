@@ -140,6 +140,9 @@ def start_tap(cfg_path: Path, port: int) -> subprocess.Popen:
             str(cfg_path),
             "--listen",
             f"127.0.0.1:{port}",
+            # its own free port: the default (port + 1) may be another process's by now
+            "--control-listen",
+            f"127.0.0.1:{free_port()}",
             "--log-level",
             "warning",
         ],
