@@ -24,6 +24,7 @@ from aiohttp import web
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+import specguard
 from specguard.lab import loadgen
 from specguard.monitor import config as config_mod
 from specguard.monitor import guard_wiring
@@ -34,7 +35,8 @@ from specguard.monitor.guard_metrics import GuardCollector
 from specguard.rules.guard import ClassState
 from specguard.sim.cluster import SimCluster
 
-SIDECAR = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes" / "base" / "specguard.yaml"
+# the checkout whose specguard is imported (bench_fleet --baseline runs another one's)
+SIDECAR = Path(specguard.__file__).resolve().parents[1] / "deploy" / "kubernetes" / "base" / "specguard.yaml"
 TASKS = ("code", "extraction", "chat", "creative", "translation")  # the last one is exported as `other`
 TEMPERATURES = (0.0, 0.3, 0.7, 1.0)  # one per temperature bucket
 GROWING = ("counter", "histogram", "summary")
@@ -55,6 +57,7 @@ def sidecar_config(urls: dict[str, str]) -> Any:
     data = yaml.safe_load(SIDECAR.read_text())
     for pool in data["pools"]:
         pool["url"] = urls[pool["name"]]
+        pool.pop("api_key_file", None)  # the simulator asks for no engine key
     data["scrape"] = {"interval_seconds": 3600, "timeout_seconds": 5}
     data["actuators"] = {"router": True}
     return config_mod.parse_text(yaml.safe_dump(data), "specguard.yaml")
