@@ -184,7 +184,7 @@ def unattributed_by_vllm(body: dict) -> bool:
 
 
 async def leave_mid_stream(vllm_engines):
-    """One streamed request through a fresh tap, left some 30 tokens in. Returns the monitor, the
+    """One streamed request through a fresh tap, left a few tokens in. Returns the monitor, the
     engine's counters before and after, the tap's accumulated engine counters before, and whether
     the client left before the tap had relayed the end of the stream."""
     cfg = config.parse_text(config_text(vllm_engines, holdout=0.0), "specguard.yaml")
@@ -205,7 +205,9 @@ async def leave_mid_stream(vllm_engines):
                 async for line in resp.content:
                     if line.startswith(b"data:"):
                         text += json.loads(line[5:])["choices"][0]["text"]
-                        if len(text) >= 120:  # some 30 tokens in: the n-gram drafts have begun
+                        # A few tokens in: the prompt repeats, so the n-gram drafts have begun.
+                        # Leaving early leaves the engine most of its 440 tokens still to make.
+                        if len(text) >= 20:
                             break  # leave with the stream still running
         left_at = time.time()
         # Wait until the tap has recorded the request and the engine's counters stand still.
@@ -229,17 +231,17 @@ async def test_client_disconnect_mid_stream_is_unattributed_and_explains_the_gap
     cross-check gap is exactly what the engine spent on it.
 
     On a loaded machine the engine can produce a whole answer (and vLLM merge its outputs into few
-    events) before the client, in the tap's own process, has read 30 tokens of it: then the tap
+    events) before the client, in the tap's own process, has read a few tokens of it: then the tap
     relayed the whole stream before the client left, which is no disconnect at all (issue 18:
-    ``{} == {client_disconnected: 1}``). The scenario is repeated (at most 3 times) until the
+    ``{} == {client_disconnected: 1}``). The scenario is repeated (at most 4 times) until the
     client left while the tap was still relaying, and the accounting is checked on that run.
     """
-    for _ in range(3):
+    for _ in range(4):
         monitor, before, after, view_base, left_first = await leave_mid_stream(vllm_engines)
         if left_first:
             break
     else:
-        pytest.fail("in 3 tries the tap relayed the whole stream before its client left")
+        pytest.fail("in 4 tries the tap relayed the whole stream before its client left")
 
     engine = kit.delta(before, after)
     # Whether the engine finished or stopped early depends on timing (it usually stops: vLLM 0.32
