@@ -281,6 +281,7 @@ MEASURES = {  # name in the tables: how to read it from a row
     "Prometheus RSS, MB": lambda r: r["prometheus_rss_mb"],
     "`specguard.rules` mean, s": lambda r: rules_seconds(r)["mean"],
     "`specguard.rules` max, s": lambda r: rules_seconds(r)["max"],
+    "Prometheus CPU, % of one core": lambda r: r["prometheus_cpu_percent_of_one_core"],
 }
 
 
@@ -353,8 +354,9 @@ def render(result: dict) -> str:
         "",
         "| code | series per follower | RSS per follower, MB | `specguard.rules` mean, ms per follower "
         f"| at {PREDICT_AT:,}: series | RSS, GB | `specguard.rules` mean (max), s "
+        "| Prometheus CPU, % of one core "
         "| interval, s: " + ", ".join(map(str, sizes + [PREDICT_AT])) + " followers |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for code in codes:
         fit = growth(result, code)
@@ -371,7 +373,8 @@ def render(result: dict) -> str:
             f"| {code} | {fit['series'][1]:,.0f} | {fit['Prometheus RSS, MB'][1]:.2f} "
             f"| {1000 * fit['`specguard.rules` mean, s'][1]:.1f} "
             f"| {at('series'):,.0f} | {at('Prometheus RSS, MB') / 1024:.1f} "
-            f"| {at('`specguard.rules` mean, s'):.1f} ({at('`specguard.rules` max, s'):.1f}) | {intervals} |"
+            f"| {at('`specguard.rules` mean, s'):.1f} ({at('`specguard.rules` max, s'):.1f}) "
+            f"| {at('Prometheus CPU, % of one core'):.0f} | {intervals} |"
         )
     return "\n".join(out)
 
