@@ -47,7 +47,7 @@ def test_at_100_followers_this_code_costs_at_most_40_percent_of_the_release(meas
 def test_memory_is_just_above_40_percent_at_100_and_well_below_at_300_a_fifth_per_follower():
     # the docs say so in words; a run that lands elsewhere must change them
     assert 0.4 < share("Prometheus RSS, MB", 100) <= 0.45
-    assert share("Prometheus RSS, MB", 300) <= 0.3
+    assert share("Prometheus RSS, MB", 300) < 0.25
     per_follower = [bench_fleet.growth(RESULT, code)["Prometheus RSS, MB"][1] for code in (THIS, BASE)]
     assert 0.15 <= per_follower[0] / per_follower[1] <= 0.25, per_follower
 
