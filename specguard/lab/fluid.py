@@ -13,8 +13,10 @@ simulator's ``CostModel.step_seconds`` averaged over a binomial number of decodi
 padding and the knee make it non-linear). Class ``c`` gets ``m_c E[L_c] / S_c`` tokens per step.
 Co-location is in it (every class on an engine shares its steps), and so is prefill.
 
-Engines are split between pools as ``lab.fleet`` balances them at steady state: in proportion to
-each pool's clients, at least one each, the clients spread evenly over a pool's engines.
+Engines are split between pools as the fleet shape (``lab.shapes``) splits them at steady state:
+a fluid fleet in proportion to each pool's clients, at least one each (``lab.fleet``); a fixed one
+by its replicas; an autoscaled one by what the HPA rule wants for each pool's clients
+(``lab.autoscale``), within the budget. The clients spread evenly over a pool's engines.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from specguard.lab import fleet as fleet_mod
+from specguard.lab import shapes
 from specguard.sim.config import LengthDist, SimConfig
 
 ClassKey = tuple[str, str]  # (task_type, temperature_bucket)
@@ -57,9 +60,10 @@ def clipped_mean(dist: LengthDist, points: int = 400) -> float:
 class Model:
     """The fluid model for one simulator world and fleet size."""
 
-    def __init__(self, sim: SimConfig, fleet: int):
+    def __init__(self, sim: SimConfig, fleet: int, shape: shapes.FleetShape | None = None):
         self.sim = sim
         self.fleet = fleet
+        self.shape = shape
         self.ks = {p.name: p.num_speculative_tokens for p in sim.pools}
         self._lengths: dict[str, tuple[float, float]] = {}
         self._cycles = lru_cache(maxsize=4096)(self._cycle)
@@ -119,23 +123,50 @@ class Model:
         out = {key: (tokens / mean_step, decode_step / accept) for key, tokens, accept in rows}
         return mean_step, out
 
-    def layout(self, loads: Mapping[str, float]) -> dict[str, list[float]]:
-        """Clients per engine of every pool with traffic, as ``lab.fleet`` balances them at steady
-        state: engines in proportion to the pools' clients (``fleet.allocation``), spread evenly."""
-        return {
-            pool: [loads[pool] / engines] * engines
-            for pool, engines in fleet_mod.allocation(loads, self.fleet).items()
-            if engines
-        }
+    def replicas_for(self, loads: Mapping[str, float]) -> dict[str, int]:
+        """Engines per pool at steady state for the pools' clients ``loads`` (see the module doc)."""
+        shape = self.shape
+        if shape is None or shape.kind == shapes.FLUID:
+            return fleet_mod.allocation(loads, self.fleet)
+        if shape.kind == shapes.FIXED:
+            return dict(shape.replicas)
+        floor = shape.replicas
+        want = {p: max(floor[p], math.ceil(loads.get(p, 0.0) / shape.target_in_flight)) for p in shape.pools}
+        while sum(want.values()) > shape.engines and any(want[p] > floor[p] for p in want):
+            top = max((p for p in want if want[p] > floor[p]), key=lambda p: (want[p], p))
+            want[top] -= 1
+        return want
 
-    def evaluate(self, traffic: Sequence[ClassTraffic], plan: Plan, default: str) -> Evaluation:
-        """Throughput (tokens/s) and per-class numbers of ``plan`` for ``traffic``."""
+    def layout(
+        self, loads: Mapping[str, float], replicas: Mapping[str, int] | None = None
+    ) -> dict[str, list[float]]:
+        """Clients per engine of every pool with traffic: the pool's clients spread evenly over its
+        engines (``replicas``, default ``replicas_for(loads)``)."""
+        counts = self.replicas_for(loads) if replicas is None else replicas
+        return {pool: [loads[pool] / n] * n for pool, n in counts.items() if n and loads.get(pool, 0.0) > 0}
+
+    def evaluate_k(self, traffic: Sequence[ClassTraffic], k: int, engines: int) -> float:
+        """Throughput of every class on one pool of ``engines`` engines that all run K = ``k``."""
+        if engines < 1:
+            return 0.0
+        _, rows = self.engine(k, [(t, t.clients / engines) for t in traffic])
+        return engines * sum(tokens for tokens, _ in rows.values())
+
+    def evaluate(
+        self,
+        traffic: Sequence[ClassTraffic],
+        plan: Plan,
+        default: str,
+        replicas: Mapping[str, int] | None = None,
+    ) -> Evaluation:
+        """Throughput (tokens/s) and per-class numbers of ``plan`` for ``traffic`` (``replicas``:
+        engines per pool, default the shape's steady state)."""
         by_pool: dict[str, list[ClassTraffic]] = {}
         for t in traffic:
             by_pool.setdefault(plan.get(t.key, default), []).append(t)
         loads = {pool: sum(t.clients for t in ts) for pool, ts in by_pool.items()}
         per_class: dict[ClassKey, list[float]] = {}
-        for pool, engines in self.layout(loads).items():
+        for pool, engines in self.layout(loads, replicas).items():
             ts = by_pool[pool]
             share = loads[pool]
             m = engines[0]  # every engine of the pool holds the same clients: one stands for all
@@ -153,6 +184,7 @@ class Model:
         pools: Sequence[str],
         default: str,
         starts: Sequence[Plan] = (),
+        replicas: Mapping[str, int] | None = None,
     ) -> tuple[dict[ClassKey, str], float]:
         """The plan with the highest modelled throughput: coordinate ascent from several starts."""
         keys = sorted(t.key for t in traffic)
@@ -160,16 +192,23 @@ class Model:
         best_plan: dict[ClassKey, str] = {}
         best = -1.0
         for start in candidates:
-            plan, value = self.climb(traffic, {k: start.get(k, default) for k in keys}, pools, default)
+            plan, value = self.climb(
+                traffic, {k: start.get(k, default) for k in keys}, pools, default, replicas
+            )
             if value > best + 1e-9:
                 best_plan, best = plan, value
         return best_plan, best
 
     def climb(
-        self, traffic: Sequence[ClassTraffic], plan: dict[ClassKey, str], pools: Sequence[str], default: str
+        self,
+        traffic: Sequence[ClassTraffic],
+        plan: dict[ClassKey, str],
+        pools: Sequence[str],
+        default: str,
+        replicas: Mapping[str, int] | None = None,
     ) -> tuple[dict[ClassKey, str], float]:
         """Greedy: move one class at a time to the pool that raises modelled throughput most."""
-        value = self.evaluate(traffic, plan, default).throughput
+        value = self.evaluate(traffic, plan, default, replicas).throughput
         while True:
             best_move = None
             for key in sorted(plan):
@@ -177,7 +216,7 @@ class Model:
                     if pool == plan[key]:
                         continue
                     trial = {**plan, key: pool}
-                    v = self.evaluate(traffic, trial, default).throughput
+                    v = self.evaluate(traffic, trial, default, replicas).throughput
                     if v > value * (1 + 1e-6) and (best_move is None or v > best_move[0]):
                         best_move = (v, key, pool)
             if best_move is None:

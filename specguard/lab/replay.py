@@ -24,6 +24,7 @@ from typing import Protocol
 from specguard.exporters.loadmeter import LoadMeter
 from specguard.exporters.records import RequestRecord
 from specguard.lab import fleet as fleet_mod
+from specguard.lab import shapes
 from specguard.lab.scenario import ClassLoad, Scenario
 from specguard.sim.config import SimConfig
 from specguard.sim.engine import SimRequest, StepOutcome
@@ -117,11 +118,16 @@ class ReplayResult:
     plans: list[tuple[float, dict]] = field(default_factory=list)
     engines: int = 0  # the fleet every policy gets (lab.fleet)
     busy_engine_seconds: float = 0.0  # engine-seconds with at least one request
+    engine_seconds: float = 0.0  # engine-seconds allocated (an autoscaled fleet's vary)
     fleet_stats: object = None
 
     @property
     def mean_engines_busy(self) -> float:
         return self.busy_engine_seconds / self.scenario.duration_s if self.scenario.duration_s else 0.0
+
+    @property
+    def mean_engines(self) -> float:
+        return self.engine_seconds / self.scenario.duration_s if self.scenario.duration_s else 0.0
 
 
 def _rng(seed: int, *parts: object) -> random.Random:
@@ -155,6 +161,7 @@ class Replay:
         engine_seed: int | None = None,
         replicas: Mapping[str, int] | None = None,
         fixed: bool = False,
+        shape: shapes.FleetShape | None = None,
     ):
         self.sim = sim
         self.scenario = scenario
@@ -166,13 +173,17 @@ class Replay:
         # uses; an engine runs one pool at a time and an empty one can be given to any pool.
         # ``engine_seed`` (default: ``seed``) draws acceptance; the traffic depends on ``seed`` only.
         # With ``fixed``, each pool has exactly ``replicas[pool]`` engines instead, never moved (a
-        # Deployment of fixed replicas behind a Service; ``fleet`` is then their sum).
+        # Deployment of fixed replicas behind a Service; ``fleet`` is then their sum). ``shape``
+        # (lab.shapes) instead: fixed, autoscaled or fluid, for the pools it names.
+        if shape is not None and pools is None:
+            names = list(shape.pools)
         self.fleet = fleet_mod.Fleet(
             sim,
             names,
             fleet,
             seed=seed if engine_seed is None else engine_seed,
             fixed=(replicas or {}) if fixed else None,
+            shape=shape,
         )
         # each engine's load integral over virtual time (a request's mean load while it decodes,
         # for the model baseline's step-cost fit)
@@ -212,6 +223,13 @@ class Replay:
             while t < end:
                 self._push(t, "tick")
                 t += tick
+        if self.fleet.autoscaled:
+            assert self.fleet.shape is not None
+            sync = self.fleet.shape.sync_s
+            t = sync
+            while t < end:
+                self._push(t, "autoscale")
+                t += sync
         while self._events:
             at, _, kind, payload = heapq.heappop(self._events)
             if at >= end:
@@ -221,6 +239,13 @@ class Replay:
                 self._step_done(payload)  # type: ignore[arg-type]
             elif kind == "phase":
                 self._enter_phase(payload)  # type: ignore[arg-type]
+            elif kind == "autoscale":
+                for ready in self.fleet.autoscale(at):
+                    self._push(ready, "ready")
+                self._replicas_changed()
+            elif kind == "ready":
+                self.fleet.activate(at)
+                self._replicas_changed()
             elif kind == "tick":
                 changes = self.policy.tick(at)
                 for decision in changes:
@@ -229,8 +254,15 @@ class Replay:
         self.fleet.close(end)
         self.result.engines = self.fleet.size
         self.result.busy_engine_seconds = self.fleet.stats.busy_engine_seconds
+        self.result.engine_seconds = self.fleet.stats.engine_seconds
         self.result.fleet_stats = self.fleet.stats
         return self.result
+
+    def _replicas_changed(self) -> None:
+        """Tell a policy that follows replica counts (as the fleet's guard counts the engines up)."""
+        hook = getattr(self.policy, "on_replicas", None)
+        if hook is not None:
+            hook(self.fleet.replicas())
 
     def _enter_phase(self, index: int) -> None:
         self.phase = index

@@ -161,6 +161,13 @@ class SpecguardPolicy:
     def observe(self, record: RequestRecord) -> None:
         self.stats.add(record)
 
+    def on_replicas(self, counts: Mapping[str, int]) -> None:
+        """Serving replicas per pool changed (an autoscaled fleet): the router buckets load per
+        replica and sizes the holdout by them, as a fleet's guard learns them from Prometheus."""
+        known = {pool: n for pool, n in counts.items() if pool in self.pools and n >= 1}
+        if known:
+            self.router.set_replicas(known)
+
     def on_phase(self, index: int, now: float) -> None:
         pass
 
