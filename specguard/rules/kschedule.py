@@ -95,9 +95,11 @@ class Advice:
         trt = self.trtllm_config(method)
         if trt is not None:
             schedule = ", ".join(f"{k}: {v}" for k, v in trt["draft_len_schedule"].items())
+            last = max(trt["draft_len_schedule"])
+            off = f" (off above {last}" + (", the highest level measured)" if self.ranges[-1].k else ")")
             out.append(
                 f"TensorRT-LLM: speculative_config: {{decoding_type: {trt['decoding_type']}, "
-                f"max_draft_len: {trt['max_draft_len']}, draft_len_schedule: {{{schedule}}}}}"
+                f"max_draft_len: {trt['max_draft_len']}, draft_len_schedule: {{{schedule}}}}}{off}"
             )
         elif self.vllm is not None:
             out.append(
