@@ -225,13 +225,17 @@ def run_specguard(
     profile: profile_mod.Profile | None,
     on_tick: Callable | None = None,
     policy: policy_mod.Policy | None = None,
+    on_start: Callable[[rp.SpecguardPolicy], None] | None = None,
 ) -> tuple[replay.ReplayResult, rp.SpecguardPolicy]:
-    """specguard on the scenario; ``profile`` None runs it with ``guard.prior: none`` as well."""
+    """specguard on the scenario; ``profile`` None runs it with ``guard.prior: none`` as well.
+    ``on_start(guard)`` before the run (a live display reads the guard's states on each tick)."""
     policy = policy or setup.timed_policy()
     if profile is None:
         policy = replace(policy, prior="none")
     guard = rp.SpecguardPolicy(setup.exporter, policy, setup.settings, profile=profile, seed=setup.seed)
     guard.on_tick = on_tick
+    if on_start is not None:
+        on_start(guard)
     result = replay.Replay(
         setup.sim,
         setup.scenario,

@@ -25,7 +25,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from specguard.lab import hindsight, replay, schedule_search, shapes, summary
-from specguard.lab import replay_policies as rp
 
 Progress = Callable[[str], None] | None
 
@@ -176,8 +175,3 @@ def rows(case: hindsight.Case, progress: Progress = None) -> tuple[dict[str, dic
 
 def _sliced(case: hindsight.Case, row: dict, slices: hindsight.Slices) -> Candidate:
     return Candidate(row, lambda **kw: hindsight.run(case, "noise", slices, **kw))
-
-
-def plan_of(slices: hindsight.Slices) -> rp.ClassPlan:
-    """The first slice's plan (a static plan's only one)."""
-    return dict(slices[0][1]) if slices else {}

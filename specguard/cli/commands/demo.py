@@ -406,9 +406,6 @@ def _run(args: argparse.Namespace, done: list[str]) -> int:
         profile_mod.write_profile(profile, Path(args.profile_out))
         out.line(f"    calibration profile written to {args.profile_out}")
 
-    from specguard.lab import replay
-    from specguard.lab import replay_policies as rp
-
     order = [b.name for b in setup.exporter.classes.load_buckets]
     narrator = Narrator(out, order)
     live = None
@@ -474,21 +471,9 @@ def _run(args: argparse.Namespace, done: list[str]) -> int:
 
     if args.live:
         out.line("3/3 replaying the same scenario and seed in virtual time: specguard and the baselines")
-    guard = rp.SpecguardPolicy(
-        setup.exporter, setup.timed_policy(), setup.settings, profile=profile, seed=setup.seed
+    result, guard = demo.run_specguard(
+        setup, profile, on_tick=on_tick, on_start=lambda g: guard_ref.update(policy=g)
     )
-    guard_ref["policy"] = guard
-    guard.on_tick = on_tick
-    result = replay.Replay(
-        setup.sim,
-        scen,
-        guard,
-        setup.buckets,
-        seed=setup.seed,
-        pools=setup.pools,
-        fleet=setup.fleet,
-        shape=setup.shape,
-    ).run()
     out.done()
     rows = {"specguard": demo.specguard_row(setup, result, guard, "fresh")}
     out.line(f"    specguard replay: {len(result.decisions)} plan changes in {guard.evaluations} evaluations")
