@@ -342,7 +342,9 @@ class Replay:
         request.meta["load_bucket"] = self.buckets.load_bucket(slot.load)
 
     def _start_step(self, slot: fleet_mod.Slot) -> None:
-        assert slot.engine is not None
+        if slot.engine is None:  # scaled down: it left when its last request finished
+            slot.busy = False
+            return
         outcome = slot.engine.step()
         if outcome is None:
             slot.busy = False

@@ -85,3 +85,19 @@ def test_an_autoscaled_replay_serves_on_new_replicas_only_after_the_start_delay(
     assert timeline[0] == (0.0, {"spec-k4": 1})
     assert timeline[1] == (135.0, {"spec-k4": 4})  # the first sync at 15 s, plus the 120 s start delay
     assert result.mean_engines == pytest.approx((4 * 200 - 3 * 15) / 200)  # allocated from 15 s on
+
+
+def test_a_replica_scaled_down_leaves_when_its_last_request_is_done():
+    """Load falls after a scale-up: past the stabilisation window the extra replicas leave, those
+    still serving once their last request finished (the step that finished it starts no other)."""
+    cfg = monitor_config.load_default()
+    buckets = replay.Buckets.from_classes(cfg.exporter.classes)
+    busy, quiet = (scenario.ClassLoad("chat", n, ((0.7, 1.0),)) for n in (64, 2))
+    scen = scenario.Scenario(
+        "down", (scenario.Phase("busy", 200.0, (busy,)), scenario.Phase("quiet", 400.0, (quiet,)))
+    )
+    shape = shapes.FleetShape(shapes.AUTOSCALED, {"spec-k4": 1}, 4, target_in_flight=16, stabilization_s=60)
+    result = replay.Replay(SIM, scen, rp.StaticPolicy("k4", "spec-k4"), buckets, seed=0, shape=shape).run()
+    counts = [c["spec-k4"] for _, c in result.fleet_stats.timeline]
+    assert max(counts) == 4 and counts[-1] == 1 and result.fleet_stats.scale_downs == 3
+    assert len(result.finished) > 0 and all(f.output_tokens > 0 for f in result.finished)
