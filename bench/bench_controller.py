@@ -111,8 +111,8 @@ def one(name: str, seed: int, args: argparse.Namespace) -> dict:
         fleet=args.fleet,
         timer_scale=args.timer_scale,
         changes=args.set,
-        shape=args.fleet_shape,
-        replicas=args.replicas,
+        shape=getattr(args, "fleet_shape", shapes.FIXED),
+        replicas=getattr(args, "replicas", None),
     )
     t0 = time.perf_counter()
     profile = None if args.no_profile else demo.calibrate(setup)

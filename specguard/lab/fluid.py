@@ -32,7 +32,22 @@ from specguard.lab import shapes
 from specguard.sim.config import LengthDist, SimConfig
 
 ClassKey = tuple[str, str]  # (task_type, temperature_bucket)
-Plan = Mapping[ClassKey, str]
+Assignment = str | tuple[tuple[str, float], ...]  # a pool, or (pool, share) pairs summing to 1
+Plan = Mapping[ClassKey, Assignment]
+EPS = 1e-9
+
+
+def shares(assignment: Assignment) -> dict[str, float]:
+    """``{pool: share}`` of a class's assignment."""
+    return {assignment: 1.0} if isinstance(assignment, str) else dict(assignment)
+
+
+def assignment(split: Mapping[str, float]) -> Assignment:
+    """A split as a plan value: one pool's name when it holds the class whole."""
+    kept = {p: s for p, s in split.items() if s > EPS}
+    if len(kept) == 1:
+        return next(iter(kept))
+    return tuple(sorted((p, round(s, 6)) for p, s in kept.items()))
 
 
 @dataclass(frozen=True)
@@ -160,10 +175,13 @@ class Model:
         replicas: Mapping[str, int] | None = None,
     ) -> Evaluation:
         """Throughput (tokens/s) and per-class numbers of ``plan`` for ``traffic`` (``replicas``:
-        engines per pool, default the shape's steady state)."""
+        engines per pool, default the shape's steady state). A split class puts its share of
+        clients on each of its pools."""
         by_pool: dict[str, list[ClassTraffic]] = {}
         for t in traffic:
-            by_pool.setdefault(plan.get(t.key, default), []).append(t)
+            for pool, share in shares(plan.get(t.key, default)).items():
+                scaled = t if share >= 1.0 else ClassTraffic(t.key, t.clients * share, t.temperatures)
+                by_pool.setdefault(pool, []).append(scaled)
         loads = {pool: sum(t.clients for t in ts) for pool, ts in by_pool.items()}
         per_class: dict[ClassKey, list[float]] = {}
         for pool, engines in self.layout(loads, replicas).items():
@@ -185,15 +203,17 @@ class Model:
         default: str,
         starts: Sequence[Plan] = (),
         replicas: Mapping[str, int] | None = None,
-    ) -> tuple[dict[ClassKey, str], float]:
-        """The plan with the highest modelled throughput: coordinate ascent from several starts."""
+        quantum: float | None = None,
+    ) -> tuple[dict[ClassKey, Assignment], float]:
+        """The plan with the highest modelled throughput: coordinate ascent from several starts
+        (``quantum``: a class may also be split over pools in steps of this share)."""
         keys = sorted(t.key for t in traffic)
         candidates = [dict.fromkeys(keys, pool) for pool in pools] + [dict(s) for s in starts]
-        best_plan: dict[ClassKey, str] = {}
+        best_plan: dict[ClassKey, Assignment] = {}
         best = -1.0
         for start in candidates:
             plan, value = self.climb(
-                traffic, {k: start.get(k, default) for k in keys}, pools, default, replicas
+                traffic, {k: start.get(k, default) for k in keys}, pools, default, replicas, quantum
             )
             if value > best + 1e-9:
                 best_plan, best = plan, value
@@ -202,27 +222,47 @@ class Model:
     def climb(
         self,
         traffic: Sequence[ClassTraffic],
-        plan: dict[ClassKey, str],
+        plan: dict[ClassKey, Assignment],
         pools: Sequence[str],
         default: str,
         replicas: Mapping[str, int] | None = None,
-    ) -> tuple[dict[ClassKey, str], float]:
-        """Greedy: move one class at a time to the pool that raises modelled throughput most."""
+        quantum: float | None = None,
+    ) -> tuple[dict[ClassKey, Assignment], float]:
+        """Greedy: move one class at a time to the pool that raises modelled throughput most, or
+        (with ``quantum``) a ``quantum`` share of it from one of its pools to another."""
         value = self.evaluate(traffic, plan, default, replicas).throughput
         while True:
             best_move = None
             for key in sorted(plan):
-                for pool in pools:
-                    if pool == plan[key]:
-                        continue
-                    trial = {**plan, key: pool}
+                for target in self.moves(plan[key], pools, quantum):
+                    trial = {**plan, key: target}
                     v = self.evaluate(traffic, trial, default, replicas).throughput
                     if v > value * (1 + 1e-6) and (best_move is None or v > best_move[0]):
-                        best_move = (v, key, pool)
+                        best_move = (v, key, target)
             if best_move is None:
                 return plan, value
-            value, key, pool = best_move
-            plan = {**plan, key: pool}
+            value, key, target = best_move
+            plan = {**plan, key: target}
+
+    @staticmethod
+    def moves(current: Assignment, pools: Sequence[str], quantum: float | None) -> list[Assignment]:
+        """Every assignment one step from ``current``: the whole class on another pool, or a
+        ``quantum`` share of it moved from one of its pools to another."""
+        now = shares(current)
+        out: list[Assignment] = [pool for pool in pools if now != {pool: 1.0}]
+        if quantum:
+            for source, share in sorted(now.items()):
+                if share < quantum - EPS:
+                    continue
+                for pool in pools:
+                    if pool != source:
+                        moved = dict(now)
+                        moved[source] -= quantum
+                        moved[pool] = moved.get(pool, 0.0) + quantum
+                        step = assignment(moved)
+                        if step not in out and step != current:
+                            out.append(step)
+        return out
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,11 @@ row reports comes from a replay.
 - ``per_class_static``: the best fixed pool per class over the whole run (greedy on the model);
 - ``oracle_slices``: per time slice (no longer than the guard's evaluation interval) the model's
   best plan for every class for that slice's traffic (co-location, prefill and the engines each
-  pool has included); a second plan changes only where that gains more than 2% (every change
-  costs); an autoscaled fleet is planned twice, the second time with the replicas the first plan's
-  replay actually had in each slice (the start delay and stabilisation included);
+  pool has included); on fixed or autoscaled pools a class may be spread over several pools in
+  shares of one engine's worth (``Case.quantum``: their engines cannot move to it); a second plan
+  changes only where that gains more than 2% (every change costs); an autoscaled fleet is planned
+  twice, the second time with the replicas the first plan's replay actually had in each slice (the
+  start delay and stabilisation included);
 - ``noise``: a plan replayed with other acceptance draws, the run-to-run noise the bound allows.
 """
 
@@ -45,6 +47,14 @@ class Case:
     seed: int = 0
     interval: float = 10.0  # time slice: the guard's evaluation interval
     shape: shapes.FleetShape | None = None  # None: a fluid fleet of ``fleet`` engines
+
+    @property
+    def quantum(self) -> float | None:
+        """The share of a class the oracle may move at a time: one engine's worth of the fixed or
+        autoscaled fleet (its engines are not moved, so a class may be spread over them); none on a
+        fluid fleet (engines follow the traffic there)."""
+        shape = self.fleet_shape
+        return None if shape.kind == shapes.FLUID else 1.0 / max(1, shape.size)
 
     @property
     def fleet_shape(self) -> shapes.FleetShape:
@@ -114,23 +124,45 @@ def single(case: Case, pool: str, sim: SimConfig | None = None, **kwargs) -> rep
     ).run()
 
 
-def per_class_static(case: Case, model: fluid.Model, start_pool: str) -> rp.ClassPlan:
-    """Greedy search for the best fixed pool per class over the whole run (modelled throughput)."""
+def classes(case: Case) -> list[fluid.ClassKey]:
+    return sorted({t.key for phase in case.scenario.phases for t in traffic(phase, case.buckets)})
+
+
+def per_class_static(
+    case: Case,
+    model: fluid.Model,
+    start_pool: str,
+    quantum: float | None = None,
+    start: rp.ClassPlan | None = None,
+) -> rp.ClassPlan:
+    """Greedy search for the best fixed pool per class over the whole run (modelled throughput);
+    with ``quantum`` the best fixed split per class, from ``start``."""
     phases = [(phase.duration_s, traffic(phase, case.buckets)) for phase in case.scenario.phases]
-    keys = sorted({t.key for _, ts in phases for t in ts})
 
     def value(plan: rp.ClassPlan) -> float:
         return sum(d * model.evaluate(ts, plan, case.default_pool).throughput for d, ts in phases)
 
-    plan = dict.fromkeys(keys, start_pool)
+    plan = dict(start) if start else dict.fromkeys(classes(case), start_pool)
     best = value(plan)
     while True:
-        moves = [(value({**plan, k: p}), k, p) for k in keys for p in case.pools if p != plan[k]]
-        top = max(moves, default=None)
+        moves = [
+            (value({**plan, k: target}), k, target)
+            for k in sorted(plan)
+            for target in fluid.Model.moves(plan[k], case.pools, quantum)
+        ]
+        top = max(moves, default=None, key=lambda m: m[0])
         if top is None or top[0] <= best * (1 + 1e-6):
             return plan
-        best, key, pool = top
-        plan = {**plan, key: pool}
+        best, key, target = top
+        plan = {**plan, key: target}
+
+
+def spread(case: Case) -> rp.ClassPlan:
+    """Every class over every pool in proportion to its engines: the shape's engines all used."""
+    counts = {p: n for p, n in case.fleet_shape.replicas.items() if p in case.pools and n > 0}
+    total = sum(counts.values())
+    split = fluid.assignment({p: n / total for p, n in counts.items()})
+    return dict.fromkeys(classes(case), split)
 
 
 def oracle_slices(
@@ -158,7 +190,7 @@ def oracle_slices(
         if key not in cache:
             ts = traffic(case.scenario.phases[index], case.buckets)
             starts = ([previous] if previous else []) + list(seeds)
-            best, value = model.best_plan(ts, case.pools, case.default_pool, starts, counts)
+            best, value = model.best_plan(ts, case.pools, case.default_pool, starts, counts, case.quantum)
             if sticky and previous:
                 keys = sorted(t.key for t in ts)
                 near, near_value = model.climb(
@@ -167,6 +199,7 @@ def oracle_slices(
                     case.pools,
                     case.default_pool,
                     counts,
+                    case.quantum,
                 )
                 if value <= near_value * (1 + sticky):
                     best = near
@@ -204,7 +237,10 @@ def plan_json(slices: Slices, scenario: Scenario) -> list[dict]:
                 {
                     "from_seconds": start,
                     "phase": scenario.phases[scenario.phase_at(start)].name,
-                    "plan": {f"{t}/{b}": pool for (t, b), pool in sorted(plan.items())},
+                    "plan": {
+                        f"{t}/{b}": pool if isinstance(pool, str) else dict(pool)
+                        for (t, b), pool in sorted(plan.items())
+                    },
                 }
             )
             last = plan
@@ -224,8 +260,7 @@ def canonical(slices: Slices) -> tuple:
 
 def everything(case: Case, pool: str) -> rp.ClassPlan:
     """A plan sending every class of the scenario to ``pool``."""
-    keys = {t.key for phase in case.scenario.phases for t in traffic(phase, case.buckets)}
-    return dict.fromkeys(sorted(keys), pool)
+    return dict.fromkeys(classes(case), pool)
 
 
 def noise(

@@ -29,11 +29,13 @@ from specguard.rules import prior as prior_mod
 from specguard.rules import probes
 from specguard.rules.cost_config import CostSettings
 
-ClassPlan = dict[tuple[str, str], str]  # (task_type, temperature_bucket) -> pool
+Split = tuple[tuple[str, float], ...]  # (pool, share) pairs, shares summing to 1
+ClassPlan = dict[tuple[str, str], str | Split]  # (task_type, temperature_bucket) -> pool, or a split
 
 
 class StaticPolicy:
-    """A plan that never changes; ``pool`` for every class not in ``plan``."""
+    """A plan that never changes; ``pool`` for every class not in ``plan``. A class split over
+    pools gets each pool's share of its requests exactly, in a smooth weighted round robin."""
 
     tick_seconds = None
 
@@ -41,6 +43,7 @@ class StaticPolicy:
         self.name = name
         self.pool = pool
         self.plan = dict(plan or {})
+        self._credit: dict[tuple[str, str], dict[str, float]] = {}
 
     def choose(
         self,
@@ -49,7 +52,16 @@ class StaticPolicy:
         load_bucket_of: LoadBucketOf,
         load_of: LoadOf | None = None,
     ) -> tuple[str, str]:
-        return self.plan.get((task_type, temperature_bucket), self.pool), "plan"
+        key = (task_type, temperature_bucket)
+        target = self.plan.get(key, self.pool)
+        if isinstance(target, str):
+            return target, "plan"
+        credit = self._credit.setdefault(key, {})
+        for pool, share in target:
+            credit[pool] = credit.get(pool, 0.0) + share
+        pool = max(target, key=lambda ps: (credit[ps[0]], ps[0]))[0]
+        credit[pool] -= 1.0
+        return pool, "plan"
 
     def observe(self, record: RequestRecord) -> None:
         pass

@@ -14,9 +14,10 @@ routing rows run on the shape's pools. Each says what it knows that specguard do
 - best static plan per class: the best fixed pool per class over the whole run, on the shape's pools;
 - oracle: the upper bound of the shape, by construction the best replay of every hindsight plan:
   the per-slice plan on the shape's pools (``hindsight.oracle_slices``, planned with the engines
-  each pool has, the start delay and stabilisation of an autoscaled fleet included) and every row
-  above. So no row can beat it; that specguard does not beat it by more than the run-to-run noise
-  is checked in every run (``summary.bound``).
+  each pool has, the start delay and stabilisation of an autoscaled fleet included), on fixed or
+  autoscaled pools also every class spread over their engines and the best static split per
+  class, and every row above. So no row can beat it; that specguard does not beat it by more
+  than the run-to-run noise is checked in every run (``summary.bound``).
 """
 
 from __future__ import annotations
@@ -146,6 +147,16 @@ def rows(case: hindsight.Case, progress: Progress = None) -> tuple[dict[str, dic
 
     say("planning the oracle per time slice (true model) and replaying it")
     routing: dict[str, tuple[hindsight.Slices, dict]] = {}
+    if case.quantum:  # pools that keep their engines: a class spread over them, statically
+        for name, static in (
+            ("spread", hindsight.spread(case)),
+            (
+                "split_static",
+                hindsight.per_class_static(case, model, best_pool, case.quantum, hindsight.spread(case)),
+            ),
+        ):
+            slices = [(0.0, static)]
+            routing[name] = (slices, summary.summarize(replayed(name, slices), name))
     for name, sticky in (("oracle", 0.0), ("oracle_sticky", hindsight.STICKY)):
         slices = hindsight.oracle_slices(case, model, sticky, seeds=[plan])
         result = replayed(name, slices)
