@@ -1,4 +1,4 @@
-"""Steady-state throughput of a routing plan on the equal-capacity fleet, from the simulator's truth.
+"""Steady-state throughput of a routing plan on a fleet shape's engines, from the simulator's truth.
 
 The hindsight policies (``lab.hindsight``) search plans with this model and then replay the best
 ones through the engine core itself, so the model only proposes: every number a row reports comes
