@@ -53,7 +53,7 @@ def test_each_shapes_kept_run_is_whole_and_its_bound_holds(shape):
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
-@pytest.mark.parametrize("piece", ["scenarios", "goals", "schedule", "wall", "readme"])
+@pytest.mark.parametrize("piece", ["scenarios", "goals", "schedule", "wall", "readme", "bound"])
 def test_the_benchmarks_page_carries_each_shapes_kept_run(shape, piece):
     text = bench_matrix.render(kept(SHAPES[shape]))[piece]
     fix = f"render them again: python3 bench/bench_matrix.py --render bench/results/{SHAPES[shape]}"
