@@ -194,6 +194,10 @@ def _delay(seconds: float | None) -> str:
     return "never" if seconds is None else f"{seconds:.0f} s"
 
 
+def _figure(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f}"
+
+
 def render(result: dict) -> str:
     """The markdown table of one ``--json`` run and the sentence that sums it up."""
     rows = result["rows"]
@@ -214,7 +218,8 @@ def render(result: dict) -> str:
         bound = "holds" if r["bound_holds"] else "**violated**"
         lines.append(
             f"| {r['scenario']} | {r['seed']} | **{r['throughput_vs_oracle']:.3f}** "
-            f"| {r['throughput_vs_best_single_pool']:.3f} | {r['throughput_vs_best_in_engine_schedule']:.3f} "
+            f"| {r['throughput_vs_best_single_pool']:.3f} "
+            f"| {_figure(r.get('throughput_vs_best_in_engine_schedule'))} "
             f"| {r['throughput_vs_best_per_class_static']:.3f} "
             f"| {r['throughput_vs_always']:.3f} | {r['throughput_vs_never']:.3f} "
             f"| {r['worst_phase_vs_never']:.3f} | {r['tpot_p99_vs_oracle']:.2f} "
@@ -227,14 +232,22 @@ def render(result: dict) -> str:
         if all(r["bound_holds"] for r in rows)
         else f"the bound is violated in {sum(not r['bound_holds'] for r in rows)} runs"
     )
-    schedule = [r["throughput_vs_best_in_engine_schedule"] for r in rows]
+    schedule = [
+        r["throughput_vs_best_in_engine_schedule"]
+        for r in rows
+        if "throughput_vs_best_in_engine_schedule" in r
+    ]
+    against_schedule = (
+        f", {statistics.mean(schedule):.3f} of the best in-engine K schedule (lowest {min(schedule):.3f})"
+        if schedule
+        else " (a run from before the in-engine schedule row)"
+    )
     sentence = (
         f"Mean over the {len(rows)} runs ({result['summary'].get('fleet_shape', 'fluid')} fleet): "
         f"**{statistics.mean(r['throughput_vs_oracle'] for r in rows):.3f} "
         f"of the oracle** (lowest {lowest['throughput_vs_oracle']:.3f}, `{lowest['scenario']}` seed "
         f"{lowest['seed']}), {statistics.mean(single):.3f} of the best single pool (lowest "
-        f"{min(single):.3f}), {statistics.mean(schedule):.3f} of the best in-engine K schedule (lowest "
-        f"{min(schedule):.3f}); every phase "
+        f"{min(single):.3f}){against_schedule}; every phase "
         f"at least {min(r['worst_phase_vs_never'] for r in rows):.2f}× never-speculate; TPOT p99 at most "
         f"{max(r['tpot_p99_vs_oracle'] for r in rows):.2f}× the oracle's; "
         f"{sum(r['actions_in_stationary_phases'] for r in rows)} plan changes in stationary phases; {bound} "
