@@ -56,10 +56,12 @@ HOW_TO_GET_ONE = (
 
 
 def usable_for_tpot(record: RequestRecord) -> bool:
-    """A finished, successful request with a decode phase: at least 2 output tokens and a duration."""
+    """A finished, successful request with a decode phase (at least 2 output tokens and a
+    duration) of one sequence: n > 1 sequences decode side by side, so theirs is no class's TPOT."""
     return (
         200 <= record.status < 300
         and record.output_tokens >= 2
+        and record.sequences == 1
         and record.decode_seconds is not None
         and record.decode_seconds >= 0
     )

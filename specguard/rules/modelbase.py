@@ -125,7 +125,10 @@ class ModelBaseline:
 
 
 def request_steps(record: RequestRecord, k: int) -> float | None:
-    """Engine steps of one request's decode phase, or None when unknown."""
+    """Engine steps of one request's decode phase, or None when unknown (several sequences share
+    their steps in ways the record does not say)."""
+    if record.sequences != 1:
+        return None
     steps = record.output_tokens - 1
     if k > 0:
         if record.spec is None or record.spec.accepted_tokens is None:
