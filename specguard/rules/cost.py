@@ -160,9 +160,10 @@ def evaluate_all(
             by_pool_load[(record.pool, record.load_bucket)].append(record)
             by_load_spec[record.load_bucket].append(record)
     step_cache: dict[tuple[str, str], whatif.StepTime | None] = {}
-    base_cache: dict[tuple[str, ...], baseline_mod.Baseline] = {}
 
-    def choose(task_type: str, temperature_bucket: str, load_bucket: str) -> baseline_mod.Baseline:
+    def choose(
+        task_type: str, temperature_bucket: str, load_bucket: str, target: Sequence[RequestRecord]
+    ) -> baseline_mod.Baseline:
         return baseline_mod.choose(
             base_by_load.get(load_bucket, []),
             task_type=task_type,
@@ -171,18 +172,14 @@ def evaluate_all(
             profile=profile,
             nospec_pools=nospec,
             settings=settings,
-            model=lambda: model.at(load_bucket, by_load_spec.get(load_bucket, ()), settings),
+            model=lambda: model.at(load_bucket, target, settings),
             stale=stale,
+            target=target,
         )
 
-    boot_cache: dict[int, np.ndarray | None] = {}  # id(baseline) -> its bootstrap resamples
     results: list[ClassCost] = []
     for key in sorted(keys):
         task_type, temperature_bucket, load_bucket = key
-        base_key = key if settings.baseline_scope == "class_then_load" else (load_bucket,)
-        base = base_cache.get(base_key)
-        if base is None:
-            base = base_cache[base_key] = choose(task_type, temperature_bucket, load_bucket)
         present = [p for p in spec_pools if by_cell.get((key, p))]
         for pool in present or spec_pools:
             steps = {
@@ -192,11 +189,17 @@ def evaluate_all(
                 for other in spec_pools
                 if other != pool
             }
-            cell = by_cell.get((key, pool), [])
-            results.append(_class_cost(key, pool, ks[pool], cell, base, steps, ks, settings, now, boot_cache))
+            cell = [r for r in by_cell.get((key, pool), []) if baseline_mod.usable_for_tpot(r)]
+            base = choose(task_type, temperature_bucket, load_bucket, cell)
+            results.append(
+                _class_cost(key, pool, ks[pool], by_cell.get((key, pool), []), base, steps, ks, settings, now)
+            )
     buckets = [b.name for b in settings.load_buckets] or []
     buckets += sorted({k[2] for k in keys} - set(buckets))
-    per_bucket = {lb: base_cache.get((lb,)) or choose("", "", lb) for lb in buckets}
+    per_bucket = {
+        lb: choose("", "", lb, [r for r in by_load_spec.get(lb, ()) if baseline_mod.usable_for_tpot(r)])
+        for lb in buckets
+    }
     return results, per_bucket
 
 
@@ -210,7 +213,6 @@ def _class_cost(
     ks: Mapping[str, int],
     settings: CostSettings,
     now: float,
-    boot_cache: dict[int, np.ndarray | None],
 ) -> ClassCost:
     usable = [r for r in records if baseline_mod.usable_for_tpot(r)]
     seconds, tokens = baseline_mod.tpot_arrays(usable)
@@ -218,7 +220,7 @@ def _class_cost(
     rc = lower = upper = None
     if spec is not None and base.tpot_seconds:
         rc = spec.value / base.tpot_seconds
-        bounds = _interval(rc, spec, seconds, tokens, base, settings, boot_cache)
+        bounds = _interval(rc, spec, seconds, tokens, base, settings)
         if bounds is not None:
             lower, upper = bounds
     if not usable:
@@ -276,29 +278,16 @@ def _interval(
     tokens: np.ndarray,
     base: baseline_mod.Baseline,
     settings: CostSettings,
-    boot_cache: dict[int, np.ndarray | None],
 ) -> tuple[float, float] | None:
+    """RC's interval: the spec side's own spread and the baseline's ``Var(log)``, whatever its
+    source (the live one's carries its step-line adjustment and the classes' spread)."""
     if settings.interval_method == "bootstrap":
-        live = base.source == baseline_mod.SOURCE_LIVE
-        base_ratios = None
-        if live:
-            if id(base) not in boot_cache:
-                boot_cache[id(base)] = confidence.resampled_ratios(
-                    settings.seed + 1,
-                    np.array(base.seconds),
-                    np.array(base.tokens),
-                    settings.bootstrap_resamples,
-                )
-            base_ratios = boot_cache[id(base)]
-            if base_ratios is None:
-                return None
         return confidence.bootstrap_interval(
             seconds,
             tokens,
             None,
             None,
-            base_ratios=base_ratios,
-            fixed_base=None if live else base.tpot_seconds,
+            fixed_base=base.tpot_seconds,
             fixed_base_log_sd=float(np.sqrt(base.log_variance or 0.0)),
             confidence=settings.confidence,
             resamples=settings.bootstrap_resamples,
