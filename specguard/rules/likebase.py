@@ -36,8 +36,8 @@ The terms used are ``load`` (all scopes) and ``context`` (``geometry`` and ``cla
 when every request reports its prompt length). A term whose values do not spread in the data is
 left out; its target must then match the data within ``MATCH_TOLERANCE``. A fitted term is not
 extrapolated further than ``EXTRAPOLATION_FACTOR`` beyond the range the no-spec requests cover,
-and each factor e beyond it adds ``EXTRAPOLATION_SD`` to the log standard deviation, as for the
-model baseline (``rules.modelbase``). Beyond either, there is no live baseline here, and the reason
+and each factor e beyond it adds ``EXTRAPOLATION_SD`` to the log standard deviation: the model
+baseline's rules (``rules.modelbase``). Beyond either, there is no live baseline here, and the reason
 says why.
 
 Interval: the coefficients' covariance is the heteroskedasticity-robust sandwich (``delta``) or
@@ -57,12 +57,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from specguard.exporters.records import RequestRecord
+from specguard.rules.modelbase import EXTRAPOLATION_FACTOR, EXTRAPOLATION_SD, beyond, nonnegative
 
 TERMS = ("load", "context")
-EXTRAPOLATION_FACTOR = 1.5
-"""How far beyond the loads (or contexts) the no-spec requests ran at a fitted line is read."""
-EXTRAPOLATION_SD = 0.05
-"""Log standard deviation added per factor e beyond the data's range (as ``modelbase``'s)."""
 MATCH_TOLERANCE = 0.10
 """A term that does not spread in the data (every no-spec request at one load): the target may
 differ from it by this share, no more; its slope is unknown."""
@@ -157,27 +154,8 @@ def _fit(
     else:
         meat = scores.T @ scores * n / (n - p)
     covariance = xtx_inv @ meat @ xtx_inv
-    point = beta.copy()
-    free = list(range(p))
-    for _ in range(p):  # active set: a negative step cost is set to zero and the rest refitted
-        negative = [j for j in free if j in nonneg and point[j] < 0]
-        if not negative:
-            break
-        free = [j for j in free if j != min(negative, key=lambda j: point[j])]
-        sub = xw[:, free]
-        solution, *_ = np.linalg.lstsq(sub, t * sw, rcond=None)
-        point = np.zeros(p)
-        point[free] = solution
+    point = nonnegative(xw, t * sw, nonneg)
     return point, covariance
-
-
-def _beyond(target: float, low: float, high: float) -> float:
-    """Log distance of ``target`` beyond ``[low, high]`` (0 inside)."""
-    if target > high > 0:
-        return math.log(target / high)
-    if 0 < target < low:
-        return math.log(low / target)
-    return 0.0
 
 
 def baseline(
@@ -224,13 +202,13 @@ def baseline(
                     f"requests{where} (all at {mean:.2f}, so its cost is unknown)"
                 )
             continue
-        beyond = _beyond(aim, low, high)
-        if beyond > math.log(EXTRAPOLATION_FACTOR):
+        distance = beyond(aim, low, high)
+        if distance > math.log(EXTRAPOLATION_FACTOR) + 1e-12:
             return (
                 f"{term} {aim:.2f} of the speculative requests is more than {EXTRAPOLATION_FACTOR:g}x beyond "
                 f"the no-spec requests' {low:.2f}-{high:.2f}{where}"
             )
-        extra_sd += EXTRAPOLATION_SD * beyond
+        extra_sd += EXTRAPOLATION_SD * distance
         columns.append(values)
         names.append(term)
         row.append(aim)
