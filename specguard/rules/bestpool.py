@@ -16,11 +16,14 @@ token (docs/concepts.md). For each pool the best evidence at hand is its estimat
 5. ``extrapolated``: a what-if for a longer K than was measured (only with
    ``guard.restore_on_prediction``; by default a longer K needs a measurement, memory or profile).
 
-The no-spec pool costs exactly 1.0 by definition. A pool is *cheaper* when its rc is below the
-current pool's times ``1 - best_pool_margin``; against the no-spec pool, a current rc measured on
-the ``model`` baseline counts only with its interval's lower bound (a prediction never moves a
-class off speculation on its point estimate; between speculative pools the baseline cancels out).
-Moving needs that for more than
+The no-spec pool costs exactly 1.0 by definition. No move rests on a point estimate, whatever
+the baseline: every estimate carries an interval (a measurement its own; a memory the one it was
+measured with; a what-if the relative interval of the measurement it was made from; the profile's
+from its standard errors; the no-spec pool [1.0, 1.0]), and a pool is *cheaper* only when even its
+upper bound is below the current pool's lower bound times ``1 - best_pool_margin``. (Between two
+speculative pools the shared baseline's uncertainty is counted on both sides: stricter than needed,
+never looser.) An estimate without an interval may block a move but never makes one. Moving needs
+that for more than
 ``best_pool_consecutive_limit`` evaluations in a row (the guard counts), except for a class with no
 live evidence of its own yet, which starts on the profile's choice at once (the warm start). A move
 back to the pool the class left at its last move waits for the stabilization window, doubled per
@@ -48,7 +51,6 @@ MEASURED, MEMORY, WHATIF, PROFILE, EXTRAPOLATED, DEFINITION = (
     "definition",
 )
 LIVE = (MEASURED, MEMORY)
-MODEL_BASELINE = "model"
 
 
 @dataclass(frozen=True)
@@ -61,15 +63,16 @@ class Estimate:
     samples: int = 0
     detail: str = ""
     """Where the number comes from: which measurement, when, at which load bucket."""
-    lower: float | None = None  # the interval's lower bound, set when the baseline is the model
-    model_baseline: bool = False
+    lower: float | None = None  # the interval's bounds (None: no interval, so it moves nothing)
+    upper: float | None = None
 
     def text(self) -> str:
         where = f": {self.detail}" if self.detail else ""
-        if self.model_baseline:
-            bound = "no lower bound" if self.lower is None else f"lower bound {self.lower:.3f}"
-            return f"{self.pool} {self.rc:.3f} ({self.basis}{where}; model baseline: {bound})"
-        return f"{self.pool} {self.rc:.3f} ({self.basis}{where})"
+        if self.basis == DEFINITION:
+            return f"{self.pool} {self.rc:.3f} ({self.basis}{where})"
+        if self.lower is None or self.upper is None:
+            return f"{self.pool} {self.rc:.3f} (no interval) ({self.basis}{where})"
+        return f"{self.pool} {self.rc:.3f} [{self.lower:.3f}, {self.upper:.3f}] ({self.basis}{where})"
 
 
 @dataclass(frozen=True)
@@ -80,10 +83,16 @@ class Choice:
     best: Estimate
     warm_start: bool
 
+    margin: float = 0.0
+
     @property
     def reason(self) -> str:
         gain = 1.0 - self.best.rc / self.current.rc if self.current.rc > 0 else 0.0
-        return f"{self.best.text()} is {gain:.1%} cheaper per token than {self.current.text()}"
+        return (
+            f"{self.best.text()} is {gain:.1%} cheaper per token than {self.current.text()}, "
+            f"beyond both intervals: {self.best.upper:.3f} < {self.current.lower:.3f} x "
+            f"(1 - best_pool_margin {self.margin:g})"
+        )
 
 
 def _finite(value: float | None) -> bool:
@@ -93,6 +102,13 @@ def _finite(value: float | None) -> bool:
 def min_samples(policy: policy_mod.Policy) -> int:
     """Requests a measurement (or the measurement a what-if comes from) needs to count as live."""
     return min((r.limits.min_samples for r in policy.rules if r.query is None), default=0)
+
+
+def _bounds(values: Mapping[str, float], scale: float = 1.0) -> tuple[float | None, float | None]:
+    lower, upper = values.get("rc_lower"), values.get("rc_upper")
+    if not (_finite(lower) and _finite(upper)):
+        return None, None
+    return lower * scale, upper * scale  # type: ignore[operator]
 
 
 def measured(evidence: Evidence, policy: policy_mod.Policy) -> dict[str, tuple[float, int]]:
@@ -109,7 +125,7 @@ def measured(evidence: Evidence, policy: policy_mod.Policy) -> dict[str, tuple[f
 def estimates(
     pool: str,
     evidence: Evidence,
-    memory: Mapping[str, tuple[float, float]],
+    memory: Mapping[str, tuple[float, ...]],
     now: float,
     policy: policy_mod.Policy,
     load_bucket: str = "",
@@ -124,12 +140,12 @@ def estimates(
         detail = f"last {policy.window_seconds:.0f} s{at_load}, n={samples}" + (
             f", baseline {base}" if base else ""
         )
-        model = base == MODEL_BASELINE
-        lower = found.values.get("rc_lower") if model else None
-        out[name] = Estimate(name, rc, MEASURED, samples, detail, lower, model)
-    for name, (rc, at) in memory.items():
+        out[name] = Estimate(name, rc, MEASURED, samples, detail, *_bounds(found.values))
+    for name, (rc, at, *bounds) in memory.items():
         if name not in out and now - at < policy.memory_seconds and _finite(rc):
-            out[name] = Estimate(name, rc, MEMORY, detail=f"measured {now - at:.0f} s ago{at_load}")
+            lower, upper = bounds if len(bounds) == 2 and all(_finite(b) for b in bounds) else (None, None)
+            detail = f"measured {now - at:.0f} s ago{at_load}"
+            out[name] = Estimate(name, rc, MEMORY, detail=detail, lower=lower, upper=upper)
     current_k = policy.pools.get(pool, 0)
     late: dict[str, Estimate] = {}
     thin: dict[str, Estimate] = {}
@@ -144,7 +160,7 @@ def estimates(
         basis = WHATIF if exact else EXTRAPOLATED
         # a what-if from fewer than min_samples requests stands only where the profile has nothing
         target = (out if found.samples >= needed else thin) if exact else late
-        target[name] = Estimate(name, float(rc), basis, found.samples, detail)  # type: ignore[arg-type]
+        target[name] = Estimate(name, float(rc), basis, found.samples, detail, *_bounds(found.values))  # type: ignore[arg-type]
     prior = evidence.prior if policy.prior == "profile" else {}
     here = out.get(pool)
     scale = 1.0
@@ -153,21 +169,24 @@ def estimates(
     scaled = f", x{scale:.3f} for {pool}'s live/profile" if scale != 1.0 else ""
     for name, rc in prior.items():
         if name not in out and name in policy.pools and _finite(rc):
-            out[name] = Estimate(name, rc * scale, PROFILE, detail=f"calibration profile{at_load}{scaled}")
+            bounds = evidence.prior_bounds.get(name) if policy.prior == "profile" else None
+            lower, upper = (bounds[0] * scale, bounds[1] * scale) if bounds else (None, None)
+            detail = f"calibration profile{at_load}{scaled}"
+            out[name] = Estimate(name, rc * scale, PROFILE, detail=detail, lower=lower, upper=upper)
     for name, estimate in thin.items():
         out.setdefault(name, estimate)
     if policy.restore_on_prediction:
         for name, estimate in late.items():
             out.setdefault(name, estimate)
     if policy.nospec_pool:
-        out[policy.nospec_pool] = Estimate(policy.nospec_pool, 1.0, DEFINITION, detail="no speculation")
+        out[policy.nospec_pool] = Estimate(policy.nospec_pool, 1.0, DEFINITION, 0, "no speculation", 1.0, 1.0)
     return out
 
 
 def choose(
     pool: str,
     evidence: Evidence,
-    memory: Mapping[str, tuple[float, float]],
+    memory: Mapping[str, tuple[float, ...]],
     now: float,
     policy: policy_mod.Policy,
     came_from: str | None = None,
@@ -201,15 +220,15 @@ def choose(
         and (not warm or e.basis in (PROFILE, DEFINITION))
         and (e.basis != MEMORY or e.pool == came_from)
     ]
-    if not candidates:
+    if not candidates or current.lower is None:
         return None
+    # the cheapest estimate, if it is cheaper beyond both intervals (an estimate without an
+    # interval, or one that does not clear, blocks: a memory of a worse measurement stands)
     best = min(candidates, key=lambda e: (e.rc, -policy.pools.get(e.pool, 0), e.pool))
-    here = current.rc
-    if best.basis == DEFINITION and current.model_baseline:
-        here = current.lower if current.lower is not None else 0.0
-    if not best.rc < here * (1.0 - policy.best_pool_margin):
+    limit = current.lower * (1.0 - policy.best_pool_margin)
+    if best.upper is None or not best.upper < limit:
         return None
-    return Choice(current, best, warm)
+    return Choice(current, best, warm, policy.best_pool_margin)
 
 
 def reversal_wait(
@@ -246,7 +265,7 @@ def reversal_wait(
 def ranking(
     pool: str,
     evidence: Evidence,
-    memory: Mapping[str, tuple[float, float]],
+    memory: Mapping[str, tuple[float, ...]],
     now: float,
     policy: policy_mod.Policy,
 ) -> tuple[str, ...]:
@@ -258,10 +277,12 @@ def ranking(
 
 
 def remember(
-    memory: Mapping[str, tuple[float, float]], evidence: Evidence, now: float, policy: policy_mod.Policy
-) -> dict[str, tuple[float, float]]:
-    """The class's memory after this evaluation: this window's measurements replace older ones."""
+    memory: Mapping[str, tuple[float, ...]], evidence: Evidence, now: float, policy: policy_mod.Policy
+) -> dict[str, tuple[float, ...]]:
+    """The class's memory after this evaluation: this window's measurements replace older ones,
+    each kept as ``(rc, when, lower, upper)`` (bounds nan when it had none)."""
     out = {name: value for name, value in memory.items() if now - value[1] < policy.memory_seconds}
     for name, (rc, _) in measured(evidence, policy).items():
-        out[name] = (rc, now)
+        lower, upper = _bounds(evidence.pools[name].values)
+        out[name] = (rc, now, math.nan if lower is None else lower, math.nan if upper is None else upper)
     return out

@@ -15,8 +15,8 @@ def test_shipped_default_is_valid_and_documented():
     assert (rc.measure, rc.threshold, rc.restore_measure, rc.restore_threshold) == (
         "rc_lower",
         1.0,
-        "rc",
-        0.95,
+        "rc_upper",
+        1.0,
     )
     assert rc.limits.stabilization_window_seconds == 300 and rc.limits.consecutive_error_limit == 4
     assert p.rules[1].dry_run is True
