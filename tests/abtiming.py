@@ -98,7 +98,7 @@ guard:
   holdout: fixed
   rules:
     - {{name: relative-cost, measure: rc_lower, threshold: 1.0,
-       restore_measure: rc_upper, restore_threshold: 1.0}}
+       restore_measure: rc_upper, restore_threshold: 0.95}}
 server: {{insecure_loopback: true}}
 actuators: {{plan_file: "{tmp_path / "plan.json"}", audit_log: "{tmp_path / "audit.jsonl"}"}}
 """

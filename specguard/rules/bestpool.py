@@ -65,6 +65,9 @@ class Estimate:
     """Where the number comes from: which measurement, when, at which load bucket."""
     lower: float | None = None  # the interval's bounds (None: no interval, so it moves nothing)
     upper: float | None = None
+    spread: float | None = None  # log half-width without the baseline: a measurement's spec side
+    # alone, or a what-if's ratio to the measurement it was made from (``made_from``)
+    made_from: str | None = None
 
     def text(self) -> str:
         where = f": {self.detail}" if self.detail else ""
@@ -84,14 +87,13 @@ class Choice:
     warm_start: bool
 
     margin: float = 0.0
+    benefit: str = ""  # how the benefit's interval cleared the margin
 
     @property
     def reason(self) -> str:
         gain = 1.0 - self.best.rc / self.current.rc if self.current.rc > 0 else 0.0
         return (
-            f"{self.best.text()} is {gain:.1%} cheaper per token than {self.current.text()}, "
-            f"beyond both intervals: {self.best.upper:.3f} < {self.current.lower:.3f} x "
-            f"(1 - best_pool_margin {self.margin:g})"
+            f"{self.best.text()} is {gain:.1%} cheaper per token than {self.current.text()}, {self.benefit}"
         )
 
 
@@ -140,7 +142,8 @@ def estimates(
         detail = f"last {policy.window_seconds:.0f} s{at_load}, n={samples}" + (
             f", baseline {base}" if base else ""
         )
-        out[name] = Estimate(name, rc, MEASURED, samples, detail, *_bounds(found.values))
+        spread = found.values.get("spec_spread")
+        out[name] = Estimate(name, rc, MEASURED, samples, detail, *_bounds(found.values), spread)
     for name, (rc, at, *bounds) in memory.items():
         if name not in out and now - at < policy.memory_seconds and _finite(rc):
             lower, upper = bounds if len(bounds) == 2 and all(_finite(b) for b in bounds) else (None, None)
@@ -160,7 +163,16 @@ def estimates(
         basis = WHATIF if exact else EXTRAPOLATED
         # a what-if from fewer than min_samples requests stands only where the profile has nothing
         target = (out if found.samples >= needed else thin) if exact else late
-        target[name] = Estimate(name, float(rc), basis, found.samples, detail, *_bounds(found.values))  # type: ignore[arg-type]
+        target[name] = Estimate(
+            name,
+            float(rc),  # type: ignore[arg-type]
+            basis,
+            found.samples,
+            detail,
+            *_bounds(found.values),
+            found.values.get("ratio_spread"),
+            found.made_from,
+        )
     prior = evidence.prior if policy.prior == "profile" else {}
     here = out.get(pool)
     scale = 1.0
@@ -222,13 +234,51 @@ def choose(
     ]
     if not candidates or current.lower is None:
         return None
-    # the cheapest estimate, if it is cheaper beyond both intervals (an estimate without an
+    # the cheapest estimate, if its benefit's interval clears the margin (an estimate without an
     # interval, or one that does not clear, blocks: a memory of a worse measurement stands)
     best = min(candidates, key=lambda e: (e.rc, -policy.pools.get(e.pool, 0), e.pool))
-    limit = current.lower * (1.0 - policy.best_pool_margin)
-    if best.upper is None or not best.upper < limit:
+    benefit = clears(best, current, policy.best_pool_margin)
+    if benefit is None:
         return None
-    return Choice(current, best, warm, policy.best_pool_margin)
+    return Choice(current, best, warm, policy.best_pool_margin, benefit)
+
+
+def clears(best: Estimate, current: Estimate, margin: float) -> str | None:
+    """How the benefit of moving from ``current`` to ``best`` clears ``margin`` at its interval's
+    worst end, or None when it does not. The benefit is the ratio ``best / current``:
+
+    - to the no-spec pool (exactly 1.0): the current pool's lower bound must be past ``1 / (1 -
+      margin)``;
+    - to a what-if made from the current pool's measurement: the ratio's own interval (the same
+      requests' acceptance and TPOT, jackknifed, and the target's step time; the baseline cancels);
+    - between two measured speculative pools: the two spec sides' spreads combined (the shared
+      baseline cancels);
+    - otherwise (a memory, the profile): each estimate's own interval, the target's upper bound
+      below the current lower bound (the shared baseline counted on both sides: stricter, never
+      looser).
+    """
+    limit = 1.0 - margin
+    if current.rc <= 0:
+        return None
+    if best.basis == DEFINITION:
+        if current.lower is not None and best.rc < current.lower * limit:
+            return f"beyond its interval: 1.0 < {current.lower:.3f} x (1 - best_pool_margin {margin:g})"
+        return None
+    ratio = best.rc / current.rc
+    spread = None
+    if best.made_from == current.pool and best.spread is not None and current.basis == MEASURED:
+        spread = best.spread
+    elif best.basis == MEASURED and current.basis == MEASURED and best.spread is not None:
+        spread = math.hypot(best.spread, current.spread) if current.spread is not None else None
+    if spread is not None:
+        worst = ratio * math.exp(spread)
+        if worst < limit:
+            return f"beyond the ratio's interval: {ratio:.3f}, up to {worst:.3f} < 1 - margin {margin:g}"
+        return None
+    if best.upper is not None and current.lower is not None and best.upper < current.lower * limit:
+        bound = f"{best.upper:.3f} < {current.lower:.3f} x (1 - best_pool_margin {margin:g})"
+        return f"beyond both intervals: {bound}"
+    return None
 
 
 def reversal_wait(

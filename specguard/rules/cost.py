@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -69,6 +69,7 @@ class ClassCost:
     predictions: tuple[whatif.WhatIf, ...] = ()  # what-if RC on the other speculative pools
     evaluated_at: float = 0.0
     baselines_available: tuple[str, ...] = ()  # every baseline source that could serve this bucket
+    spec_spread: float | None = None  # log half-width of the spec side's TPOT alone (no baseline)
 
     @property
     def enough(self) -> bool:
@@ -232,12 +233,18 @@ def _class_cost(
     else:
         status = STATUS_OK
     accept = _acceptance(records, k, settings.full_rollback_request_threshold)
+    z = confidence.z_value(settings.confidence)
     predictions = tuple(
-        whatif.predict(
-            accept["acceptance"], pool=other, k=ks[other], step=step, base_tpot_seconds=base.tpot_seconds
+        replace(
+            whatif.predict(
+                accept["acceptance"], pool=other, k=ks[other], step=step, base_tpot_seconds=base.tpot_seconds
+            ),
+            ratio_spread=_ratio_spread(records, k, ks[other], step, z),
         )
         for other, step in sorted(steps.items())
     )
+    spec_variance = spec.variance(settings.interval_method) if spec is not None else None
+    spec_spread = None if spec_variance is None else z * float(np.sqrt(spec_variance))
     return ClassCost(
         task_type=key[0],
         temperature_bucket=key[1],
@@ -268,7 +275,29 @@ def _class_cost(
         predictions=predictions,
         evaluated_at=now,
         baselines_available=base.available,
+        spec_spread=spec_spread,
     )
+
+
+def _ratio_spread(
+    records: Sequence[RequestRecord], k: int, k_target: int, step: whatif.StepTime | None, z: float
+) -> float | None:
+    """Log half-width of a what-if's ratio to the measurement it is made from: the acceptance and
+    TPOT of the same requests (jackknife) and the target pool's step time."""
+    rows = [
+        r
+        for r in records
+        if r.spec is not None
+        and r.spec.accepted_histogram
+        and len(r.spec.accepted_histogram) == k + 1
+        and baseline_mod.usable_for_tpot(r)
+    ]
+    if step is None or not rows:
+        return None
+    histograms = np.array([r.spec.accepted_histogram for r in rows], dtype=float)  # type: ignore[union-attr]
+    seconds, tokens = baseline_mod.tpot_arrays(rows)
+    accept = whatif.acceptance_log_sd(histograms, seconds, tokens, k_target)
+    return None if accept is None else z * float(np.hypot(accept, step.log_sd))
 
 
 def _interval(
@@ -373,7 +402,18 @@ def _step_time(
             requests += 1
     band = settings.bucket_range(load_bucket)
     if requests >= settings.min_samples and rounds:
-        result = whatif.StepTime(seconds / rounds, "live", f"live, {requests} requests on {pool}")
+        rows = [
+            r
+            for r in by_pool_load.get((pool, load_bucket), ())
+            if r.spec is not None and r.spec.rounds and r.decode_seconds is not None and r.output_tokens >= 2
+        ]
+        estimate = confidence.ratio_of_sums(
+            np.array([r.decode_seconds for r in rows], dtype=float),
+            np.array([r.spec.rounds for r in rows], dtype=float),  # type: ignore[union-attr]
+        )
+        variance = estimate.variance(settings.interval_method) if estimate is not None else None
+        sd = float(np.sqrt(variance)) if variance is not None else whatif.STEP_LOG_SD
+        result = whatif.StepTime(seconds / rounds, "live", f"live, {requests} requests on {pool}", sd)
     elif stepfit is not None and band is not None:
         batch = profile_mod.representative_concurrency(*band)
         result = whatif.StepTime(stepfit.predict(batch, k), "stepfit", f"step fit at B={batch:g}, K={k}")

@@ -174,6 +174,7 @@ def _group(costs: Iterable[ClassCost], needed: int | None = None) -> dict[ClassK
                         {
                             "rc": prediction.rc,
                             "accept_length": prediction.accept_length,
+                            "ratio_spread": prediction.ratio_spread,
                             **_scaled(cost, prediction.rc),
                         }
                     ),
@@ -230,6 +231,7 @@ def measured_evidence(cost: ClassCost) -> PoolEvidence:
         "full_rollback_request_ratio": cost.full_rollback_request_ratio,
         "samples": cost.n_spec,
         "baseline_samples": cost.n_base,
+        "spec_spread": cost.spec_spread,
     }
     return PoolEvidence(
         pool=cost.pool,

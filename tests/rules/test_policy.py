@@ -16,7 +16,7 @@ def test_shipped_default_is_valid_and_documented():
         "rc_lower",
         1.0,
         "rc_upper",
-        1.0,
+        0.95,
     )
     assert rc.limits.stabilization_window_seconds == 300 and rc.limits.consecutive_error_limit == 4
     assert p.rules[1].dry_run is True

@@ -1,0 +1,103 @@
+"""The guard's RC per class, number against number: an interleaved A/B of the two engines and the
+guard's own RC from the same requests sent through its tap (the vLLM tier; ``tests/abtiming.py``
+times the requests).
+
+Both sides see the same prompts. The A/B sends each one to the speculative engine and to the
+no-spec engine directly, in ABBA order. The guard's traffic sends each one twice through the tap,
+one request at a time; the tap's holdout draw (share 0.5) is scripted to alternate (``Alternating``:
+ABBA as well) so each prompt is timed once on each pool. The guard then computes RC from its
+records as it always does (its baseline, its interval): prompt-to-prompt spread, which is not what
+the guard could get wrong, is the same on both sides, and what is left to differ is the guard's
+number itself (which baseline, which requests, which timing) and the machine's timing noise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from specguard.lab import loadgen
+from specguard.rules import cost
+from specguard.rules.cost_config import BASELINE_SCOPES
+from tests.abtiming import Ratio, interleaved, ratio, timed
+
+Key = tuple[str, str]
+TOLERANCE = 0.10  # the guard's point within 10% of the A/B's
+
+
+class Alternating(random.Random):
+    """The router's draws in the order low, high, high, low, ...: with a holdout share of 0.5 every
+    prompt sent twice goes once to each pool, first to the no-spec one every other time."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+        self._n = 0
+
+    def random(self) -> float:
+        n, self._n = self._n, self._n + 1
+        return 0.25 if n % 4 in (0, 3) else 0.75
+
+
+@dataclass(frozen=True)
+class Side:
+    """One class's numbers from both measurements."""
+
+    truth: Ratio  # the A/B: TPOT(spec) / TPOT(no-spec), bootstrap interval over pairs
+    base_tpot: float  # the A/B's no-spec TPOT of the class, seconds
+    guard: cost.ClassCost  # the guard's RC with the shipped cost settings
+    scopes: Mapping[str, cost.ClassCost]  # the same records under every baseline scope
+
+    def line(self, key: Key) -> str:
+        g = self.guard
+        return (
+            f"{key[0]}/{key[1]}: A/B RC {self.truth} (no-spec TPOT {self.base_tpot * 1000:.1f} ms); "
+            f"guard RC {g.rc:.3f} [{g.lower:.3f}, {g.upper:.3f}] ({g.baseline_source}: {g.baseline_detail}); "
+            + ", ".join(
+                f"{s} {c.rc:.3f}" if c.rc is not None else f"{s} none" for s, c in self.scopes.items()
+            )
+        )
+
+
+def ab(url_spec: str, url_nospec: str, mix: Sequence[loadgen.RequestClass], pairs: int, seed: int):
+    """Per class, ``pairs`` prompts on each engine in ABBA order: the RC and the no-spec TPOT."""
+    out = {}
+    for cls in mix:
+        timed_pairs = interleaved(url_spec, url_nospec, cls, pairs, seed)
+        base = sum(b.decode_seconds for _, b in timed_pairs) / sum(b.tokens - 1 for _, b in timed_pairs)
+        out[cls.task_type] = (ratio(timed_pairs, seed=seed), base)
+    return out
+
+
+async def through_the_tap(url: str, mix: Sequence[loadgen.RequestClass], pairs: int, seed: int) -> None:
+    """The A/B's prompts, each sent twice through the tap at ``url``, one request at a time."""
+    for cls in mix:
+        for i in range(pairs):
+            for _ in range(2):
+                await asyncio.to_thread(timed, url, cls, seed + i)
+
+
+def guard_costs(records, ks: Mapping[str, int], settings, now: float) -> dict[str, dict[Key, cost.ClassCost]]:
+    """The guard's RC per class on pool ``spec`` under every baseline scope, from one set of records."""
+    out: dict[str, dict[Key, cost.ClassCost]] = {}
+    for scope in BASELINE_SCOPES:
+        found = cost.evaluate(records, ks, None, now, replace(settings, baseline_scope=scope))
+        out[scope] = {(c.task_type, c.temperature_bucket): c for c in found if c.pool == "spec"}
+    return out
+
+
+def compare(sides: Mapping[Key, Side], report: list[str]) -> None:
+    """Each interval covers the other's point, and the points are within ``TOLERANCE``."""
+    for key, side in sides.items():
+        g, t = side.guard, side.truth
+        report.append(side.line(key))
+        assert g.rc is not None and g.lower is not None and g.upper is not None, report
+        assert g.baseline_source == "live", report
+        assert g.lower <= t.point <= g.upper, (
+            f"{key}: the guard's interval misses the A/B's RC\n" + "\n".join(report)
+        )
+        assert t.lower <= g.rc <= t.upper, f"{key}: the A/B's interval misses the guard's RC\n" + "\n".join(
+            report
+        )
+        assert abs(g.rc / t.point - 1.0) < TOLERANCE, "\n".join(report)
