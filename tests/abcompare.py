@@ -2,13 +2,14 @@
 guard's own RC from the same requests sent through its tap (the vLLM tier; ``tests/abtiming.py``
 times the requests).
 
-Both sides see the same prompts. The A/B sends each one to the speculative engine and to the
-no-spec engine directly, in ABBA order. The guard's traffic sends each one twice through the tap,
-one request at a time; the tap's holdout draw (share 0.5) is scripted to alternate (``Alternating``:
-ABBA as well) so each prompt is timed once on each pool. The guard then computes RC from its
-records as it always does (its baseline, its interval): prompt-to-prompt spread, which is not what
-the guard could get wrong, is the same on both sides, and what is left to differ is the guard's
-number itself (which baseline, which requests, which timing) and the machine's timing noise.
+Both sides see the same prompts, interleaved in time (``measure``). The A/B sends each one to the
+speculative engine and to the no-spec engine directly, in ABBA order. The guard's traffic sends
+each one twice through the tap, between the two; the tap's holdout draw (share 0.5) is scripted to
+alternate (``Alternating``: ABBA as well) so each prompt is timed once on each pool. The guard then
+computes RC from its records as it always does (its baseline, its interval): prompt-to-prompt
+spread, which is not what the guard could get wrong, is the same on both sides, and what is left to
+differ is the guard's number itself (which baseline, which requests, which timing) and the
+machine's timing noise.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass, replace
 from specguard.lab import loadgen
 from specguard.rules import cost
 from specguard.rules.cost_config import BASELINE_SCOPES
-from tests.abtiming import Ratio, interleaved, ratio, timed
+from tests.abtiming import Ratio, ratio, timed
 
 Key = tuple[str, str]
 TOLERANCE = 0.10  # the guard's point within 10% of the A/B's
@@ -51,31 +52,39 @@ class Side:
 
     def line(self, key: Key) -> str:
         g = self.guard
+        spec = self.truth.point * self.base_tpot
+        bounds = "" if g.lower is None or g.upper is None else f" [{g.lower:.3f}, {g.upper:.3f}]"
+        scopes = ", ".join(f"{s} {c.rc:.3f}" if c.rc else f"{s} none" for s, c in self.scopes.items())
         return (
-            f"{key[0]}/{key[1]}: A/B RC {self.truth} (no-spec TPOT {self.base_tpot * 1000:.1f} ms); "
-            f"guard RC {g.rc:.3f} [{g.lower:.3f}, {g.upper:.3f}] ({g.baseline_source}: {g.baseline_detail}); "
-            + ", ".join(
-                f"{s} {c.rc:.3f}" if c.rc is not None else f"{s} none" for s, c in self.scopes.items()
-            )
+            f"{key[0]}/{key[1]}: A/B RC {self.truth} "
+            f"(TPOT {spec * 1000:.1f} / {self.base_tpot * 1000:.1f} ms); "
+            f"guard RC {g.rc:.3f}{bounds} (TPOT {(g.spec_tpot_seconds or 0) * 1000:.1f} / "
+            f"{(g.base_tpot_seconds or 0) * 1000:.1f} ms; {g.baseline_source}: {g.baseline_detail}); "
+            f"by scope: {scopes}"
         )
 
 
-def ab(url_spec: str, url_nospec: str, mix: Sequence[loadgen.RequestClass], pairs: int, seed: int):
-    """Per class, ``pairs`` prompts on each engine in ABBA order: the RC and the no-spec TPOT."""
+async def measure(
+    url_spec: str, url_nospec: str, tap: str, mix: Sequence[loadgen.RequestClass], pairs: int, seed: int
+) -> dict[str, tuple[Ratio, float]]:
+    """Per class, ``pairs`` prompts, each timed directly on both engines (the A/B) and sent twice
+    through the tap at ``tap`` (the guard's traffic), one request at a time, the four interleaved
+    (spec, tap, tap, no-spec; the next prompt the other way round), so whatever else the machine
+    does meanwhile falls on both measurements alike. Returns the A/B's RC and no-spec TPOT per
+    task type; the guard's records are in its tap."""
     out = {}
     for cls in mix:
-        timed_pairs = interleaved(url_spec, url_nospec, cls, pairs, seed)
+        timed_pairs = []
+        for i in range(pairs):
+            first, last = (url_spec, url_nospec) if i % 2 == 0 else (url_nospec, url_spec)
+            a = await asyncio.to_thread(timed, first, cls, seed + i)
+            for _ in range(2):
+                await asyncio.to_thread(timed, tap, cls, seed + i)
+            b = await asyncio.to_thread(timed, last, cls, seed + i)
+            timed_pairs.append((a, b) if first == url_spec else (b, a))
         base = sum(b.decode_seconds for _, b in timed_pairs) / sum(b.tokens - 1 for _, b in timed_pairs)
         out[cls.task_type] = (ratio(timed_pairs, seed=seed), base)
     return out
-
-
-async def through_the_tap(url: str, mix: Sequence[loadgen.RequestClass], pairs: int, seed: int) -> None:
-    """The A/B's prompts, each sent twice through the tap at ``url``, one request at a time."""
-    for cls in mix:
-        for i in range(pairs):
-            for _ in range(2):
-                await asyncio.to_thread(timed, url, cls, seed + i)
 
 
 def guard_costs(records, ks: Mapping[str, int], settings, now: float) -> dict[str, dict[Key, cost.ClassCost]]:
@@ -90,14 +99,12 @@ def guard_costs(records, ks: Mapping[str, int], settings, now: float) -> dict[st
 def compare(sides: Mapping[Key, Side], report: list[str]) -> None:
     """Each interval covers the other's point, and the points are within ``TOLERANCE``."""
     for key, side in sides.items():
-        g, t = side.guard, side.truth
         report.append(side.line(key))
-        assert g.rc is not None and g.lower is not None and g.upper is not None, report
-        assert g.baseline_source == "live", report
-        assert g.lower <= t.point <= g.upper, (
-            f"{key}: the guard's interval misses the A/B's RC\n" + "\n".join(report)
-        )
-        assert t.lower <= g.rc <= t.upper, f"{key}: the A/B's interval misses the guard's RC\n" + "\n".join(
-            report
-        )
-        assert abs(g.rc / t.point - 1.0) < TOLERANCE, "\n".join(report)
+    for key, side in sides.items():
+        g, t = side.guard, side.truth
+        text = "\n".join(report)
+        assert g.rc is not None and g.lower is not None and g.upper is not None, text
+        assert g.baseline_source == "live", text
+        assert g.lower <= t.point <= g.upper, f"{key}: the guard's interval misses the A/B's RC\n{text}"
+        assert t.lower <= g.rc <= t.upper, f"{key}: the A/B's interval misses the guard's RC\n{text}"
+        assert abs(g.rc / t.point - 1.0) < TOLERANCE, f"{key}: more than 10% apart\n{text}"

@@ -91,7 +91,7 @@ class Baseline:
 
 
 def choose(
-    live: Sequence[RequestRecord],
+    live: Sequence[RequestRecord] | likebase.NoSpec,
     *,
     task_type: str,
     temperature_bucket: str,
@@ -110,7 +110,8 @@ def choose(
     the model baseline's ``(TPOT_base, Var(log TPOT_base), detail)`` at their load, or why there
     is none; ``stale`` is why the profile may not be used (None: fresh).
     """
-    pools = ",".join(sorted({r.pool for r in live})) or ",".join(nospec_pools) or "-"
+    live = live if isinstance(live, likebase.NoSpec) else likebase.NoSpec(live)
+    pools = ",".join(live.pools) or ",".join(nospec_pools) or "-"
     method = "delta" if settings.interval_method == "delta" else "jackknife"
     found: list[Baseline] = []
     why_not: list[str] = []

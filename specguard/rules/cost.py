@@ -23,7 +23,7 @@ import numpy as np
 
 from specguard.exporters.records import RequestRecord
 from specguard.rules import baseline as baseline_mod
-from specguard.rules import confidence, modelbase, whatif
+from specguard.rules import confidence, likebase, modelbase, whatif
 from specguard.rules import profile as profile_mod
 from specguard.rules.cost_config import CostSettings
 from specguard.rules.stepfit import StepFit, StepObservation
@@ -161,12 +161,15 @@ def evaluate_all(
             by_pool_load[(record.pool, record.load_bucket)].append(record)
             by_load_spec[record.load_bucket].append(record)
     step_cache: dict[tuple[str, str], whatif.StepTime | None] = {}
+    prepared: dict[str, likebase.NoSpec] = {}  # the no-spec requests of each bucket, walked once
 
     def choose(
         task_type: str, temperature_bucket: str, load_bucket: str, target: Sequence[RequestRecord]
     ) -> baseline_mod.Baseline:
+        if load_bucket not in prepared:
+            prepared[load_bucket] = likebase.NoSpec(base_by_load.get(load_bucket, []))
         return baseline_mod.choose(
-            base_by_load.get(load_bucket, []),
+            prepared[load_bucket],
             task_type=task_type,
             temperature_bucket=temperature_bucket,
             load_bucket=load_bucket,

@@ -55,7 +55,7 @@ Pure: values in, values out.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -89,44 +89,56 @@ class Result:
 Class = tuple[str, str]
 
 
-def _context(record: RequestRecord) -> float | None:
-    if record.prompt_tokens is None:
-        return None
-    return record.prompt_tokens + record.output_tokens / 2.0
+class NoSpec:
+    """The usable no-spec requests of one load bucket as arrays: built once per evaluation and read
+    by every (class, pool) cell of the bucket, with each design's fit kept (a window of 100,000
+    records is walked once, not once per cell)."""
+
+    def __init__(self, records: Sequence[RequestRecord]):
+        self.records = list(records)
+        self.w = np.array([r.output_tokens - 1 for r in self.records], dtype=float)
+        seconds = np.array([(r.decode_seconds or 0.0) for r in self.records], dtype=float)
+        self.t = seconds / np.maximum(self.w, 1.0)
+        self.x = _table(self.records)
+        names = [(r.task_type, r.temperature_bucket) for r in self.records]
+        self.classes = sorted(set(names))
+        index = {c: i for i, c in enumerate(self.classes)}
+        self.codes = np.array([index[c] for c in names], dtype=int)
+        self.pools = sorted({r.pool for r in self.records})
+        self.fits: dict[tuple, tuple[np.ndarray, np.ndarray] | None] = {}
+        self.spreads: dict[tuple, tuple[float, int]] = {}
+        self.independent: dict[tuple, bool] = {}
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def mask(self, cls: Class) -> np.ndarray:
+        if cls not in self.classes:
+            return np.zeros(len(self.records), dtype=bool)
+        return self.codes == self.classes.index(cls)
 
 
-def _load(record: RequestRecord) -> float | None:
-    return record.decode_load if record.decode_load is not None else record.load
+def _table(records: Sequence[RequestRecord]) -> dict[str, np.ndarray]:
+    """Every term's value per request (nan where unknown), in one pass over the records."""
+    rows = np.full((len(records), 3), np.nan)
+    for i, r in enumerate(records):
+        load = r.decode_load if r.decode_load is not None else r.load
+        if load is not None:
+            rows[i, 0] = load
+        if r.prompt_tokens is not None:
+            rows[i, 1] = r.prompt_tokens + r.output_tokens / 2.0
+        if r.temperature is not None:
+            rows[i, 2] = float(r.temperature > 0)
+    return {term: rows[:, j] for j, term in enumerate(TERMS)}
 
 
-def _sampled(record: RequestRecord) -> float | None:
-    return None if record.temperature is None else float(record.temperature > 0)
-
-
-def _value(record: RequestRecord, term: str) -> float | None:
-    return {"load": _load, "context": _context, "sampled": _sampled}[term](record)
-
-
-@dataclass(frozen=True)
-class _Data:
-    t: np.ndarray  # per-request TPOT
-    w: np.ndarray  # decode tokens
-    x: dict[str, np.ndarray]  # term -> values
-    cls: list[Class]
-
-
-def _data(records: Sequence[RequestRecord], terms: Sequence[str]) -> _Data:
-    w = np.array([r.output_tokens - 1 for r in records], dtype=float)
-    t = np.array([(r.decode_seconds or 0.0) for r in records], dtype=float) / w
-    x = {term: np.array([_value(r, term) for r in records], dtype=float) for term in terms}
-    return _Data(t, w, x, [(r.task_type, r.temperature_bucket) for r in records])
-
-
-def usable_terms(scope_terms: Sequence[str], *groups: Sequence[RequestRecord]) -> tuple[tuple[str, ...], str]:
-    """The terms every record of every group has a value for, and a note on any left out."""
+def usable_terms(
+    scope_terms: Sequence[str], data: NoSpec, target: Mapping[str, np.ndarray]
+) -> tuple[tuple[str, ...], str]:
+    """The terms every no-spec and target request has a value for, and a note on any left out."""
     kept, notes = [], []
     for term in scope_terms:
-        missing = sum(1 for g in groups for r in g if _value(r, term) is None)
+        missing = int(np.isnan(data.x[term]).sum()) + int(np.isnan(target[term]).sum())
         if missing:
             what = {"load": "a load", "context": "a prompt length", "sampled": "a temperature"}[term]
             notes.append(f"{term} left out: {missing} requests without {what}")
@@ -174,7 +186,7 @@ def _fit(
 
 
 def baseline(
-    no_spec: Sequence[RequestRecord],
+    no_spec: NoSpec | Sequence[RequestRecord],
     target: Sequence[RequestRecord],
     *,
     cls: Class,
@@ -187,31 +199,39 @@ def baseline(
     from the usable no-spec requests ``no_spec`` of the same load bucket; or why there is none.
 
     ``scope`` is ``cost.baseline_scope``; ``where`` names the pools and bucket for the detail."""
-    own_records = [r for r in no_spec if (r.task_type, r.temperature_bucket) == cls]
-    own = scope.startswith("class_then_") and len(own_records) >= min_samples
-    if not own and len(no_spec) < min_samples:
-        return f"{len(no_spec)} live no-spec requests{where} (< baseline_min_samples {min_samples})"
+    data = no_spec if isinstance(no_spec, NoSpec) else NoSpec(no_spec)
+    n = len(data)
+    own_mask = data.mask(cls)
+    n_own = int(own_mask.sum())
+    own = scope.startswith("class_then_") and n_own >= min_samples
+    if not own and n < min_samples:
+        return f"{n} live no-spec requests{where} (< baseline_min_samples {min_samples})"
     wanted = TERMS if scope in ("geometry", "class_then_geometry") else ("load",)
-    terms, note = usable_terms(wanted, no_spec, target)
-    data = _data(no_spec, terms)
-    reference = target if target else (own_records if own else no_spec)
-    goal = _data(reference, terms)
-    columns = [np.ones(len(no_spec))]
-    names = ["c0"]
-    row = [1.0]
-    if own and len(own_records) < len(no_spec):  # (only the class's own: c0 is its level)
-        columns.append(np.array([c == cls for c in data.cls], dtype=float))
-        names.append("class")
-        row.append(1.0)
+    targets = _table(target)
+    terms, note = usable_terms(wanted, data, targets)
+    if target:
+        goal_w = np.array([r.output_tokens - 1 for r in target], dtype=float)
+        goal = {t: targets[t] for t in terms}
+    else:  # the level's own requests stand for the target
+        level_mask = own_mask if own else np.ones(n, dtype=bool)
+        goal_w = data.w[level_mask]
+        goal = {t: data.x[t][level_mask] for t in terms}
+    dummy = own and n_own < n  # (only the class's own: c0 is its level)
+    columns = [np.ones(n)] + ([own_mask.astype(float)] if dummy else [])
+    names = ["c0"] + (["class"] if dummy else [])
+    row = [1.0] + ([1.0] if dummy else [])
     extra_sd = 0.0
     aims: dict[str, float] = {}
-    level = np.array([c == cls for c in data.cls]) if own else np.ones(len(no_spec), dtype=bool)
+    level = own_mask if own else np.ones(n, dtype=bool)
     for term in terms:
         values = data.x[term]
         low, high = float(values.min()), float(values.max())
-        aim = _weighted_mean(goal.x[term], goal.w)
+        aim = _weighted_mean(goal[term], goal_w)
         mean = _weighted_mean(values, data.w)
-        if high - low <= SPREAD * abs(mean) or not _independent(columns, values, data.w):
+        found = (tuple(names), cls if dummy else None, term)
+        if found not in data.independent:
+            data.independent[found] = _independent(columns, values, data.w)
+        if high - low <= SPREAD * abs(mean) or not data.independent[found]:
             # no slope to read: the level's own requests must already be where the target is (a
             # class's own requests all sampling, say, when its level is fitted: its sampler is in it)
             at = _weighted_mean(values[level], data.w[level])
@@ -232,12 +252,14 @@ def baseline(
         names.append(term)
         row.append(aim)
         aims[term] = aim
-    design = np.column_stack(columns)
-    nonneg = [i for i, name in enumerate(names) if name in TERMS]
     scale = _weighted_mean(data.t, data.w)  # fitted in units of the mean TPOT: no underflow
     if not (scale > 0 and math.isfinite(scale)):
         return f"the no-spec requests{where} have no decode time"
-    fitted = _fit(design, data.t / scale, data.w, nonneg, method)
+    key = (tuple(names), cls if dummy else None, method)
+    if key not in data.fits:
+        nonneg = [i for i, name in enumerate(names) if name in TERMS]
+        data.fits[key] = _fit(np.column_stack(columns), data.t / scale, data.w, nonneg, method)
+    fitted = data.fits[key]
     if fitted is None:
         return f"the no-spec requests{where} do not determine a step-cost line ({', '.join(names)})"
     beta, covariance = fitted
@@ -247,47 +269,47 @@ def baseline(
         return f"the no-spec step-cost line{where} predicts {relative * scale * 1000:.3f} ms"
     value = relative * scale
     log_variance = max(0.0, float(g @ covariance @ g)) / relative**2 + extra_sd**2
-    beta = beta * scale
     spread = ""
     if not own:
-        tau, classes = class_spread(data, design, beta)  # (beta in seconds again)
+        if key not in data.spreads:
+            data.spreads[key] = class_spread(data, np.column_stack(columns) @ (beta * scale))
+        tau, classes = data.spreads[key]
         log_variance += tau**2
         spread = (
             f"; classes stray {tau:.1%} from it (sd over {classes} classes)"
             if classes >= 2
             else f"; a class may stray {tau:.0%} from it (assumed: fewer than two classes to measure)"
         )
-    level = (
-        f"class {cls[0]}/{cls[1]}'s own level ({len(own_records)} of {len(no_spec)} requests)"
+    detail = (
+        f"class {cls[0]}/{cls[1]}'s own level ({n_own} of {n} requests){where}"
         if own
-        else f"all classes ({len(no_spec)} requests)"
+        else f"all classes ({n} requests){where}"
     )
-    detail = f"{level}{where}"
     if aims:
-        slopes = ", ".join(f"{beta[names.index(t)] * 1000:.4f} ms per {t}" for t in aims)
+        slopes = ", ".join(f"{beta[names.index(t)] * scale * 1000:.4f} ms per {t}" for t in aims)
         at = ", ".join(f"{t} {a:.2f}" for t, a in aims.items())
         detail += f", moved along {slopes} to the speculative requests' {at}"
     detail += spread
     if note:
         detail += f"; {note}"
-    return Result(value, log_variance, len(no_spec), len(own_records) if own else 0, detail)
+    return Result(value, log_variance, n, n_own if own else 0, detail)
 
 
-def class_spread(data: _Data, design: np.ndarray, beta: np.ndarray) -> tuple[float, int]:
-    """How far classes' no-spec levels stray from the pooled line: the between-class standard
-    deviation of their weighted mean log residual, less its sampling part; and how many classes
-    had ``MIN_CLASS_REQUESTS`` to show it. Fewer than two: ``CLASS_SD``."""
-    predicted = design @ beta
+def class_spread(data: NoSpec, predicted: np.ndarray) -> tuple[float, int]:
+    """How far classes' no-spec levels stray from the pooled line (``predicted`` per request): the
+    between-class standard deviation of their weighted mean log residual, less its sampling part;
+    and how many classes had ``MIN_CLASS_REQUESTS`` to show it. Fewer than two: ``CLASS_SD``."""
     ratios = np.log(np.maximum(data.t, 1e-12) / np.maximum(predicted, 1e-12))
     levels, noise = [], []
-    for cls in sorted(set(data.cls)):
-        mask = np.array([c == cls for c in data.cls])
-        if int(mask.sum()) < MIN_CLASS_REQUESTS:
+    for code in range(len(data.classes)):
+        mask = data.codes == code
+        count = int(mask.sum())
+        if count < MIN_CLASS_REQUESTS:
             continue
         w = data.w[mask] / data.w[mask].sum()
         mean = float(np.sum(w * ratios[mask]))
         levels.append(mean)
-        noise.append(float(np.sum(w**2 * (ratios[mask] - mean) ** 2)) * mask.sum() / (mask.sum() - 1))
+        noise.append(float(np.sum(w**2 * (ratios[mask] - mean) ** 2)) * count / (count - 1))
     if len(levels) < 2:
         return CLASS_SD, len(levels)
     spread = float(np.mean(np.square(levels))) - float(np.mean(noise))

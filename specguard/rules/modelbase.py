@@ -149,16 +149,17 @@ class ModelBaseline:
             )
         return None
 
-    def tpot(self, load: float) -> tuple[float, float]:
+    def tpot(self, load: float, *, limited: bool = True) -> tuple[float, float]:
         """``TPOT_base`` at ``load`` (seconds) and ``Var(log TPOT_base)``; InputError past
-        ``reach`` or where the fit predicts no positive time.
+        ``reach`` (``limited=False``, for benchmarks only: read it anyway) or where the fit predicts
+        no positive time.
 
         Model-averaged: the weighted mean of the fits' predictions; the variance adds each fit's
         own to the spread between fits (so an uncertain knee widens the interval). Beyond the
         loads the no-spec pool ran at, the interval also grows with the extrapolation (see
         ``EXTRAPOLATION_SD``).
         """
-        why = self.reach(load)
+        why = self.reach(load) if limited else None
         if why is not None:
             raise InputError(why)
         predictions = [(w, *m.predict(load)) for w, m in self.models]

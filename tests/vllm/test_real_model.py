@@ -146,13 +146,12 @@ async def test_the_guards_rc_per_class_is_the_number_an_interleaved_ab_measures(
     engines = smollm2_engines
     t0 = time.monotonic()
     mix = ab_mix()
-    truth = await asyncio.to_thread(abcompare.ab, engines.spec.url, engines.nospec.url, mix, AB_PAIRS, 400)
     cfg = config.parse_text(guard_config(engines, tmp_path), "specguard.yaml")
     monitor = Monitor(cfg, rng=abcompare.Alternating())
     guard, _ = guard_wiring.build(monitor, cfg)
     url = await monitor.start("127.0.0.1", 0)
     try:
-        await abcompare.through_the_tap(url, mix, AB_PAIRS, 400)
+        truth = await abcompare.measure(engines.spec.url, engines.nospec.url, url, mix, AB_PAIRS, 400)
         now = time.time()
         decisions = {d.key: d for d in await guard.evaluate(now)}
         settings = cfg.sections["cost"].with_traffic(
@@ -170,6 +169,11 @@ async def test_the_guards_rc_per_class_is_the_number_an_interleaved_ab_measures(
         mine = scopes[settings.baseline_scope][key]
         sides[key] = abcompare.Side(point, base, mine, {s: found[key] for s, found in scopes.items()})
     report = [f"default baseline scope {settings.baseline_scope}; {AB_PAIRS} prompts per class"]
+    extraction, creative = (truth[key[0]][1] for key in AB_CLASSES)
+    report.append(
+        f"no-spec TPOT creative / extraction: A/B {creative / extraction:.3f}; through the tap "
+        f"{own_base(records, AB_CLASSES)}"
+    )
     try:
         abcompare.compare(sides, report)
         for key, side in sides.items():
@@ -179,11 +183,6 @@ async def test_the_guards_rc_per_class_is_the_number_an_interleaved_ab_measures(
             else:
                 assert decision.action == "none", report
             report.append(f"  decision {decision.action}: {decision.reason}")
-        extraction, creative = (truth[key[0]][1] for key in AB_CLASSES)
-        report.append(
-            f"no-spec TPOT creative / extraction: A/B {creative / extraction:.3f}, guard's own "
-            f"{own_base(records, AB_CLASSES)}"
-        )
     finally:
         report.append(f"wall time {time.monotonic() - t0:.0f} s")
         print("\n".join(report))  # shown with -s; docs/real-model.md quotes runs
