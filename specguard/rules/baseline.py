@@ -84,7 +84,7 @@ class Baseline:
     source: str  # "live" | "profile" | "model" | "none"
     tpot_seconds: float | None
     samples: int  # requests behind tpot_seconds (live or the profile's count); 0 for none
-    detail: str  # human-readable provenance, e.g. "pool nospec, 412 requests in load bucket low"
+    detail: str  # provenance, e.g. "all classes (80 requests) on nospec in load bucket low, ..."
     log_variance: float | None = None  # Var(log T_base); 0 for a profile without a standard error
     live_samples: int = 0  # live no-spec requests seen in the bucket, even when too few to use
     available: tuple[str, ...] = ()  # every source that could give T_base here (trust order)

@@ -1,10 +1,11 @@
 """Relative cost per token (RC) per (class, load bucket, pool): the number the guard decides on.
 
-``RC = TPOT_spec(class, load, pool) / TPOT_base(load)`` (docs/concepts.md), each TPOT a
-ratio of sums (``sum decode seconds / sum (output tokens - 1)``), never an average of
-per-request ratios. The baseline comes from ``rules.baseline`` (live no-spec traffic, else a fresh
-calibration profile, else the step-cost model of ``rules.modelbase``, else none: RC unknown, never
-1.0). The interval is ``rules.confidence``
+``RC = TPOT_spec(class, load, pool) / TPOT_base(class, load, pool)`` (docs/concepts.md), each TPOT
+a ratio of sums (``sum decode seconds / sum (output tokens - 1)``), never an average of
+per-request ratios. The baseline comes from ``rules.baseline`` for each (class, pool) cell: live
+no-spec traffic read like for like at the cell's load and context (``rules.likebase``), else a
+fresh calibration profile, else the step-cost model of ``rules.modelbase``, else none: RC unknown,
+never 1.0. The interval is ``rules.confidence``
 (delta method on the log scale by default, or a seeded bootstrap). Each result also carries the
 class's acceptance on that pool and the what-if RC on the other speculative pools
 (``rules.whatif``); moving a class to a no-spec pool costs RC 1.0 by definition.

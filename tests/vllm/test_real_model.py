@@ -56,8 +56,12 @@ async def test_attribution_is_exact_and_greedy_copy_tasks_accept_more(smollm2_en
         results += await loadgen.run_load(url, real_mix(stream=False), 2, requests=12, seed=2)
         after = {p: await asyncio.to_thread(kit.scrape, e.url) for p, e in pools(engines)}
         await scrape_all(monitor)
+        # the engine's own page through the tap, as `vllm bench serve --base-url TAP/engines/spec` reads it
+        engine_page = await asyncio.to_thread(kit.fetch, f"{url}/engines/spec/metrics")
+        tap_page = await asyncio.to_thread(kit.fetch, f"{url}/metrics")
     finally:
         await monitor.stop()
+    assert "vllm:spec_decode_num_drafts_total" in engine_page and "vllm:spec_decode" not in tap_page
 
     assert {r.status for r in results} == {200}, [r.error for r in results if not r.ok]
     assert monitor.stats.unattributed() == {}
