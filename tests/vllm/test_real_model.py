@@ -107,14 +107,15 @@ AB_PAIRS = int(os.environ.get("SPECGUARD_AB_PAIRS", "12"))  # prompts per class 
 
 
 def ab_mix() -> list[loadgen.RequestClass]:
-    """Two classes whose no-spec TPOT differs: invoice fields to copy (greedy, an 80-token prompt)
-    and a poem (sampled at 1.0, asked with 500 tokens of things to mention): a longer context and a
-    sampling step each cost more per token on this engine. Each request carries a sampling seed, so
-    a prompt draws the same poem every time it is sent (else each pool would time other text)."""
+    """Two classes whose no-spec TPOT differs: invoice fields to copy (greedy, a 200-token prompt)
+    and a poem (sampled at 1.0, asked with some 1,400 tokens of things to mention): a longer context
+    and a sampling step each cost more per token on this engine. Each request carries a sampling
+    seed, so a prompt draws the same poem every time it is sent (else each pool would time other
+    text)."""
     extraction, _, _, creative = real_mix()
     return [
         dataclasses.replace(extraction, seeded=True),
-        dataclasses.replace(creative, prompt_tokens=500, seeded=True),
+        dataclasses.replace(creative, prompt_tokens=1300, seeded=True),
     ]
 
 
