@@ -18,11 +18,10 @@ token (docs/concepts.md). For each pool the best evidence at hand is its estimat
 
 The no-spec pool costs exactly 1.0 by definition. No move rests on a point estimate, whatever
 the baseline: every estimate carries an interval (a measurement its own; a memory the one it was
-measured with; a what-if the relative interval of the measurement it was made from; the profile's
-from its standard errors; the no-spec pool [1.0, 1.0]), and a pool is *cheaper* only when even its
-upper bound is below the current pool's lower bound times ``1 - best_pool_margin``. (Between two
-speculative pools the shared baseline's uncertainty is counted on both sides: stricter than needed,
-never looser.) An estimate without an interval may block a move but never makes one. Moving needs
+measured with; a what-if the relative interval of the measurement it was made from, and its ratio
+to it; the profile's from its standard errors; the no-spec pool [1.0, 1.0]), and a pool is
+*cheaper* only when the benefit's interval clears ``best_pool_margin`` at its worst end
+(``clears``). An estimate without an interval may block a move but never makes one. Moving needs
 that for more than
 ``best_pool_consecutive_limit`` evaluations in a row (the guard counts), except for a class with no
 live evidence of its own yet, which starts on the profile's choice at once (the warm start). A move
@@ -106,11 +105,11 @@ def min_samples(policy: policy_mod.Policy) -> int:
     return min((r.limits.min_samples for r in policy.rules if r.query is None), default=0)
 
 
-def _bounds(values: Mapping[str, float], scale: float = 1.0) -> tuple[float | None, float | None]:
+def _bounds(values: Mapping[str, float]) -> tuple[float | None, float | None]:
     lower, upper = values.get("rc_lower"), values.get("rc_upper")
     if not (_finite(lower) and _finite(upper)):
         return None, None
-    return lower * scale, upper * scale  # type: ignore[operator]
+    return lower, upper
 
 
 def measured(evidence: Evidence, policy: policy_mod.Policy) -> dict[str, tuple[float, int]]:
