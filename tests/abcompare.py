@@ -9,7 +9,11 @@ alternate (``Alternating``: ABBA as well) so each prompt is timed once on each p
 computes RC from its records as it always does (its baseline, its interval): prompt-to-prompt
 spread, which is not what the guard could get wrong, is the same on both sides, and what is left to
 differ is the guard's number itself (which baseline, which requests, which timing) and the
-machine's timing noise.
+machine's timing noise. That noise is independent between the two and, on a shared 2-core
+machine, larger per request than the prompts' own spread, so an interval misses the other's point
+now and then by noise alone (2 of 10 class-runs at 90%, 1 at 95%): a miss is measured again on
+fresh prompts (``ATTEMPTS``), and the test fails when it recurs. A bias does not go away with fresh
+prompts: the baseline pooled over both classes missed by 11% in both directions in one run.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from tests.abtiming import Ratio, ratio, timed
 
 Key = tuple[str, str]
 TOLERANCE = 0.10  # the guard's point within 10% of the A/B's
+CONFIDENCE = 0.95  # the A/B's interval, at the guard's own level
+ATTEMPTS = 2  # a disagreement is measured again on fresh prompts before it fails the test
 
 
 class Alternating(random.Random):
@@ -83,7 +89,7 @@ async def measure(
             b = await asyncio.to_thread(timed, last, cls, seed + i)
             timed_pairs.append((a, b) if first == url_spec else (b, a))
         base = sum(b.decode_seconds for _, b in timed_pairs) / sum(b.tokens - 1 for _, b in timed_pairs)
-        out[cls.task_type] = (ratio(timed_pairs, seed=seed), base)
+        out[cls.task_type] = (ratio(timed_pairs, seed=seed, confidence=CONFIDENCE), base)
     return out
 
 
@@ -96,15 +102,21 @@ def guard_costs(records, ks: Mapping[str, int], settings, now: float) -> dict[st
     return out
 
 
-def compare(sides: Mapping[Key, Side], report: list[str]) -> None:
-    """Each interval covers the other's point, and the points are within ``TOLERANCE``."""
+def misses(sides: Mapping[Key, Side], report: list[str]) -> list[str]:
+    """Where the numbers disagree: an interval that misses the other's point, points more than
+    ``TOLERANCE`` apart, a guard RC without a live baseline or an interval (each line says which)."""
+    found = []
     for key, side in sides.items():
         report.append(side.line(key))
-    for key, side in sides.items():
         g, t = side.guard, side.truth
-        text = "\n".join(report)
-        assert g.rc is not None and g.lower is not None and g.upper is not None, text
-        assert g.baseline_source == "live", text
-        assert g.lower <= t.point <= g.upper, f"{key}: the guard's interval misses the A/B's RC\n{text}"
-        assert t.lower <= g.rc <= t.upper, f"{key}: the A/B's interval misses the guard's RC\n{text}"
-        assert abs(g.rc / t.point - 1.0) < TOLERANCE, f"{key}: more than 10% apart\n{text}"
+        name = f"{key[0]}/{key[1]}"
+        if g.rc is None or g.lower is None or g.upper is None or g.baseline_source != "live":
+            found.append(f"{name}: no live RC with an interval")
+            continue
+        if not g.lower <= t.point <= g.upper:
+            found.append(f"{name}: the guard's interval misses the A/B's RC")
+        if not t.lower <= g.rc <= t.upper:
+            found.append(f"{name}: the A/B's interval misses the guard's RC")
+        if not abs(g.rc / t.point - 1.0) < TOLERANCE:
+            found.append(f"{name}: more than 10% apart")
+    return found

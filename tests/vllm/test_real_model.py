@@ -146,21 +146,43 @@ actuators: {{plan_file: "{tmp_path / "plan.json"}", audit_log: "{tmp_path / "aud
 async def test_the_guards_rc_per_class_is_the_number_an_interleaved_ab_measures(smollm2_engines, tmp_path):
     """RC on a real engine equals an A/B: per class, the guard's interval covers the A/B's RC, the
     A/B's interval covers the guard's, and the two are within 10%; and the guard's decision follows
-    its own interval (the shipped rule). The two classes' no-spec TPOTs differ (a sampling step
-    costs more), so a baseline pooled over both classes would put each RC off by half the gap."""
+    its own interval (the shipped rule). The two classes' no-spec TPOTs differ (a longer context, a
+    sampling step), so a baseline pooled over both classes would put each RC off by half the gap.
+    A disagreement is measured again on fresh prompts once (``abcompare``: the machine's timing
+    noise alone misses an interval now and then; a bias recurs)."""
+    from tests import abcompare
+
+    t0 = time.monotonic()
+    report: list[str] = []
+    try:
+        for attempt in range(abcompare.ATTEMPTS):
+            found = await _number_against_ab(
+                smollm2_engines, tmp_path / f"attempt{attempt}", 400 + 100 * attempt, report
+            )
+            if not found:
+                break
+            report.append(f"attempt {attempt + 1}: " + "; ".join(found))
+        assert not found, "\n".join(report)
+    finally:
+        report.append(f"wall time {time.monotonic() - t0:.0f} s")
+        print("\n".join(report))  # shown with -s; docs/real-model.md quotes runs
+
+
+async def _number_against_ab(engines, tmp_path, seed: int, report: list[str]) -> list[str]:
+    """One measurement of both (the A/B and the guard's traffic, interleaved per prompt); the
+    disagreements found, after checking the guard's decisions follow its intervals."""
     from specguard.monitor import guard_wiring
     from specguard.monitor.app import Monitor
     from tests import abcompare
 
-    engines = smollm2_engines
-    t0 = time.monotonic()
+    tmp_path.mkdir()
     mix = ab_mix()
     cfg = config.parse_text(guard_config(engines, tmp_path), "specguard.yaml")
     monitor = Monitor(cfg, rng=abcompare.Alternating())
     guard, _ = guard_wiring.build(monitor, cfg)
     url = await monitor.start("127.0.0.1", 0)
     try:
-        truth = await abcompare.measure(engines.spec.url, engines.nospec.url, url, mix, AB_PAIRS, 400)
+        truth = await abcompare.measure(engines.spec.url, engines.nospec.url, url, mix, AB_PAIRS, seed)
         now = time.time()
         decisions = {d.key: d for d in await guard.evaluate(now)}
         settings = cfg.sections["cost"].with_traffic(
@@ -177,24 +199,23 @@ async def test_the_guards_rc_per_class_is_the_number_an_interleaved_ab_measures(
         point, base = truth[key[0]]
         mine = scopes[settings.baseline_scope][key]
         sides[key] = abcompare.Side(point, base, mine, {s: found[key] for s, found in scopes.items()})
-    report = [f"default baseline scope {settings.baseline_scope}; {AB_PAIRS} prompts per class"]
     extraction, creative = (truth[key[0]][1] for key in AB_CLASSES)
+    report.append(
+        f"default baseline scope {settings.baseline_scope}; {AB_PAIRS} prompts per class, seed {seed}"
+    )
     report.append(
         f"no-spec TPOT creative / extraction: A/B {creative / extraction:.3f}; through the tap "
         f"{own_base(records, AB_CLASSES)}"
     )
-    try:
-        abcompare.compare(sides, report)
-        for key, side in sides.items():
-            decision = decisions[(*key, "low")]
-            if side.guard.lower > 1.0:
-                assert (decision.action, decision.to_pool) == ("off", "nospec"), report
-            else:
-                assert decision.action == "none", report
-            report.append(f"  decision {decision.action}: {decision.reason}")
-    finally:
-        report.append(f"wall time {time.monotonic() - t0:.0f} s")
-        print("\n".join(report))  # shown with -s; docs/real-model.md quotes runs
+    found = abcompare.misses(sides, report)
+    for key, side in sides.items():
+        decision = decisions[(*key, "low")]
+        if side.guard.lower is not None and side.guard.lower > 1.0:
+            assert (decision.action, decision.to_pool) == ("off", "nospec"), report
+        else:
+            assert decision.action == "none", report
+        report.append(f"  decision {decision.action}: {decision.reason}")
+    return found
 
 
 def own_base(records, classes) -> str:
