@@ -55,6 +55,12 @@ def parse(lines: list[str]) -> list[dict]:
     return out
 
 
+def verdict_of(text: str, cls: str) -> str:
+    """One class's part of a printed verdict ("met", or its misses)."""
+    mine = [part.split(": ", 1)[1] for part in text.split("; ") if part.startswith(f"{cls}: ")]
+    return "; ".join(mine) or "met"
+
+
 def off(value: float | None, truth: float) -> str:
     return "none" if value is None else f"{value:.3f} ({value / truth - 1:+.1%})"
 
@@ -83,7 +89,7 @@ def render(result: list[dict]) -> str:
             (a, al, au), (g, gl, gu) = c["ab"], c["guard"]
             runs.append(
                 f"| {name} | {cls} | {a:.3f} [{al:.3f}, {au:.3f}] | {g:.3f} [{gl:.3f}, {gu:.3f}] | "
-                f"{g / a - 1:+.1%} | {m['strict']} | {m['gross']} |"
+                f"{g / a - 1:+.1%} | {verdict_of(m['strict'], cls)} | {verdict_of(m['gross'], cls)} |"
             )
             cells = " | ".join(off(c["scopes"].get(s), a) for s in scopes)
             table.append(f"| {name} | {cls} | {a:.3f} | {cells} |")
@@ -99,8 +105,10 @@ def render(result: list[dict]) -> str:
         else f"`{min(errors, key=errors.get)}` measured closer on these runs"
     )
     met = sum(m["strict"] == "met" for m in result)
+    classes_met = sum(verdict_of(m["strict"], cls) == "met" for m in result for cls in m["classes"])
     text = (
-        f"Strict agreement held in {met} of {len(result)} measurements; the guard's RC was {apart:.1%} "
+        f"Strict agreement held in {met} of {len(result)} measurements ({classes_met} of {len(pairs)} "
+        f"class measurements); the guard's RC was {apart:.1%} "
         f"from the A/B's on average. Mean distance from the A/B by baseline scope: {ranked}. "
         f"The default is `{default}`: {verdict}."
     )
