@@ -5,7 +5,8 @@ the shipped sidecar config after traffic through every class, counters growing a
 moving per replica). For each N a fresh Debian Prometheus scrapes them with the shipped rules
 (deploy/prometheus/specguard-rules.yaml, unchanged), and one decider (`specguard run` with the
 shipped deploy/kubernetes/base/guard.yaml: `guard.local: false`, its PromQL rule on the RC
-recording rule) evaluates every class against it. After a warm-up, over a measurement stretch it
+recording rule) evaluates every class against it; Prometheus scrapes the decider too, as a job of
+its own (the plan's cells are on its page). After a warm-up, over a measurement stretch it
 samples:
 
 - series: Prometheus' head series (scraped + recorded), and per target;
@@ -142,11 +143,15 @@ async def wait_ready(session: aiohttp.ClientSession, url: str, proc: subprocess.
     raise RuntimeError(f"{url} never became ready")
 
 
-def prometheus_config(code: Code, targets: list[str], scrape: float, workdir: Path) -> Path:
+def prometheus_config(code: Code, targets: list[str], decider: str, scrape: float, workdir: Path) -> Path:
+    """The followers as job ``specguard`` and the decider as its own job (its plan, its state)."""
     config = {
         "global": {"scrape_interval": f"{scrape:g}s", "evaluation_interval": f"{scrape:g}s"},
         "rule_files": [str(code.root / RULES)],
-        "scrape_configs": [{"job_name": "specguard", "static_configs": [{"targets": targets}]}],
+        "scrape_configs": [
+            {"job_name": "specguard", "static_configs": [{"targets": targets}]},
+            {"job_name": "specguard-guard", "static_configs": [{"targets": [decider]}]},
+        ],
     }
     path = workdir / "prometheus.yml"
     path.write_text(yaml.safe_dump(config))
@@ -183,7 +188,7 @@ async def one_size(code: Code, page: str, size: int, args: argparse.Namespace) -
             subprocess.Popen(
                 [
                     binary,
-                    f"--config.file={prometheus_config(code, addresses, args.scrape, workdir)}",
+                    f"--config.file={prometheus_config(code, addresses, decider[7:], args.scrape, workdir)}",
                     f"--storage.tsdb.path={workdir / 'data'}",
                     f"--web.listen-address=127.0.0.1:{prom_port}",
                 ],

@@ -11,6 +11,11 @@ the JSON ``GET /sim/truth`` serves): the no-spec step time at the bucket's load 
 TPOT_base) and each class's true RC there. Reported per world, bucket and class: relative errors
 and whether the truth lies in the model's 95% interval (coverage).
 
+Since the model is not read more than ``modelbase.EXTRAPOLATION_FACTOR`` (2x) beyond the loads the
+no-spec pool ran at, each cell says whether it is within that reach (outside it the cost model has
+no model baseline: ``none``); the errors are given for every cell, read without the limit, so what
+the limit declines is measured too.
+
 Goals: |error| <= 10% at medium load and <= 15% at high load, in the default world and
 the worlds ``expensive-draft`` and ``early-knee``; ``saturating`` is a stress world beyond them (the
 no-spec pool itself turns compute-bound at loads it never ran at).
@@ -193,7 +198,9 @@ def one(world: str, sim: sim_config.SimConfig, seed: int, phase_seconds: float) 
             if isinstance(fitted, str):
                 rows.append({**row, "error": fitted})
                 continue
-            value, log_var = fitted.tpot(load)
+            # read past the model's reach too (limited=False), to show what the limit declines
+            row["within_reach"] = fitted.reach(load) is None
+            value, log_var = fitted.tpot(load, limited=False)
             sd = math.sqrt(log_var)
             live = float(np.interp(load, truth_loads, truth_tpots))
             pure = truth_at(table["nospec_step_seconds"], "", load)
@@ -218,7 +225,7 @@ def one(world: str, sim: sim_config.SimConfig, seed: int, phase_seconds: float) 
                     continue
                 spec_tpot = sum(r.decode_seconds for r in recs) / sum(r.output_tokens - 1 for r in recs)
                 class_load = decode_weighted_load(recs)
-                base, class_var = fitted.tpot(class_load)
+                base, class_var = fitted.tpot(class_load, limited=False)
                 rc = spec_tpot / base
                 true_rc = spec_tpot / float(np.interp(class_load, truth_loads, truth_tpots))
                 key = truth_mod.class_key(task, TEMPERATURES[task])
@@ -266,8 +273,10 @@ def main() -> None:
                     f"{'' if c['rc_covered'] else ' !'})"
                     for c in row["classes"]
                 )
+                reach = "" if row["within_reach"] else " (beyond 2x: none)"
                 print(
-                    f"{name:<16} seed {seed} {row['phase']:<12} {row['bucket']:<7} B={row['load']:5.1f} "
+                    f"{name:<16} seed {seed} {row['phase']:<12} {row['bucket']:<7} "
+                    f"B={row['load']:5.1f}{reach} "
                     f"TPOT_base {row['tpot_base_ms']:.2f}/{row['true_tpot_base_ms']:.2f} ms "
                     f"({row['tpot_error']:+.1%}, +-{row['interval_halfwidth']:.1%}"
                     f"{'' if row['tpot_covered'] else ' not covered'}) knee {row['knee']} | RC {classes}"
@@ -295,6 +304,7 @@ def summarize(rows: list[dict]) -> dict:
             rc = [abs(c["rc_error"]) for r in here for c in r["classes"]]
             per[bucket] = {
                 "cells": len(here),
+                "cells_within_reach": sum(1 for r in here if r["within_reach"]),
                 "loads": [round(min(r["load"] for r in here), 1), round(max(r["load"] for r in here), 1)],
                 "max_abs_tpot_base_error": max(tpot),
                 "mean_abs_tpot_base_error": statistics.mean(tpot),

@@ -4,7 +4,8 @@
 specguard.yaml: 2 pools, 5 task labels x 4 temperature buckets x 3 load buckets) in front of the
 simulator, drives streaming traffic through every task type and temperature, lets it scrape its
 engines, measure RC per class and follow a plan naming every class, and returns its /metrics page:
-the default label cardinality of one sidecar, with real values.
+the default label cardinality of one sidecar, with real values (whatever that checkout's follower
+exports of the plan: its version only, or every cell too, as earlier releases did).
 
 ``Targets`` serves that page on N ports, each a different replica whose counters keep growing at
 its own rate (histograms scaled as a whole, so buckets stay cumulative) and whose gauges (RC and

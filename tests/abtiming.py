@@ -51,7 +51,9 @@ def timed(url: str, cls: loadgen.RequestClass, seed: int) -> Timed:
     return Timed(result.output_tokens, result.e2e_seconds - result.ttft_seconds, result.spec)
 
 
-def ratio(pairs: Sequence[tuple[Timed, Timed]], seed: int = 0, resamples: int = 2000) -> Ratio:
+def ratio(
+    pairs: Sequence[tuple[Timed, Timed]], seed: int = 0, resamples: int = 2000, confidence: float = CONFIDENCE
+) -> Ratio:
     def of(sample: Sequence[tuple[Timed, Timed]]) -> float:
         a = sum(x.decode_seconds for x, _ in sample) / sum(x.tokens - 1 for x, _ in sample)
         b = sum(y.decode_seconds for _, y in sample) / sum(y.tokens - 1 for _, y in sample)
@@ -60,7 +62,7 @@ def ratio(pairs: Sequence[tuple[Timed, Timed]], seed: int = 0, resamples: int = 
     usable = [(a, b) for a, b in pairs if a.tokens > 1 and b.tokens > 1]
     rng = random.Random(seed)
     boot = sorted(of([rng.choice(usable) for _ in usable]) for _ in range(resamples))
-    tail = (1 - CONFIDENCE) / 2
+    tail = (1 - confidence) / 2
     return Ratio(of(usable), boot[int(tail * resamples)], boot[int((1 - tail) * resamples) - 1], len(usable))
 
 
@@ -97,7 +99,8 @@ guard:
   prior: none
   holdout: fixed
   rules:
-    - {{name: relative-cost, measure: rc_lower, threshold: 1.0, restore_measure: rc, restore_threshold: 0.95}}
+    - {{name: relative-cost, measure: rc_lower, threshold: 1.0,
+       restore_measure: rc_upper, restore_threshold: 0.95}}
 server: {{insecure_loopback: true}}
 actuators: {{plan_file: "{tmp_path / "plan.json"}", audit_log: "{tmp_path / "audit.jsonl"}"}}
 """

@@ -28,8 +28,8 @@ from panels_ops import guard, serving  # noqa: E402
 UID = "specguard-overview"
 
 
-def variable(name: str, label: str, sel: str) -> db.QueryVariable:
-    expr = f"label_values(specguard_requests_total{{{sel}}}, {name})"
+def variable(name: str, label: str, sel: str, metric: str = "specguard_requests_total") -> db.QueryVariable:
+    expr = f"label_values({metric}{{{sel}}}, {name})"
     return (
         db.QueryVariable(name)
         .label(label)
@@ -77,7 +77,8 @@ def dashboard() -> db.Dashboard:
         .version(1)
         .time("now-1h", "now")
         .with_variable(db.DatasourceVariable("datasource").label("Data Source").type("prometheus"))
-        .with_variable(variable("job", "job", ""))
+        # every specguard process exports its plan version: the followers' jobs and the deciders'
+        .with_variable(variable("job", "job", "", "specguard_plan_version"))
         .with_variable(variable("pool", "pool", JOB))
         .with_variable(variable("task_type", "task type", POOL))
         .with_variable(variable("temperature_bucket", "temperature bucket", POOL))

@@ -30,11 +30,19 @@ BY_CLS = "task_type, temperature_bucket"
 CELL = "pool, task_type, temperature_bucket, load_bucket"
 ACTION_BY = "task_type, temperature_bucket, action, reason"
 RC = f"pool_class_load:specguard_relative_cost_per_token:ratio{{{CLS}}}"
+# The plan comes from the process that decides it (standalone, or a fleet's leading decider, which
+# may be scraped under a job of its own: $job lists it too); it is joined to the followers' RC on
+# the class labels, as the recording rules do.
 PLANNED = f"(class_load:specguard_plan_info:max{{{CLS}}} == 1)"
-# RC of the traffic the plan sends to each pool, and RC measured on probe traffic only (a class
-# planned elsewhere keeps tap.probe_share on a speculative pool so it can be re-enabled)
-RC_PLANNED = f"{RC}\nand on ({CELL})\n{PLANNED}"
-RC_PROBE = f"{RC}\nunless on ({CELL})\n{PLANNED}"
+HAS_PLAN = f"(class_load:specguard_plan_info:max{{{CLS_NOPOOL}}} == 1)"
+CLASS = "task_type, temperature_bucket, load_bucket"
+# RC_ON_PLAN: RC on the pool the plan routes each class to. RC_PLANNED: the same, and every pool
+# of a class with no plan in view, as the alerts read it (a plan that is not scraped hides no
+# losing class). RC_PROBE: RC measured on probe traffic only (a class planned elsewhere keeps
+# tap.probe_share on a speculative pool so it can be re-enabled).
+RC_ON_PLAN = f"{RC}\nand on ({CELL})\n{PLANNED}"
+RC_PLANNED = f"(\n(\n{RC}\nunless on ({CLASS})\n{HAS_PLAN}\n)\nor\n(\n{RC_ON_PLAN}\n)\n)"
+RC_PROBE = f"(\n(\n{RC}\nand on ({CLASS})\n{HAS_PLAN}\n)\nunless on ({CELL})\n{PLANNED}\n)"
 
 
 def special(match: dm.SpecialValueMatch, text: str, color: str | None = None) -> dm.SpecialValueMap:

@@ -7,7 +7,7 @@ from dashboard_kit import (
     JOB,
     PLANNED,
     POOL,
-    RC_PLANNED,
+    RC_ON_PLAN,
     RED_AT_1,
     UP_DOWN,
     colour_cells,
@@ -42,7 +42,7 @@ def guard() -> list:
                 instant=True,
             ),
             query(
-                f"max by (task_type, temperature_bucket, load_bucket, pool) (\n{RC_PLANNED}\n)",
+                f"max by (task_type, temperature_bucket, load_bucket, pool) (\n{RC_ON_PLAN}\n)",
                 ref="C",
                 instant=True,
             ),

@@ -135,6 +135,9 @@ class TapConfig:
     # exact paths forwarded besides the inference API (POST /v1/chat/completions, POST
     # /v1/completions, GET /v1/models); anything else is answered 404 by the tap (exporters.tapgate)
     forward_paths: tuple[ForwardPath, ...] = ()
+    # each pool's own page at /engines/<pool>/metrics, and the forwarded API under that prefix
+    # (exporters.enginepage): for tools that read the engine's page at <base-url>/metrics
+    engine_pages: bool = True
     # outlier ejection (exporters.health): this many 5xx answers or resets in a row take a pool out
     # of service for eject_seconds, doubled on each repeat up to eject_max_seconds
     eject_consecutive_5xx: int = 5
@@ -438,6 +441,7 @@ def parse_tap(section: Section, pools: tuple[PoolConfig, ...]) -> TapConfig:
         ),
         failover=section.get("failover", bool, base.failover),
         forward_paths=_forward_paths(section),
+        engine_pages=section.get("engine_pages", bool, base.engine_pages),
         eject_consecutive_5xx=section.get(
             "eject_consecutive_5xx", int, base.eject_consecutive_5xx, minimum=1, maximum=10_000
         ),

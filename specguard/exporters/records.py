@@ -65,10 +65,16 @@ class RequestRecord:
     classified: bool = True  # False when the body was not JSON
     load: float | None = None  # in-flight requests per replica of the pool when sent (itself included)
     decode_load: float | None = None  # mean in-flight requests per replica while it decoded
+    prompt_tokens: int | None = None  # the engine's usage.prompt_tokens (None: not reported)
+    sequences: int = 1  # sequences generated (n, best_of, a list of prompts); output_tokens sums them
 
     @property
     def tpot_seconds(self) -> float | None:
-        """Time per output token after the first: ``decode_seconds / (output_tokens - 1)``."""
-        if self.decode_seconds is None or self.output_tokens < 2:
+        """Time per output token after the first: ``decode_seconds / (output_tokens - 1)``.
+
+        None for a request that generated several sequences: they decode side by side, so its
+        time per token is not one sequence's, and it would read as a faster class.
+        """
+        if self.decode_seconds is None or self.output_tokens < 2 or self.sequences != 1:
             return None
         return self.decode_seconds / (self.output_tokens - 1)

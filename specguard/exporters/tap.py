@@ -558,6 +558,9 @@ class Tap:
         usage = obj.get("usage")
         if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
             flow.usage_tokens = usage["completion_tokens"]
+        prompt = tapstream.prompt_tokens(obj)
+        if prompt is not None:
+            flow.prompt_tokens = prompt
         spec = tapstream.spec_from(self.engines[flow.pool.name], obj, flow.pool.num_speculative_tokens)
         if spec is not None:
             flow.spec = spec

@@ -39,6 +39,7 @@ class Flow:
     last_at: float | None = None
     chunks: int = 0
     usage_tokens: int | None = None
+    prompt_tokens: int | None = None  # usage.prompt_tokens as the engine reported it
     spec: SpecStats | None = None
     failure: str | None = None  # unattributed reason forced by an error
     connect_failed: bool = False  # the pool could not be connected to: nothing was sent anywhere
@@ -131,4 +132,6 @@ def to_record(flow: Flow, engine: str, end: float) -> RequestRecord:
         classified=flow.cls.classified,
         load=flow.load,
         decode_load=decode_load,
+        prompt_tokens=flow.prompt_tokens,
+        sequences=tapstream.sequences(flow.body),
     )

@@ -48,6 +48,39 @@ def single_choice(body: Mapping[str, Any]) -> bool:
     return not (isinstance(prompt, list) and len(prompt) > 1 and not isinstance(prompt[0], int))
 
 
+def sequences(body: Mapping[str, Any] | None) -> int:
+    """Sequences a request generates: ``n`` (or ``best_of``, if larger) per prompt, times the
+    prompts of a legacy completion's list; 1 for anything unreadable."""
+    if body is None:
+        return 1
+    count = 1
+    for key in ("n", "best_of"):
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > count:
+            count = min(value, 1 << 16)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) > 1 and not isinstance(prompt[0], int):
+        count *= min(len(prompt), 1 << 16)
+    return count
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def prompt_tokens(obj: Mapping[str, Any]) -> int | None:
+    """The prompt length a response object (or stream chunk) reports: ``usage.prompt_tokens`` in
+    every OpenAI-compatible dialect, else llama.cpp's ``timings`` (``prompt_n`` evaluated plus
+    ``cache_n`` reused from its cache, which is what its usage reports)."""
+    usage = obj.get("usage")
+    if isinstance(usage, Mapping) and (found := _count(usage.get("prompt_tokens"))) is not None:
+        return found
+    timings = obj.get("timings")
+    if isinstance(timings, Mapping) and (evaluated := _count(timings.get("prompt_n"))) is not None:
+        return evaluated + (_count(timings.get("cache_n")) or 0)
+    return None
+
+
 def prepare(
     engine: str, body: dict[str, Any], *, force_include_usage: bool = False
 ) -> tuple[dict[str, Any] | None, Additions]:

@@ -42,6 +42,8 @@ class RequestClass:
     stream: bool | None = None  # None: the run's default
     ignore_eos: bool = False  # vLLM/SGLang extension: always generate max_tokens tokens
     prompts: str = "words"  # "words": reproducible word salad; "task": lab.prompts for a real model
+    seeded: bool = False  # send a per-request sampling ``seed`` (from the run's seed and the index), so
+    # a sampled request draws the same tokens each time it is sent
 
 
 @dataclass(frozen=True)
@@ -220,6 +222,8 @@ async def _one(
         body["temperature"] = cls.temperature
     if cls.ignore_eos:
         body["ignore_eos"] = True
+    if cls.seeded:
+        body["seed"] = (seed * 1_000_003 + index) % (1 << 31)
     if streaming and include_usage:
         body["stream_options"] = {"include_usage": True}
     body.update(extra_body or {})

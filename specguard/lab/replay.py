@@ -432,4 +432,5 @@ def to_record(
         spec=spec,
         load=load,
         decode_load=decode_load,
+        prompt_tokens=request.prompt_tokens,
     )

@@ -371,6 +371,7 @@ def to_profile(
                         tpot_seconds=_opt(row["tpot_seconds"]),
                         samples=int(row["requests"]),
                         accepted_per_position=per_pos if k else None,
+                        tpot_stderr_seconds=_opt(row["tpot_stderr_seconds"]),
                     )
                 )
             levels.append(

@@ -2,12 +2,16 @@
 
 The mix is the scenarios' four classes (code and extraction greedy, chat at 0.7, creative at
 1.0, equal shares), sent by ``loadgen.run_load`` with closed-loop clients, so a hand-run tap sees
-every class often enough for the guard's ``min_samples`` and a live no-spec baseline.
+every class often enough for the guard's ``min_samples`` and a live no-spec baseline. Each class
+asks for its own task (``lab.prompts``: invoice fields to copy, code to rewrite, a question, a
+poem), so a real model's acceptance and lengths differ by class as a user's traffic would. The
+model is the one the URL serves (``/v1/models``) unless one is given.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
 from collections.abc import Iterable, Sequence
@@ -23,7 +27,7 @@ from specguard.lab import loadgen, scenario
 from specguard.sim.config import MODEL_NAME
 
 DEFAULT_URL = "http://127.0.0.1:8090"  # tap.listen of the shipped default config
-DEFAULT_MODEL = MODEL_NAME  # what `specguard simulate` serves
+SIM_MODEL = MODEL_NAME  # what `specguard simulate` serves
 
 
 def mix_of(loads: Iterable[scenario.ClassLoad], max_tokens: int | None = None) -> list[loadgen.RequestClass]:
@@ -33,7 +37,7 @@ def mix_of(loads: Iterable[scenario.ClassLoad], max_tokens: int | None = None) -
         total = sum(w for _, w in load.temperatures)
         mix += [
             loadgen.RequestClass(
-                load.task_type, load.clients * w / total, temperature=t, max_tokens=max_tokens
+                load.task_type, load.clients * w / total, temperature=t, max_tokens=max_tokens, prompts="task"
             )
             for t, w in load.temperatures
         ]
@@ -125,16 +129,23 @@ def check_url(url: str) -> str:
     return url.rstrip("/")
 
 
-async def reachable(url: str, timeout_s: float = 10.0) -> None:
-    """Any HTTP answer at ``url`` will do; nothing answering is an UnreachableError."""
+async def served_model(url: str, timeout_s: float = 10.0) -> str | None:
+    """The first model ``url`` lists at ``/v1/models`` (None when it answers with no list); nothing
+    answering is an UnreachableError."""
     try:
         async with (
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session,
             session.get(url + "/v1/models") as response,
         ):
-            await response.read()
+            body = await response.read()
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         raise UnreachableError(f"cannot reach {url}: {exc or type(exc).__name__}") from exc
+    try:
+        models = json.loads(body).get("data")
+        first = models[0].get("id") if isinstance(models, list) and models else None
+    except (ValueError, AttributeError):
+        return None
+    return first if isinstance(first, str) and first else None
 
 
 async def send(
@@ -143,13 +154,16 @@ async def send(
     clients: int = 32,
     duration_s: float | None = 60.0,
     requests: int | None = None,
-    model: str | None = DEFAULT_MODEL,
+    model: str | None = None,
     seed: int = 0,
     stream: bool = True,
     max_tokens: int | None = 256,
     stop: asyncio.Event | None = None,
 ) -> LoadSummary:
-    """Check ``url`` answers, then run the default mix against it; Ctrl-C ends it early (summarised)."""
+    """Check ``url`` answers, then run the default mix against it; Ctrl-C ends it early (summarised).
+
+    ``model`` None: the one ``url`` serves (its ``/v1/models``); a URL that lists none is a flag
+    error asking for ``--model``."""
     url = check_url(url)
     if clients < 1:
         raise flag_error(f"--clients ({clients}) must be >= 1")
@@ -157,7 +171,11 @@ async def send(
         raise flag_error(f"--duration ({duration_s:g}) must be > 0")
     if requests is not None and requests < 1:
         raise flag_error(f"--requests ({requests}) must be >= 1")
-    await reachable(url)
+    served = await served_model(url)
+    if model is None:
+        if served is None:
+            raise flag_error(f"{url}/v1/models lists no model: give one with --model")
+        model = served
     stop = stop or asyncio.Event()
     started = time.monotonic()
     with signals.stop_on(stop, (signal.SIGINT,)):

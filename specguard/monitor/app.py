@@ -31,6 +31,7 @@ from specguard.exporters import (
     addresses,
     clientguard,
     collector,
+    enginepage,
     health,
     offload,
     poolwatch,
@@ -151,6 +152,15 @@ class Monitor:
             clock=clock,
             health=self.health,
         )
+        self.pages = None
+        if ex.tap.engine_pages:
+            self.pages = enginepage.EnginePages(
+                ex.pools,
+                keys=self.tap.keys,
+                tap=self.tap.handle,
+                timeout=ex.scrape.timeout_seconds,
+                limits=ex.scrape.limits,
+            )
         self.watches = {pool.name: poolwatch.PoolWatch(pool, clock=clock) for pool in ex.pools}
         self.loops = [
             poolwatch.ScrapeLoop(
@@ -350,6 +360,8 @@ class Monitor:
             app.router.add_routes(self._routes)
             for path in CONTROL_PATHS:
                 app.router.add_route("*", path, self.not_here)
+            if self.pages is not None:
+                app.router.add_routes(self.pages.routes())
             app.router.add_routes(self.tap.routes())
             app.cleanup_ctx.append(self._lifecycle)
             self.app = app

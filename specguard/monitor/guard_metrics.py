@@ -2,6 +2,13 @@
 
 One collector: ``collect()`` reads what the last evaluation stored and never waits or raises.
 Counters are plain integers owned here and incremented by the daemon and the receiver.
+
+Per role: the plan's cells (``specguard_plan_info``, ``_speculation_enabled``,
+``_num_speculative_tokens``) come only from the process that decides the plan — standalone, or
+the fleet's leading decider. A fleet's followers all hold that plan and export its version
+(``specguard_plan_version``, which ``SpecGuardPlanStale`` compares with the leader's); a standby
+decider's plan may be old until it takes over. A follower exports no evaluation counts, frozen
+flag or error streak either: it never evaluates, and those would repeat its decider's.
 """
 
 from __future__ import annotations
@@ -145,7 +152,9 @@ class GuardCollector(Collector):
             "The pool the plan routes the class to (value 1)",
             labels=[*CLASS_LABELS, "pool"],
         )
-        for key, pool in sorted(view.plan.items()):
+        # the plan's cells come from the process that decides it (standalone, or the fleet's
+        # leading decider): every follower holds the same plan, and says which by its version
+        for key, pool in sorted(view.plan.items()) if view.leader else ():
             k = view.pools.get(pool, 0)
             enabled.add_metric(list(key), 1.0 if k > 0 else 0.0)
             tokens.add_metric(list(key), float(k))
@@ -161,10 +170,11 @@ class GuardCollector(Collector):
         for labels, value in sorted(counters.actions.items()):
             actions.add_metric(list(labels), value, created=counters.action_created.get(labels))
         yield actions
+        follower = view.leader is None
         evaluations = CounterMetricFamily(
             "specguard_evaluations", "Class evaluations by result (ok, act, hold, error)", labels=["result"]
         )
-        for result in ("ok", "act", "hold", "error"):
+        for result in ("ok", "act", "hold", "error") if not follower else ():  # a follower never evaluates
             evaluations.add_metric([result], counters.evaluations.get(result, 0))
         yield evaluations
         last = GaugeMetricFamily(
@@ -173,16 +183,15 @@ class GuardCollector(Collector):
         if view.last_evaluation is not None:
             last.add_metric([], view.last_evaluation)
         yield last
-        yield GaugeMetricFamily(
-            "specguard_guard_frozen",
-            "1 when a class is frozen in its safe state",
-            value=1.0 if view.frozen else 0.0,
+        frozen = GaugeMetricFamily("specguard_guard_frozen", "1 when a class is frozen in its safe state")
+        errors = GaugeMetricFamily(
+            "specguard_consecutive_errors", "Most consecutive data-source errors of any class"
         )
-        yield GaugeMetricFamily(
-            "specguard_consecutive_errors",
-            "Most consecutive data-source errors of any class",
-            value=float(view.consecutive_errors),
-        )
+        if not follower:  # a follower's would only repeat its decider's state
+            frozen.add_metric([], 1.0 if view.frozen else 0.0)
+            errors.add_metric([], float(view.consecutive_errors))
+        yield frozen
+        yield errors
         alerts = CounterMetricFamily(
             "specguard_webhook_alerts",
             "Alertmanager alerts received by status and outcome",
@@ -194,12 +203,12 @@ class GuardCollector(Collector):
         yield CounterMetricFamily(
             "specguard_audit_write_errors", "Audit log appends that failed", value=view.audit_write_errors
         )
-        errors = CounterMetricFamily(
+        failed = CounterMetricFamily(
             "specguard_actuation_errors", "Actuator applications that failed", labels=["actuator"]
         )
         for name, value in sorted(counters.actuation_errors.items()):
-            errors.add_metric([name], value)
-        yield errors
+            failed.add_metric([name], value)
+        yield failed
         yield CounterMetricFamily(
             "specguard_plan_write_errors", "Plan file writes that failed", value=counters.plan_write_errors
         )

@@ -67,20 +67,18 @@ def _names(names: list[str]) -> str:
     return f"{shown} and {more} more" if more > 0 else shown
 
 
-MODEL = "model"
 RC_MEASURES = ("rc", "rc_lower", "rc_upper")
 
 
-def _bound_for_model(rule: policy_mod.Rule, restoring: bool) -> tuple[str, str]:
-    """The RC measure a rule reads when the baseline is the step-cost model, and why.
-
-    The model baseline is a prediction: a move is made only when the RC interval's bound (which
-    carries the model's uncertainty) is past the threshold, never on its point estimate. Bad for
-    ``above`` means the lower bound is above; good (restoring) means the upper bound is below.
-    """
+def bound_for(rule: policy_mod.Rule, restoring: bool) -> str:
+    """The RC bound a rule on an RC measure reads, whatever it names and whatever the baseline:
+    a move is made only when the interval's bound is past the threshold, never on a point
+    estimate. Bad for ``above`` means the lower bound is above; good (restoring) means the upper
+    bound is below (mirrored for ``below``)."""
     above = rule.direction == "above"
-    bound = ("rc_upper" if above else "rc_lower") if restoring else ("rc_lower" if above else "rc_upper")
-    return bound, f"baseline is the model (no live or profile one): judged on the interval bound {bound}"
+    if restoring:
+        return "rc_upper" if above else "rc_lower"
+    return "rc_lower" if above else "rc_upper"
 
 
 def assess(
@@ -130,12 +128,15 @@ def assess(
         )
     name = measure or rule.name
     note = ""
-    if found.baseline_source == MODEL and name in RC_MEASURES:
-        name, note = _bound_for_model(rule, restoring)
+    if name in RC_MEASURES and rule.query is None:
+        bound = bound_for(rule, restoring)
+        if bound != name:
+            note = f"judged on the interval bound {bound}, not {name} (no move on a point estimate)"
+        name = bound
     value = found.values.get(name)
     if value is None or math.isnan(value):
         why = " (no baseline yet)" if found.baseline_source == "none" else ""
-        why = why or (" (model baseline: no interval bound)" if note else "")
+        why = why or (" (no interval)" if name in RC_MEASURES else "")
         return Assessment(rule, pool, Phase.HOLD, f"no value for {name}{why}", samples=found.samples)
     side = "<" if rule.direction == "above" else ">"
     if restoring:

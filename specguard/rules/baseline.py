@@ -3,8 +3,11 @@
 Order, per load bucket (RC compares the same operating point, docs/concepts.md):
 
 1. ``live``: requests served by a no-speculation pool (K = 0) in the same load bucket, if at
-   least ``cost.baseline_min_samples`` of them are in the window. With ``baseline_scope:
-   class_then_load`` the class's own no-spec requests are used first when there are enough.
+   least ``cost.baseline_min_samples`` of them are in the window, read like for like
+   (``rules.likebase``): at the load and context of the class's speculative requests, at the
+   class's own level when it has enough no-spec requests of its own (``baseline_scope:
+   class_then_geometry``, the default, or ``class_then_load``), else at every class's with the
+   classes' spread in its interval.
 2. ``profile``: the K = 0 pool of the calibration profile at the bucket's concurrency, when the
    profile is fresh: its header's engine version and model match what the no-spec pool serves
    now (``profile.staleness``) and its no-spec pool has K = 0.
@@ -34,7 +37,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from specguard.exporters.records import RequestRecord
-from specguard.rules import confidence
+from specguard.rules import likebase
 from specguard.rules import profile as profile_mod
 from specguard.rules.cost_config import CostSettings
 
@@ -56,10 +59,12 @@ HOW_TO_GET_ONE = (
 
 
 def usable_for_tpot(record: RequestRecord) -> bool:
-    """A finished, successful request with a decode phase: at least 2 output tokens and a duration."""
+    """A finished, successful request with a decode phase (at least 2 output tokens and a
+    duration) of one sequence: n > 1 sequences decode side by side, so theirs is no class's TPOT."""
     return (
         200 <= record.status < 300
         and record.output_tokens >= 2
+        and record.sequences == 1
         and record.decode_seconds is not None
         and record.decode_seconds >= 0
     )
@@ -79,16 +84,14 @@ class Baseline:
     source: str  # "live" | "profile" | "model" | "none"
     tpot_seconds: float | None
     samples: int  # requests behind tpot_seconds (live or the profile's count); 0 for none
-    detail: str  # human-readable provenance, e.g. "pool nospec, 412 requests in load bucket low"
+    detail: str  # provenance, e.g. "all classes (80 requests) on nospec in load bucket low, ..."
     log_variance: float | None = None  # Var(log T_base); 0 for a profile without a standard error
     live_samples: int = 0  # live no-spec requests seen in the bucket, even when too few to use
-    seconds: tuple[float, ...] = ()  # per-request samples (live only), for the bootstrap
-    tokens: tuple[float, ...] = ()
     available: tuple[str, ...] = ()  # every source that could give T_base here (trust order)
 
 
 def choose(
-    live: Sequence[RequestRecord],
+    live: Sequence[RequestRecord] | likebase.NoSpec,
     *,
     task_type: str,
     temperature_bucket: str,
@@ -98,42 +101,41 @@ def choose(
     settings: CostSettings,
     model: Callable[[], tuple[float, float, str] | str] | None = None,
     stale: str | None = None,
+    target: Sequence[RequestRecord] = (),
 ) -> Baseline:
     """Pick the baseline for one (class, load bucket) from usable no-spec records of that bucket.
 
-    ``model()`` gives the model baseline's ``(TPOT_base, Var(log TPOT_base), detail)`` at the
-    bucket's load, or why there is none; ``stale`` is why the profile may not be used (None: fresh).
+    ``target`` are the usable speculative requests the baseline is for (one class on one pool):
+    the live baseline is read at their load and geometry (``rules.likebase``). ``model()`` gives
+    the model baseline's ``(TPOT_base, Var(log TPOT_base), detail)`` at their load, or why there
+    is none; ``stale`` is why the profile may not be used (None: fresh).
     """
-    candidates: list[tuple[str, list[RequestRecord]]] = []
-    if settings.baseline_scope == "class_then_load":
-        own = [r for r in live if r.task_type == task_type and r.temperature_bucket == temperature_bucket]
-        candidates.append((f"class {task_type}/{temperature_bucket}", own))
-    candidates.append(("all classes", list(live)))
-    pools = ",".join(sorted({r.pool for r in live})) or ",".join(nospec_pools) or "-"
+    live = live if isinstance(live, likebase.NoSpec) else likebase.NoSpec(live)
+    pools = ",".join(live.pools) or ",".join(nospec_pools) or "-"
+    method = "delta" if settings.interval_method == "delta" else "jackknife"
     found: list[Baseline] = []
-    for scope, records in candidates:
-        if len(records) >= settings.baseline_min_samples:
-            seconds, tokens = tpot_arrays(records)
-            estimate = confidence.ratio_of_sums(seconds, tokens)
-            if estimate is not None and estimate.value > 0:
-                found.append(
-                    Baseline(
-                        source=SOURCE_LIVE,
-                        tpot_seconds=estimate.value,
-                        samples=estimate.n,
-                        detail=f"pool {pools}, {estimate.n} requests ({scope}) in load bucket {load_bucket}",
-                        log_variance=estimate.variance(settings.interval_method),
-                        live_samples=len(live),
-                        seconds=tuple(seconds.tolist()),
-                        tokens=tuple(tokens.tolist()),
-                    )
-                )
-                break
     why_not: list[str] = []
-    if not found:
-        why_not.append(
-            f"{len(live)} live no-spec requests in load bucket {load_bucket} "
-            f"(< baseline_min_samples {settings.baseline_min_samples})"
+    like = likebase.baseline(
+        live,
+        target,
+        cls=(task_type, temperature_bucket),
+        scope=settings.baseline_scope,
+        min_samples=settings.baseline_min_samples,
+        method=method,
+        where=f" on {pools} in load bucket {load_bucket}",
+    )
+    if isinstance(like, str):
+        why_not.append(like)
+    else:
+        found.append(
+            Baseline(
+                source=SOURCE_LIVE,
+                tpot_seconds=like.tpot_seconds,
+                samples=like.own or like.samples,
+                detail=like.detail,
+                log_variance=like.log_variance,
+                live_samples=len(live),
+            )
         )
     from_profile = profile_baseline(profile, load_bucket, nospec_pools, settings)
     if isinstance(from_profile, profile_mod.LevelValue) and stale is not None:

@@ -16,11 +16,13 @@ token (docs/concepts.md). For each pool the best evidence at hand is its estimat
 5. ``extrapolated``: a what-if for a longer K than was measured (only with
    ``guard.restore_on_prediction``; by default a longer K needs a measurement, memory or profile).
 
-The no-spec pool costs exactly 1.0 by definition. A pool is *cheaper* when its rc is below the
-current pool's times ``1 - best_pool_margin``; against the no-spec pool, a current rc measured on
-the ``model`` baseline counts only with its interval's lower bound (a prediction never moves a
-class off speculation on its point estimate; between speculative pools the baseline cancels out).
-Moving needs that for more than
+The no-spec pool costs exactly 1.0 by definition. No move rests on a point estimate, whatever
+the baseline: every estimate carries an interval (a measurement its own; a memory the one it was
+measured with; a what-if the relative interval of the measurement it was made from, and its ratio
+to it; the profile's from its standard errors; the no-spec pool [1.0, 1.0]), and a pool is
+*cheaper* only when the benefit's interval clears ``best_pool_margin`` at its worst end
+(``clears``). An estimate without an interval may block a move but never makes one. Moving needs
+that for more than
 ``best_pool_consecutive_limit`` evaluations in a row (the guard counts), except for a class with no
 live evidence of its own yet, which starts on the profile's choice at once (the warm start). A move
 back to the pool the class left at its last move waits for the stabilization window, doubled per
@@ -48,7 +50,6 @@ MEASURED, MEMORY, WHATIF, PROFILE, EXTRAPOLATED, DEFINITION = (
     "definition",
 )
 LIVE = (MEASURED, MEMORY)
-MODEL_BASELINE = "model"
 
 
 @dataclass(frozen=True)
@@ -61,15 +62,19 @@ class Estimate:
     samples: int = 0
     detail: str = ""
     """Where the number comes from: which measurement, when, at which load bucket."""
-    lower: float | None = None  # the interval's lower bound, set when the baseline is the model
-    model_baseline: bool = False
+    lower: float | None = None  # the interval's bounds (None: no interval, so it moves nothing)
+    upper: float | None = None
+    spread: float | None = None  # log half-width without the baseline: a measurement's spec side
+    # alone, or a what-if's ratio to the measurement it was made from (``made_from``)
+    made_from: str | None = None
 
     def text(self) -> str:
         where = f": {self.detail}" if self.detail else ""
-        if self.model_baseline:
-            bound = "no lower bound" if self.lower is None else f"lower bound {self.lower:.3f}"
-            return f"{self.pool} {self.rc:.3f} ({self.basis}{where}; model baseline: {bound})"
-        return f"{self.pool} {self.rc:.3f} ({self.basis}{where})"
+        if self.basis == DEFINITION:
+            return f"{self.pool} {self.rc:.3f} ({self.basis}{where})"
+        if self.lower is None or self.upper is None:
+            return f"{self.pool} {self.rc:.3f} (no interval) ({self.basis}{where})"
+        return f"{self.pool} {self.rc:.3f} [{self.lower:.3f}, {self.upper:.3f}] ({self.basis}{where})"
 
 
 @dataclass(frozen=True)
@@ -80,10 +85,15 @@ class Choice:
     best: Estimate
     warm_start: bool
 
+    margin: float = 0.0
+    benefit: str = ""  # how the benefit's interval cleared the margin
+
     @property
     def reason(self) -> str:
         gain = 1.0 - self.best.rc / self.current.rc if self.current.rc > 0 else 0.0
-        return f"{self.best.text()} is {gain:.1%} cheaper per token than {self.current.text()}"
+        return (
+            f"{self.best.text()} is {gain:.1%} cheaper per token than {self.current.text()}, {self.benefit}"
+        )
 
 
 def _finite(value: float | None) -> bool:
@@ -93,6 +103,13 @@ def _finite(value: float | None) -> bool:
 def min_samples(policy: policy_mod.Policy) -> int:
     """Requests a measurement (or the measurement a what-if comes from) needs to count as live."""
     return min((r.limits.min_samples for r in policy.rules if r.query is None), default=0)
+
+
+def _bounds(values: Mapping[str, float]) -> tuple[float | None, float | None]:
+    lower, upper = values.get("rc_lower"), values.get("rc_upper")
+    if not (_finite(lower) and _finite(upper)):
+        return None, None
+    return lower, upper
 
 
 def measured(evidence: Evidence, policy: policy_mod.Policy) -> dict[str, tuple[float, int]]:
@@ -109,7 +126,7 @@ def measured(evidence: Evidence, policy: policy_mod.Policy) -> dict[str, tuple[f
 def estimates(
     pool: str,
     evidence: Evidence,
-    memory: Mapping[str, tuple[float, float]],
+    memory: Mapping[str, tuple[float, ...]],
     now: float,
     policy: policy_mod.Policy,
     load_bucket: str = "",
@@ -124,12 +141,13 @@ def estimates(
         detail = f"last {policy.window_seconds:.0f} s{at_load}, n={samples}" + (
             f", baseline {base}" if base else ""
         )
-        model = base == MODEL_BASELINE
-        lower = found.values.get("rc_lower") if model else None
-        out[name] = Estimate(name, rc, MEASURED, samples, detail, lower, model)
-    for name, (rc, at) in memory.items():
+        spread = found.values.get("spec_spread")
+        out[name] = Estimate(name, rc, MEASURED, samples, detail, *_bounds(found.values), spread)
+    for name, (rc, at, *bounds) in memory.items():
         if name not in out and now - at < policy.memory_seconds and _finite(rc):
-            out[name] = Estimate(name, rc, MEMORY, detail=f"measured {now - at:.0f} s ago{at_load}")
+            lower, upper = bounds if len(bounds) == 2 and all(_finite(b) for b in bounds) else (None, None)
+            detail = f"measured {now - at:.0f} s ago{at_load}"
+            out[name] = Estimate(name, rc, MEMORY, detail=detail, lower=lower, upper=upper)
     current_k = policy.pools.get(pool, 0)
     late: dict[str, Estimate] = {}
     thin: dict[str, Estimate] = {}
@@ -144,7 +162,16 @@ def estimates(
         basis = WHATIF if exact else EXTRAPOLATED
         # a what-if from fewer than min_samples requests stands only where the profile has nothing
         target = (out if found.samples >= needed else thin) if exact else late
-        target[name] = Estimate(name, float(rc), basis, found.samples, detail)  # type: ignore[arg-type]
+        target[name] = Estimate(
+            name,
+            float(rc),  # type: ignore[arg-type]
+            basis,
+            found.samples,
+            detail,
+            *_bounds(found.values),
+            found.values.get("ratio_spread"),
+            found.made_from,
+        )
     prior = evidence.prior if policy.prior == "profile" else {}
     here = out.get(pool)
     scale = 1.0
@@ -153,21 +180,24 @@ def estimates(
     scaled = f", x{scale:.3f} for {pool}'s live/profile" if scale != 1.0 else ""
     for name, rc in prior.items():
         if name not in out and name in policy.pools and _finite(rc):
-            out[name] = Estimate(name, rc * scale, PROFILE, detail=f"calibration profile{at_load}{scaled}")
+            bounds = evidence.prior_bounds.get(name) if policy.prior == "profile" else None
+            lower, upper = (bounds[0] * scale, bounds[1] * scale) if bounds else (None, None)
+            detail = f"calibration profile{at_load}{scaled}"
+            out[name] = Estimate(name, rc * scale, PROFILE, detail=detail, lower=lower, upper=upper)
     for name, estimate in thin.items():
         out.setdefault(name, estimate)
     if policy.restore_on_prediction:
         for name, estimate in late.items():
             out.setdefault(name, estimate)
     if policy.nospec_pool:
-        out[policy.nospec_pool] = Estimate(policy.nospec_pool, 1.0, DEFINITION, detail="no speculation")
+        out[policy.nospec_pool] = Estimate(policy.nospec_pool, 1.0, DEFINITION, 0, "no speculation", 1.0, 1.0)
     return out
 
 
 def choose(
     pool: str,
     evidence: Evidence,
-    memory: Mapping[str, tuple[float, float]],
+    memory: Mapping[str, tuple[float, ...]],
     now: float,
     policy: policy_mod.Policy,
     came_from: str | None = None,
@@ -201,15 +231,53 @@ def choose(
         and (not warm or e.basis in (PROFILE, DEFINITION))
         and (e.basis != MEMORY or e.pool == came_from)
     ]
-    if not candidates:
+    if not candidates or current.lower is None:
         return None
+    # the cheapest estimate, if its benefit's interval clears the margin (an estimate without an
+    # interval, or one that does not clear, blocks: a memory of a worse measurement stands)
     best = min(candidates, key=lambda e: (e.rc, -policy.pools.get(e.pool, 0), e.pool))
-    here = current.rc
-    if best.basis == DEFINITION and current.model_baseline:
-        here = current.lower if current.lower is not None else 0.0
-    if not best.rc < here * (1.0 - policy.best_pool_margin):
+    benefit = clears(best, current, policy.best_pool_margin)
+    if benefit is None:
         return None
-    return Choice(current, best, warm)
+    return Choice(current, best, warm, policy.best_pool_margin, benefit)
+
+
+def clears(best: Estimate, current: Estimate, margin: float) -> str | None:
+    """How the benefit of moving from ``current`` to ``best`` clears ``margin`` at its interval's
+    worst end, or None when it does not. The benefit is the ratio ``best / current``:
+
+    - to the no-spec pool (exactly 1.0): the current pool's lower bound must be past ``1 / (1 -
+      margin)``;
+    - to a what-if made from the current pool's measurement: the ratio's own interval (the same
+      requests' acceptance and TPOT, jackknifed, and the target's step time; the baseline cancels);
+    - between two measured speculative pools: the two spec sides' spreads combined (the shared
+      baseline cancels);
+    - otherwise (a memory, the profile): each estimate's own interval, the target's upper bound
+      below the current lower bound (the shared baseline counted on both sides: stricter, never
+      looser).
+    """
+    limit = 1.0 - margin
+    if current.rc <= 0:
+        return None
+    if best.basis == DEFINITION:
+        if current.lower is not None and best.rc < current.lower * limit:
+            return f"beyond its interval: 1.0 < {current.lower:.3f} x (1 - best_pool_margin {margin:g})"
+        return None
+    ratio = best.rc / current.rc
+    spread = None
+    if best.made_from == current.pool and best.spread is not None and current.basis == MEASURED:
+        spread = best.spread
+    elif best.basis == MEASURED and current.basis == MEASURED and best.spread is not None:
+        spread = math.hypot(best.spread, current.spread) if current.spread is not None else None
+    if spread is not None:
+        worst = ratio * math.exp(spread)
+        if worst < limit:
+            return f"beyond the ratio's interval: {ratio:.3f}, up to {worst:.3f} < 1 - margin {margin:g}"
+        return None
+    if best.upper is not None and current.lower is not None and best.upper < current.lower * limit:
+        bound = f"{best.upper:.3f} < {current.lower:.3f} x (1 - best_pool_margin {margin:g})"
+        return f"beyond both intervals: {bound}"
+    return None
 
 
 def reversal_wait(
@@ -246,7 +314,7 @@ def reversal_wait(
 def ranking(
     pool: str,
     evidence: Evidence,
-    memory: Mapping[str, tuple[float, float]],
+    memory: Mapping[str, tuple[float, ...]],
     now: float,
     policy: policy_mod.Policy,
 ) -> tuple[str, ...]:
@@ -258,10 +326,12 @@ def ranking(
 
 
 def remember(
-    memory: Mapping[str, tuple[float, float]], evidence: Evidence, now: float, policy: policy_mod.Policy
-) -> dict[str, tuple[float, float]]:
-    """The class's memory after this evaluation: this window's measurements replace older ones."""
+    memory: Mapping[str, tuple[float, ...]], evidence: Evidence, now: float, policy: policy_mod.Policy
+) -> dict[str, tuple[float, ...]]:
+    """The class's memory after this evaluation: this window's measurements replace older ones,
+    each kept as ``(rc, when, lower, upper)`` (bounds nan when it had none)."""
     out = {name: value for name, value in memory.items() if now - value[1] < policy.memory_seconds}
     for name, (rc, _) in measured(evidence, policy).items():
-        out[name] = (rc, now)
+        lower, upper = _bounds(evidence.pools[name].values)
+        out[name] = (rc, now, math.nan if lower is None else lower, math.nan if upper is None else upper)
     return out

@@ -46,8 +46,9 @@ class ClassState:
     candidate: str | None = None
     pin: str | None = None
     paused: bool = False
-    memory: Mapping[str, tuple[float, float]] = field(default_factory=dict)
-    """Pool -> (last rc measured there with enough samples, when): evidence for pools the class left."""
+    memory: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    """Pool -> (last rc measured there with enough samples, when, its lower and upper bound): evidence
+    for pools the class left."""
     favoured: str | None = None
     """The cheaper pool the last evaluations favoured (``rules.bestpool``), and in how many in a row."""
     consecutive_favoured: int = 0

@@ -1,10 +1,11 @@
 """Relative cost per token (RC) per (class, load bucket, pool): the number the guard decides on.
 
-``RC = TPOT_spec(class, load, pool) / TPOT_base(load)`` (docs/concepts.md), each TPOT a
-ratio of sums (``sum decode seconds / sum (output tokens - 1)``), never an average of
-per-request ratios. The baseline comes from ``rules.baseline`` (live no-spec traffic, else a fresh
-calibration profile, else the step-cost model of ``rules.modelbase``, else none: RC unknown, never
-1.0). The interval is ``rules.confidence``
+``RC = TPOT_spec(class, load, pool) / TPOT_base(class, load, pool)`` (docs/concepts.md), each TPOT
+a ratio of sums (``sum decode seconds / sum (output tokens - 1)``), never an average of
+per-request ratios. The baseline comes from ``rules.baseline`` for each (class, pool) cell: live
+no-spec traffic read like for like at the cell's load and context (``rules.likebase``), else a
+fresh calibration profile, else the step-cost model of ``rules.modelbase``, else none: RC unknown,
+never 1.0. The interval is ``rules.confidence``
 (delta method on the log scale by default, or a seeded bootstrap). Each result also carries the
 class's acceptance on that pool and the what-if RC on the other speculative pools
 (``rules.whatif``); moving a class to a no-spec pool costs RC 1.0 by definition.
@@ -16,14 +17,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from specguard.exporters.records import RequestRecord
 from specguard.rules import baseline as baseline_mod
-from specguard.rules import confidence, modelbase, onepool, whatif
+from specguard.rules import confidence, likebase, modelbase, onepool, whatif
 from specguard.rules import profile as profile_mod
 from specguard.rules.cost_config import CostSettings
 from specguard.rules.stepfit import StepFit, StepObservation
@@ -69,6 +70,7 @@ class ClassCost:
     predictions: tuple[whatif.WhatIf, ...] = ()  # what-if RC on the other speculative pools
     evaluated_at: float = 0.0
     baselines_available: tuple[str, ...] = ()  # every baseline source that could serve this bucket
+    spec_spread: float | None = None  # log half-width of the spec side's TPOT alone (no baseline)
 
     @property
     def enough(self) -> bool:
@@ -163,29 +165,29 @@ def evaluate_all(
             by_pool_load[(record.pool, record.load_bucket)].append(record)
             by_load_spec[record.load_bucket].append(record)
     step_cache: dict[tuple[str, str], whatif.StepTime | None] = {}
-    base_cache: dict[tuple[str, ...], baseline_mod.Baseline] = {}
+    prepared: dict[str, likebase.NoSpec] = {}  # the no-spec requests of each bucket, walked once
 
-    def choose(task_type: str, temperature_bucket: str, load_bucket: str) -> baseline_mod.Baseline:
+    def choose(
+        task_type: str, temperature_bucket: str, load_bucket: str, target: Sequence[RequestRecord]
+    ) -> baseline_mod.Baseline:
+        if load_bucket not in prepared:
+            prepared[load_bucket] = likebase.NoSpec(base_by_load.get(load_bucket, []))
         return baseline_mod.choose(
-            base_by_load.get(load_bucket, []),
+            prepared[load_bucket],
             task_type=task_type,
             temperature_bucket=temperature_bucket,
             load_bucket=load_bucket,
             profile=profile,
             nospec_pools=nospec,
             settings=settings,
-            model=lambda: model.at(load_bucket, by_load_spec.get(load_bucket, ()), settings),
+            model=lambda: model.at(load_bucket, target, settings),
             stale=stale,
+            target=target,
         )
 
-    boot_cache: dict[int, np.ndarray | None] = {}  # id(baseline) -> its bootstrap resamples
     results: list[ClassCost] = []
     for key in sorted(keys):
         task_type, temperature_bucket, load_bucket = key
-        base_key = key if settings.baseline_scope == "class_then_load" else (load_bucket,)
-        base = base_cache.get(base_key)
-        if base is None:
-            base = base_cache[base_key] = choose(task_type, temperature_bucket, load_bucket)
         present = [p for p in spec_pools if by_cell.get((key, p))]
         for pool in present or spec_pools:
             steps = {
@@ -195,11 +197,17 @@ def evaluate_all(
                 for other in spec_pools
                 if other != pool
             }
-            cell = by_cell.get((key, pool), [])
-            results.append(_class_cost(key, pool, ks[pool], cell, base, steps, ks, settings, now, boot_cache))
+            cell = [r for r in by_cell.get((key, pool), []) if baseline_mod.usable_for_tpot(r)]
+            base = choose(task_type, temperature_bucket, load_bucket, cell)
+            results.append(
+                _class_cost(key, pool, ks[pool], by_cell.get((key, pool), []), base, steps, ks, settings, now)
+            )
     buckets = [b.name for b in settings.load_buckets] or []
     buckets += sorted({k[2] for k in keys} - set(buckets))
-    per_bucket = {lb: base_cache.get((lb,)) or choose("", "", lb) for lb in buckets}
+    per_bucket = {
+        lb: choose("", "", lb, [r for r in by_load_spec.get(lb, ()) if baseline_mod.usable_for_tpot(r)])
+        for lb in buckets
+    }
     return results, per_bucket
 
 
@@ -213,7 +221,6 @@ def _class_cost(
     ks: Mapping[str, int],
     settings: CostSettings,
     now: float,
-    boot_cache: dict[int, np.ndarray | None],
 ) -> ClassCost:
     usable = [r for r in records if baseline_mod.usable_for_tpot(r)]
     seconds, tokens = baseline_mod.tpot_arrays(usable)
@@ -221,7 +228,7 @@ def _class_cost(
     rc = lower = upper = None
     if spec is not None and base.tpot_seconds:
         rc = spec.value / base.tpot_seconds
-        bounds = _interval(rc, spec, seconds, tokens, base, settings, boot_cache)
+        bounds = _interval(rc, spec, seconds, tokens, base, settings)
         if bounds is not None:
             lower, upper = bounds
     if not usable:
@@ -233,12 +240,18 @@ def _class_cost(
     else:
         status = STATUS_OK
     accept = _acceptance(records, k, settings.full_rollback_request_threshold)
+    z = confidence.z_value(settings.confidence)
     predictions = tuple(
-        whatif.predict(
-            accept["acceptance"], pool=other, k=ks[other], step=step, base_tpot_seconds=base.tpot_seconds
+        replace(
+            whatif.predict(
+                accept["acceptance"], pool=other, k=ks[other], step=step, base_tpot_seconds=base.tpot_seconds
+            ),
+            ratio_spread=_ratio_spread(records, k, ks[other], step, z),
         )
         for other, step in sorted(steps.items())
     )
+    spec_variance = spec.variance(settings.interval_method) if spec is not None else None
+    spec_spread = None if spec_variance is None else z * float(np.sqrt(spec_variance))
     return ClassCost(
         task_type=key[0],
         temperature_bucket=key[1],
@@ -269,7 +282,29 @@ def _class_cost(
         predictions=predictions,
         evaluated_at=now,
         baselines_available=base.available,
+        spec_spread=spec_spread,
     )
+
+
+def _ratio_spread(
+    records: Sequence[RequestRecord], k: int, k_target: int, step: whatif.StepTime | None, z: float
+) -> float | None:
+    """Log half-width of a what-if's ratio to the measurement it is made from: the acceptance and
+    TPOT of the same requests (jackknife) and the target pool's step time."""
+    rows = [
+        r
+        for r in records
+        if r.spec is not None
+        and r.spec.accepted_histogram
+        and len(r.spec.accepted_histogram) == k + 1
+        and baseline_mod.usable_for_tpot(r)
+    ]
+    if step is None or not rows:
+        return None
+    histograms = np.array([r.spec.accepted_histogram for r in rows], dtype=float)  # type: ignore[union-attr]
+    seconds, tokens = baseline_mod.tpot_arrays(rows)
+    accept = whatif.acceptance_log_sd(histograms, seconds, tokens, k_target)
+    return None if accept is None else z * float(np.hypot(accept, step.log_sd))
 
 
 def _interval(
@@ -279,29 +314,16 @@ def _interval(
     tokens: np.ndarray,
     base: baseline_mod.Baseline,
     settings: CostSettings,
-    boot_cache: dict[int, np.ndarray | None],
 ) -> tuple[float, float] | None:
+    """RC's interval: the spec side's own spread and the baseline's ``Var(log)``, whatever its
+    source (the live one's carries its step-line adjustment and the classes' spread)."""
     if settings.interval_method == "bootstrap":
-        live = base.source == baseline_mod.SOURCE_LIVE
-        base_ratios = None
-        if live:
-            if id(base) not in boot_cache:
-                boot_cache[id(base)] = confidence.resampled_ratios(
-                    settings.seed + 1,
-                    np.array(base.seconds),
-                    np.array(base.tokens),
-                    settings.bootstrap_resamples,
-                )
-            base_ratios = boot_cache[id(base)]
-            if base_ratios is None:
-                return None
         return confidence.bootstrap_interval(
             seconds,
             tokens,
             None,
             None,
-            base_ratios=base_ratios,
-            fixed_base=None if live else base.tpot_seconds,
+            fixed_base=base.tpot_seconds,
             fixed_base_log_sd=float(np.sqrt(base.log_variance or 0.0)),
             confidence=settings.confidence,
             resamples=settings.bootstrap_resamples,
@@ -387,7 +409,18 @@ def _step_time(
             requests += 1
     band = settings.bucket_range(load_bucket)
     if requests >= settings.min_samples and rounds:
-        result = whatif.StepTime(seconds / rounds, "live", f"live, {requests} requests on {pool}")
+        rows = [
+            r
+            for r in by_pool_load.get((pool, load_bucket), ())
+            if r.spec is not None and r.spec.rounds and r.decode_seconds is not None and r.output_tokens >= 2
+        ]
+        estimate = confidence.ratio_of_sums(
+            np.array([r.decode_seconds for r in rows], dtype=float),
+            np.array([r.spec.rounds for r in rows], dtype=float),  # type: ignore[union-attr]
+        )
+        variance = estimate.variance(settings.interval_method) if estimate is not None else None
+        sd = float(np.sqrt(variance)) if variance is not None else whatif.STEP_LOG_SD
+        result = whatif.StepTime(seconds / rounds, "live", f"live, {requests} requests on {pool}", sd)
     elif stepfit is not None and band is not None:
         batch = profile_mod.representative_concurrency(*band)
         result = whatif.StepTime(stepfit.predict(batch, k), "stepfit", f"step fit at B={batch:g}, K={k}")

@@ -15,7 +15,8 @@ Example::
       interval_method: jackknife   # jackknife | delta (log-scale t intervals) | bootstrap (seeded percentile)
       bootstrap_resamples: 1000
       seed: 0
-      baseline_scope: load         # load: pool every class's no-spec traffic | class_then_load
+      baseline_scope: class_then_geometry  # whose no-spec level, adjusted for what (rules.likebase):
+                                   # class_then_geometry | class_then_load | geometry | load
       calibration_profile: null    # path to a profile written by `specguard sweep` (fallback baseline)
       model_baseline: true         # no live or fresh profile baseline: T_base from the step-cost fit
       window_seconds: null         # only records newer than now - window (null: all records given)
@@ -31,7 +32,9 @@ from specguard import configfile
 from specguard.errors import ConfigError
 
 INTERVAL_METHODS = ("jackknife", "delta", "bootstrap")
-BASELINE_SCOPES = ("load", "class_then_load")
+BASELINE_SCOPES = ("class_then_geometry", "class_then_load", "geometry", "load")
+POOLED_SCOPES = ("class_then_geometry", "geometry", "load")
+"""Scopes whose baseline every class's no-spec requests can give (so a bucket's count is enough)."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,7 @@ class CostSettings:
     interval_method: str = "jackknife"  # "jackknife", "delta" or "bootstrap"
     bootstrap_resamples: int = 1000  # resamples per side when interval_method is "bootstrap"
     seed: int = 0  # bootstrap seed: the same records give the same interval
-    baseline_scope: str = "load"  # "load" or "class_then_load"
+    baseline_scope: str = "class_then_geometry"  # level and adjustment of the live baseline (BASELINE_SCOPES)
     calibration_profile: str | None = None  # path of the calibration profile (fallback baseline)
     model_baseline: bool = True  # the step-cost fit's T_base where no live or fresh profile one exists
     window_seconds: float | None = None  # ignore records older than now - window_seconds

@@ -67,6 +67,15 @@ class PoolEvidence:
 
 
 @dataclass(frozen=True)
+class PriorRC:
+    """The calibration profile's rc of one class on one pool, with its interval."""
+
+    rc: float
+    lower: float
+    upper: float
+
+
+@dataclass(frozen=True)
 class AlertEvidence:
     """One Alertmanager alert that applies to a class (pool None: whichever pool is assessed)."""
 
@@ -87,6 +96,8 @@ class Evidence:
     prior: Mapping[str, float] = field(default_factory=dict)
     """Pool -> rc from the calibration profile (``guard.prior: profile``): evidence of last resort,
     read only by the best-pool choice (``rules.bestpool``), never by a rule."""
+    prior_bounds: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    """Pool -> the interval of its prior rc; a prior without one never moves a class."""
 
 
 def evidence_from_costs(
@@ -159,7 +170,14 @@ def _group(costs: Iterable[ClassCost], needed: int | None = None) -> dict[ClassK
                 thin_measured.discard((key, prediction.pool))
                 per_class[prediction.pool] = PoolEvidence(
                     pool=prediction.pool,
-                    values=_clean({"rc": prediction.rc, "accept_length": prediction.accept_length}),
+                    values=_clean(
+                        {
+                            "rc": prediction.rc,
+                            "accept_length": prediction.accept_length,
+                            "ratio_spread": prediction.ratio_spread,
+                            **_scaled(cost, prediction.rc),
+                        }
+                    ),
                     samples=cost.n_spec,
                     predicted=True,
                     baseline_source=cost.baseline_source,
@@ -170,8 +188,16 @@ def _group(costs: Iterable[ClassCost], needed: int | None = None) -> dict[ClassK
     return {key: Evidence(pools=value) for key, value in pools.items()}
 
 
+def _scaled(cost: ClassCost, rc: float) -> dict[str, float]:
+    """A what-if's interval: the relative interval of the measurement it was made from (the same
+    requests, the same baseline), carried over to the predicted rc; none when that has none."""
+    if cost.rc is None or cost.lower is None or cost.upper is None or not cost.rc > 0:
+        return {}
+    return {"rc_lower": rc * cost.lower / cost.rc, "rc_upper": rc * cost.upper / cost.rc}
+
+
 def with_prior(
-    evidence: Mapping[ClassKey, Evidence], prior: Mapping[ClassKey, Mapping[str, float]]
+    evidence: Mapping[ClassKey, Evidence], prior: Mapping[ClassKey, Mapping[str, PriorRC]]
 ) -> dict[ClassKey, Evidence]:
     """Attach the calibration profile's rc per pool (``rules.prior``) to every (class, load bucket)
     it covers, seen live or not.
@@ -185,7 +211,11 @@ def with_prior(
     out = dict(evidence)
     for key, rcs in prior.items():
         if rcs:
-            out[key] = replace(out.get(key) or Evidence(), prior=dict(rcs))
+            out[key] = replace(
+                out.get(key) or Evidence(),
+                prior={pool: p.rc for pool, p in rcs.items()},
+                prior_bounds={pool: (p.lower, p.upper) for pool, p in rcs.items()},
+            )
     return out
 
 
@@ -201,6 +231,7 @@ def measured_evidence(cost: ClassCost) -> PoolEvidence:
         "full_rollback_request_ratio": cost.full_rollback_request_ratio,
         "samples": cost.n_spec,
         "baseline_samples": cost.n_base,
+        "spec_spread": cost.spec_spread,
     }
     return PoolEvidence(
         pool=cost.pool,
@@ -239,17 +270,23 @@ def inherit_losses_upward(
     state machine counts as a failed evaluation under its usual limits, cooldown and caps. A good
     RC at a lower bucket says nothing about higher ones, so nothing else is ever inherited: no
     point estimate, no upper bound, no restore evidence. "Enough samples" is the largest
-    ``min_samples`` of the local rules that read ``rc_lower``; a bound that any of them would
+    ``min_samples`` of the local rules on RC (each reads ``rc_lower`` where a move off speculation
+    is concerned, whichever RC measure it names: ``rules.assess``); a bound that any of them would
     not call bad, or would call good when restoring, is not inherited: it never counts as a success.
     """
+    rc_measures = ("rc", INHERITED_MEASURE, "rc_upper")
     readers = [
-        r for r in policy.rules if r.query is None and INHERITED_MEASURE in (r.measure, r.restore_measure)
+        r
+        for r in policy.rules
+        if r.query is None and (r.measure in rc_measures or r.restore_measure in rc_measures)
     ]
     if not readers:
         return dict(evidence)
     needed = max(r.limits.min_samples for r in readers)
-    acting = [r for r in readers if r.measure == INHERITED_MEASURE]
-    restoring = [r for r in readers if (r.restore_measure or r.measure) == INHERITED_MEASURE]
+    acting = [r for r in readers if r.measure in rc_measures and r.direction == "above"]
+    restoring = [
+        r for r in readers if (r.restore_measure or r.measure) in rc_measures and r.direction == "below"
+    ]
 
     def harmful(bound: float | None) -> bool:
         """A loss every reader sees as bad (acting) and none as good (restoring)."""

@@ -16,11 +16,12 @@
   baseline (``rules.modelbase``) is still fitted on live points at every load;
 - ``fixed``: ``tap.holdout_share`` everywhere.
 
-On demand: the live baseline of a load bucket (``cost.baseline_scope: load``) pools every no-spec
-request in that bucket. A class the plan already routes to the no-spec pool feeds it for free;
-holdout requests of speculating classes feed it at a price (each runs without the speculation that
-pays for its class: at 5% of traffic about 4% of throughput on the simulator). So each load bucket's
-holdout share is just what tops the planned no-spec traffic up to 1.5 x
+On demand: the live baseline of a load bucket can pool every no-spec request in that bucket (every
+``cost.baseline_scope`` but ``class_then_load``: a class short of its own is read at every
+class's level, adjusted for its load and context). A class the plan already routes to the no-spec
+pool feeds it for free; holdout requests of speculating classes feed it at a price (each runs
+without the speculation that pays for its class: at 5% of traffic about 4% of throughput on the
+simulator). So each load bucket's holdout share is just what tops the planned no-spec traffic up to 1.5 x
 ``cost.baseline_min_samples`` per window, between ``guard.holdout_min_share`` and
 ``tap.holdout_share``. Rates are taken over the recent quarter of the window, not the whole
 window: when planned no-spec traffic stops (a class moved back to speculation) the share rises
@@ -39,6 +40,7 @@ from typing import Any
 
 from specguard.exporters.records import RequestRecord
 from specguard.rules import baseline as baseline_mod
+from specguard.rules.cost_config import POOLED_SCOPES
 
 HEADROOM = 1.5
 """No-spec requests aimed for per load bucket and window, in units of ``baseline_min_samples``."""
@@ -72,7 +74,7 @@ def shares(
     baseline_min_samples: int,
     min_share: float,
     max_share: float,
-    baseline_scope: str = "load",
+    baseline_scope: str = "class_then_geometry",
     now: float | None = None,
     window_seconds: float | None = None,
 ) -> dict[str, float]:
@@ -86,10 +88,10 @@ def shares(
     window. A bucket whose window holds fewer than ``baseline_min_samples`` no-spec requests has no
     live baseline yet and gets ``max_share``: lowering starts once the baseline stands, so warm-up
     is as fast as with a fixed share. Without ``now`` and ``window_seconds`` the counts over all
-    ``records`` are used as they are. With ``baseline_scope`` other than ``load`` every class needs
+    ``records`` are used as they are. With ``baseline_scope: class_then_load`` every class needs
     its own holdout, so nothing is lowered.
     """
-    if baseline_scope != "load":
+    if baseline_scope not in POOLED_SCOPES:
         return {}
     usable = [r for r in records if pools.get(r.pool) is not None and baseline_mod.usable_for_tpot(r)]
     baseline: Counter[str] = Counter()  # no-spec requests in the window, planned or holdout
@@ -180,7 +182,7 @@ def for_policy(
         now=now,
         window_seconds=policy.window_seconds,
     )
-    if mode != MATCHED_ON_DEMAND or settings.baseline_scope != "load":
+    if mode != MATCHED_ON_DEMAND or settings.baseline_scope not in POOLED_SCOPES:
         return Holdout(found)
     since = lasting_from = None
     if now is not None:  # recent speculative traffic; no-spec requests still in the window in two intervals

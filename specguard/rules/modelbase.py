@@ -13,6 +13,12 @@ speculation ``M = B``, so ``TPOT_base(B) = c0 + c*B + cH*max(0, B - knee)`` (one
 with the fit's standard error as its interval. The knee is chosen by AIC over candidate token
 counts (no hinge is a candidate; a hinge must be convex: saturation makes tokens dearer).
 
+A model that cannot lie: every step cost is fitted non-negative (``nonnegative``), the interval is
+the unconstrained fit's (a cost pinned at zero keeps its uncertainty) and widens by
+``EXTRAPOLATION_SD`` per factor e beyond the loads the no-spec pool ran at, and the model is never
+read more than ``EXTRAPOLATION_FACTOR`` beyond them (``ModelBaseline.reach`` says why; the
+baseline is then ``none``, and ``specguard status`` shows the reason).
+
 Observations, each a ``StepObservation(step_seconds, B, K, draft_share, weight)``:
 
 - the tap's per-request records, binned per (pool, load): decode seconds / engine steps, where a
@@ -25,6 +31,15 @@ Observations, each a ``StepObservation(step_seconds, B, K, draft_share, weight)`
   requests they stand for (request-steps / steps per request), so neither source swamps the other.
 
 Pure: values in, values out. The fit's quality and its inputs go into ``detail``.
+
+Public API (``__all__``), for the cost model and for anything else that needs the no-spec step
+time at a load: ``fit(records, k_by_pool, engine) -> ModelBaseline | str`` (a reason when there is
+none), ``ModelBaseline.tpot(load) -> (seconds, Var(log))`` / ``.reach(load)`` / ``.detail(load)``,
+``StepModel`` (one fit: ``predict(load)``, ``formula()``), the observation builders
+``observations_from_records`` and ``observation_from_engine``, ``request_steps``, ``Cache`` (one
+fit per evaluation, read per load bucket or cell) with ``bucket_load``, and the shared rules of
+reading any step line: ``nonnegative``, ``beyond``, ``EXTRAPOLATION_FACTOR``, ``EXTRAPOLATION_SD``
+(``rules.likebase`` reads the live baseline's line by them too).
 """
 
 from __future__ import annotations
@@ -43,6 +58,21 @@ from specguard.rules import profile as profile_mod
 from specguard.rules.cost_config import CostSettings
 from specguard.rules.stepfit import StepObservation
 
+__all__ = [
+    "EXTRAPOLATION_FACTOR",
+    "EXTRAPOLATION_SD",
+    "Cache",
+    "ModelBaseline",
+    "StepModel",
+    "beyond",
+    "bucket_load",
+    "fit",
+    "nonnegative",
+    "observation_from_engine",
+    "observations_from_records",
+    "request_steps",
+]
+
 KNEE_CANDIDATES = 24
 MIN_OBSERVATIONS = 6
 MIN_WEIGHT = 1e-3  # fits with a smaller Akaike weight are left out of the average
@@ -50,6 +80,19 @@ DEFAULT_STEPS_PER_REQUEST = 100.0
 EXTRAPOLATION_SD = 0.05
 """Standard deviation of log T_base added per unit of log(load / highest no-spec load): a linear
 step model a factor e beyond the data is trusted to about 5% (1 sd), however clean the data."""
+EXTRAPOLATION_FACTOR = 2.0
+"""The furthest a step line is read beyond the loads its pool ran at (above the highest, below the
+lowest): past it there is no model baseline, whatever the fit says (a line fitted at 0.4-1.6
+requests in flight read at 35 gave 3.7 s per token)."""
+
+
+def beyond(load: float, low: float, high: float) -> float:
+    """How far ``load`` lies outside ``[low, high]``, as a log factor (0 inside)."""
+    if load > high > 0:
+        return math.log(load / high)
+    if 0 < load < low:
+        return math.log(low / load)
+    return 0.0
 
 
 @dataclass(frozen=True)
@@ -95,22 +138,37 @@ class ModelBaseline:
     def best(self) -> StepModel:
         return self.models[0][1]
 
-    def tpot(self, load: float) -> tuple[float, float]:
-        """``TPOT_base`` at ``load`` (seconds) and ``Var(log TPOT_base)``.
+    def reach(self, load: float) -> str | None:
+        """Why the model may not be read at ``load`` (None: it may): more than
+        ``EXTRAPOLATION_FACTOR`` beyond the loads the no-spec pool ran at."""
+        low, high = self.nospec_loads
+        if beyond(load, low, high) > math.log(EXTRAPOLATION_FACTOR) + 1e-12:
+            return (
+                f"model: load {load:.1f} is more than {EXTRAPOLATION_FACTOR:g}x beyond the loads the no-spec "
+                f"pool ran at ({low:.1f}-{high:.1f}): not extrapolated that far"
+            )
+        return None
+
+    def tpot(self, load: float, *, limited: bool = True) -> tuple[float, float]:
+        """``TPOT_base`` at ``load`` (seconds) and ``Var(log TPOT_base)``; InputError past
+        ``reach`` (``limited=False``, for benchmarks only: read it anyway) or where the fit predicts
+        no positive time.
 
         Model-averaged: the weighted mean of the fits' predictions; the variance adds each fit's
         own to the spread between fits (so an uncertain knee widens the interval). Beyond the
         loads the no-spec pool ran at, the interval also grows with the extrapolation (see
         ``EXTRAPOLATION_SD``).
         """
+        why = self.reach(load) if limited else None
+        if why is not None:
+            raise InputError(why)
         predictions = [(w, *m.predict(load)) for w, m in self.models]
         value = sum(w * v for w, v, _ in predictions)
         if not value > 0:
             raise InputError(f"model baseline: predicted T_step(B={load:g}, K=0) is {value:.6f} s")
         variance = sum(w * (var + (v - value) ** 2) for w, v, var in predictions)
-        high = self.nospec_loads[1]
-        beyond = max(0.0, math.log(max(load, 1e-9) / max(high, 1e-9)))
-        return value, variance / value**2 + (EXTRAPOLATION_SD * beyond) ** 2
+        distance = beyond(load, *self.nospec_loads)
+        return value, variance / value**2 + (EXTRAPOLATION_SD * distance) ** 2
 
     def detail(self, load: float, confidence_z: float = 1.96) -> str:
         value, log_var = self.tpot(load)
@@ -125,7 +183,10 @@ class ModelBaseline:
 
 
 def request_steps(record: RequestRecord, k: int) -> float | None:
-    """Engine steps of one request's decode phase, or None when unknown."""
+    """Engine steps of one request's decode phase, or None when unknown (several sequences share
+    their steps in ways the record does not say)."""
+    if record.sequences != 1:
+        return None
     steps = record.output_tokens - 1
     if k > 0:
         if record.spec is None or record.spec.accepted_tokens is None:
@@ -296,11 +357,14 @@ def _solve(rows: Sequence[tuple[str, StepObservation]], knee: float | None) -> t
         xw = x * sw[:, None]
         if np.linalg.matrix_rank(xw / np.maximum(np.linalg.norm(xw, axis=0), 1e-300)) < p:
             return None
-        beta, *_ = np.linalg.lstsq(xw, y * sw, rcond=None)
+        free = np.linalg.lstsq(xw, y * sw, rcond=None)[0]
+        beta = nonnegative(xw, y * sw)
         residuals = y - x @ beta
         variances = {g: _variance(base, residuals, groups == g) for g in set(groups.tolist())}
         w = base / np.array([variances[g] for g in groups])
-    covariance = np.linalg.pinv(xw.T @ xw) * (float(np.sum(w * residuals**2)) / (n - p))
+    # the covariance of the unconstrained fit: a cost pinned at zero keeps its uncertainty
+    free_residuals = y - x @ free
+    covariance = np.linalg.pinv(xw.T @ xw) * (float(np.sum(w * free_residuals**2)) / (n - p))
     loglik = sum(float(np.sum(groups == g)) * math.log(v) for g, v in variances.items())
     aic = loglik + 2 * (p + len(variances) + (1 if knee is not None else 0))
     keep = [0, 1] + ([p - 1] if knee is not None else [])
@@ -317,6 +381,28 @@ def _solve(rows: Sequence[tuple[str, StepObservation]], knee: float | None) -> t
         n=n,
     )
     return model, aic
+
+
+def nonnegative(
+    design: np.ndarray, target: np.ndarray, constrained: Sequence[int] | None = None
+) -> np.ndarray:
+    """Least squares with the ``constrained`` coefficients (default: all) >= 0. Step costs (a time
+    per step, per request, per token) are never negative; a negative estimate is the noise of a
+    narrow range of loads, and a line through it predicts nonsense away from them. Active set: the
+    most negative constrained coefficient is pinned at zero and the rest refitted, until none is."""
+    p = design.shape[1]
+    bound = set(range(p) if constrained is None else constrained)
+    free = list(range(p))
+    beta = np.zeros(p)
+    while free:
+        solution, *_ = np.linalg.lstsq(design[:, free], target, rcond=None)
+        beta = np.zeros(p)
+        beta[free] = solution
+        negative = [(value, j) for value, j in zip(solution, free, strict=True) if j in bound and value < 0]
+        if not negative:
+            break
+        free.remove(min(negative)[1])
+    return beta
 
 
 def _variance(base: np.ndarray, residuals: np.ndarray, mask: np.ndarray) -> float:
@@ -362,7 +448,8 @@ class Cache:
     def at(
         self, load_bucket: str, spec_records: Sequence[RequestRecord], settings: CostSettings
     ) -> tuple[float, float, str] | str:
-        """``(TPOT_base, Var(log), detail)`` at the bucket's load, or why there is none."""
+        """``(TPOT_base, Var(log), detail)`` at the load ``spec_records`` (the speculative requests
+        the baseline is for: one cell, or a whole bucket) decoded at, or why there is none."""
         if self._fit is None:
             self._fit = fit(*self._args)
         if isinstance(self._fit, str):

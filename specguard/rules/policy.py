@@ -170,8 +170,8 @@ class Policy:
     replicas' load (a live baseline at every load bucket the fleet runs at) and take their share of
     the replica capacity; ``fixed``: every class always sends ``tap.holdout_share`` to the no-spec
     pool; ``on_demand``: per load bucket only as much of ``tap.holdout_share`` as keeps the live
-    baseline filled (``holdout_min_share`` where planned no-spec traffic covers it; needs
-    ``cost.baseline_scope: load``)."""
+    baseline filled (``holdout_min_share`` where planned no-spec traffic covers it; not with
+    ``cost.baseline_scope: class_then_load``, whose classes each need their own)."""
     holdout_min_share: float = 0.0
     """Holdout share of a load bucket whose baseline is already covered by planned no-spec traffic."""
     alerts: AlertsPolicy = field(default_factory=AlertsPolicy)

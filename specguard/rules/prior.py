@@ -3,9 +3,11 @@
 ``specguard sweep`` measures every pool at concurrency 1, 2, 4, ... with the request mix and
 writes, per level, each class's TPOT (``rules.profile``). Divided by the no-spec pool's TPOT in
 the same load bucket, that is the class's rc on that pool as the sweep saw it: the plan a careful
-operator would start from. The guard (``guard.prior: profile``) uses it only where live evidence
-is missing (``rules.bestpool``): to plan a class before its first request and as the estimate of
-a pool the class has never been measured on. Live evidence always overrides it.
+operator would start from, with an interval from the profile's standard errors (a sweep's few
+requests per class make it wide; the guard moves on a prior only where the interval clears). The
+guard (``guard.prior: profile``) uses it only where live evidence is missing (``rules.bestpool``):
+to plan a class before its first request and as the estimate of a pool the class has never been
+measured on. Live evidence always overrides it.
 
 Pure: values in, values out.
 """
@@ -17,8 +19,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from specguard.rules import confidence as confidence_mod
 from specguard.rules import profile as profile_mod
-from specguard.rules.evidence import ClassKey
+from specguard.rules.evidence import ClassKey, PriorRC
 
 
 def class_pool(
@@ -33,17 +36,38 @@ def class_pool(
                 temperature_bucket,
             ) and cls.tpot_seconds:
                 levels.append(
-                    replace(level, tpot_seconds=cls.tpot_seconds, samples=max(cls.samples, 1), classes=())
+                    replace(
+                        level,
+                        tpot_seconds=cls.tpot_seconds,
+                        samples=max(cls.samples, 1),
+                        tpot_stderr_seconds=cls.tpot_stderr_seconds,
+                        classes=(),
+                    )
                 )
     return replace(pool, levels=tuple(levels))
+
+
+PRIOR_CV = 0.5
+"""Per-request coefficient of variation of TPOT assumed for a profile value without a standard
+error (older profiles): its standard error is taken as ``PRIOR_CV / sqrt(samples)``. Generous on
+purpose: a sweep's few requests per class and level are the weakest evidence the guard has."""
+
+
+def _log_sd(value: profile_mod.LevelValue) -> float:
+    if value.stderr is not None and value.value > 0:
+        return value.stderr / value.value
+    return PRIOR_CV / math.sqrt(max(value.samples, 1))
 
 
 def prior_rcs(
     profile: profile_mod.Profile | None,
     pools: Mapping[str, int],
     load_buckets: Iterable[tuple[str, float, float]],
-) -> dict[ClassKey, dict[str, float]]:
-    """``{(task_type, temperature_bucket, load_bucket): {pool: rc}}`` for every class the profile measured.
+    confidence: float = 0.95,
+) -> dict[ClassKey, dict[str, PriorRC]]:
+    """``{(task_type, temperature_bucket, load_bucket): {pool: PriorRC}}`` for every class the
+    profile measured: the rc and its interval at ``confidence`` (log-normal; the class's TPOT and the
+    no-spec pool's, each with its standard error, or ``PRIOR_CV`` per request without one).
 
     ``pools`` maps the configured pool names to K (a profile pool is matched by name, else by K);
     ``load_buckets`` are ``(name, low, high)`` concurrency ranges ``(low, high]``. A value is left
@@ -72,7 +96,8 @@ def prior_rcs(
             found = profile.pool(k=k)
         if found is not None and k > 0:
             matched[name] = found
-    out: dict[ClassKey, dict[str, float]] = {}
+    z = confidence_mod.z_value(confidence)
+    out: dict[ClassKey, dict[str, PriorRC]] = {}
     for bucket, low, high in load_buckets:
         if math.isinf(high):  # open top bucket: its lowest swept level, not an average up to the sweep's end
             high = min((lv.concurrency for lv in base_pool.levels if lv.concurrency > low), default=high)
@@ -86,7 +111,9 @@ def prior_rcs(
                     class_pool(pool, task_type, temperature_bucket), low, high, "tpot_seconds", profile.source
                 )
                 if value is not None:
-                    rcs[name] = value.value / base.value
+                    rc = value.value / base.value
+                    spread = z * math.hypot(_log_sd(value), _log_sd(base))
+                    rcs[name] = PriorRC(rc, rc * math.exp(-spread), rc * math.exp(spread))
             if rcs:
                 out[(task_type, temperature_bucket, bucket)] = rcs
     return out
@@ -94,7 +121,7 @@ def prior_rcs(
 
 def for_policy(
     profile: profile_mod.Profile | None, policy: Any, settings: Any
-) -> dict[ClassKey, dict[str, float]]:
+) -> dict[ClassKey, dict[str, PriorRC]]:
     """The prior the policy asks for (``guard.prior``), over the cost settings' load buckets."""
     if profile is None or getattr(policy, "prior", "none") != "profile":
         return {}
@@ -103,4 +130,4 @@ def for_policy(
         band = settings.bucket_range(bucket.name)
         if band is not None:
             ranges.append((bucket.name, band[0], band[1]))
-    return prior_rcs(profile, policy.pools, ranges)
+    return prior_rcs(profile, policy.pools, ranges, getattr(settings, "confidence", 0.95))

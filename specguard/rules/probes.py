@@ -55,14 +55,14 @@ class Probe:
 
 
 def expected(
-    evidence: Evidence, memory: Mapping[str, tuple[float, float]], now: float, policy: policy_mod.Policy
+    evidence: Evidence, memory: Mapping[str, tuple[float, ...]], now: float, policy: policy_mod.Policy
 ) -> dict[str, bestpool.Estimate]:
     """Every speculative pool's expected rc for a class, whichever pool it is on now."""
     needed = bestpool.min_samples(policy)
     out: dict[str, bestpool.Estimate] = {}
     for name, (rc, samples) in bestpool.measured(evidence, policy).items():
         out[name] = bestpool.Estimate(name, rc, bestpool.MEASURED, samples)
-    for name, (rc, at) in memory.items():
+    for name, (rc, at, *_) in memory.items():
         if name not in out and now - at < policy.memory_seconds and math.isfinite(rc):
             out[name] = bestpool.Estimate(name, rc, bestpool.MEMORY)
     for name, found in evidence.pools.items():
@@ -96,7 +96,7 @@ def share_for(expected_rc: float | None, probe_share: float) -> float:
 
 def choose(
     evidence: Evidence,
-    memory: Mapping[str, tuple[float, float]],
+    memory: Mapping[str, tuple[float, ...]],
     now: float,
     policy: policy_mod.Policy,
     probe_share: float,

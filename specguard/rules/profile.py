@@ -59,6 +59,7 @@ class ClassLevel:
     tpot_seconds: float | None = None
     samples: int = 0
     accepted_per_position: tuple[float, ...] | None = None  # p_i: share of rounds with >= i accepted
+    tpot_stderr_seconds: float | None = None  # standard error of tpot_seconds (optional)
 
 
 @dataclass(frozen=True)
@@ -286,6 +287,7 @@ def _parse_class(section: configfile.Section, k: int) -> ClassLevel:
             positions = tuple(float(v) for _, v in values)
     accept = section.get("accept_length", float, None, minimum=1.0, maximum=k + 1, nullable=True)
     tpot = section.get("tpot_seconds", float, None, minimum=0.0, nullable=True)
+    stderr = section.get("tpot_stderr_seconds", float, None, minimum=0.0, nullable=True)
     cls = ClassLevel(
         task_type=section.get("task_type", str) or "",
         temperature_bucket=section.get("temperature_bucket", str) or "",
@@ -293,6 +295,7 @@ def _parse_class(section: configfile.Section, k: int) -> ClassLevel:
         tpot_seconds=tpot,
         samples=section.get("samples", int, 0, minimum=0),
         accepted_per_position=positions,
+        tpot_stderr_seconds=stderr,
     )
     section.reject_unknown()
     return cls
@@ -334,7 +337,7 @@ def _level_dict(level: ProfileLevel) -> dict[str, Any]:
         out["classes"] = []
         for cls in level.classes:
             entry: dict[str, Any] = {"task_type": cls.task_type, "temperature_bucket": cls.temperature_bucket}
-            for key in ("accept_length", "tpot_seconds"):
+            for key in ("accept_length", "tpot_seconds", "tpot_stderr_seconds"):
                 if getattr(cls, key) is not None:
                     entry[key] = getattr(cls, key)
             entry["samples"] = cls.samples

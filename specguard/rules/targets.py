@@ -1,6 +1,7 @@
 """Where a class goes when a rule moves it: the pool to leave a hurting pool for (a shorter K whose
-rc is good, else no speculation), and the pool to restore towards (up to the default pool's K; a
-shorter K also on an exact what-if, so a class turned off can come back to K=2 when K=4 loses).
+rc is good even at its interval's upper bound, else no speculation), and the pool to restore
+towards (up to the default pool's K; a shorter K also on an exact what-if, so a class turned off
+can come back to K=2 when K=4 loses).
 Pure functions of the class state, its evidence and the policy (``rules.guard`` calls them).
 """
 
@@ -18,11 +19,18 @@ def k_of(policy: policy_mod.Policy, pool: str) -> int:
     return policy.pools.get(pool, 0)
 
 
-def _estimate(evidence: Evidence, pool: str) -> tuple[float, bool, int] | None:
+def _estimate(evidence: Evidence, pool: str) -> tuple[float, bool, int, float | None] | None:
+    """``(rc, predicted, samples, upper bound or None)`` of ``pool``'s evidence."""
     found = evidence.pools.get(pool)
     if found is None or found.values.get("rc") is None or math.isnan(found.values["rc"]):
         return None
-    return found.values["rc"], found.predicted, found.samples
+    upper = found.values.get("rc_upper")
+    return (
+        found.values["rc"],
+        found.predicted,
+        found.samples,
+        None if upper is None or math.isnan(upper) else upper,
+    )
 
 
 def lower_target(
@@ -40,7 +48,10 @@ def lower_target(
             if not 0 < k < current_k:
                 continue
             estimate = _estimate(evidence, pool)
-            if estimate is None or estimate[2] < min_samples or not estimate[0] < policy.shorten_max_rc:
+            # a shorter K on its interval's upper bound, never its point: else off
+            if estimate is None or estimate[2] < min_samples or estimate[3] is None:
+                continue
+            if not estimate[3] < policy.shorten_max_rc:
                 continue
             if best is None or estimate[0] < best[0]:
                 best = (estimate[0], pool, estimate[1])

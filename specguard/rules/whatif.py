@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 METHOD_HISTOGRAM = "histogram"
 METHOD_EXTRAPOLATED = "extrapolated"
 METHOD_IID = "iid"
@@ -91,6 +93,11 @@ class Acceptance:
         return (iid_accept_length(rate, k_prime), METHOD_IID)
 
 
+STEP_LOG_SD = 0.05
+"""Log standard deviation of a step time read from the step fit or the profile (not measured in
+this window): the uncertainty a what-if carries for the pool it was not measured on."""
+
+
 @dataclass(frozen=True)
 class StepTime:
     """A verify-round (engine step) time for one pool at one load bucket, and where it came from."""
@@ -98,6 +105,33 @@ class StepTime:
     seconds: float
     source: str  # "live" | "stepfit" | "profile"
     detail: str
+    log_sd: float = STEP_LOG_SD  # of the step time (a live one: its ratio of sums')
+
+
+def acceptance_log_sd(
+    histograms: np.ndarray, seconds: np.ndarray, tokens: np.ndarray, k_target: int
+) -> float | None:
+    """Jackknife (leave one request out) log standard deviation of ``A(k_target) x TPOT``, the part of
+    a what-if's ratio to the measurement it was made from that those requests carry:
+    ``RC(K') / RC(K) = T_step(K') / (A(K') x TPOT(K))``, the baseline cancelling. ``histograms``:
+    per request, rounds accepting exactly j drafts (n x (K+1)); ``seconds``, ``tokens``: its decode
+    seconds and tokens. None with fewer than 3 requests."""
+    n = len(seconds)
+    if n < 3 or k_target <= 0:
+        return None
+    total = histograms.sum(axis=0)
+    rest = total[None, :] - histograms  # leave-one-out histograms, n x (K+1)
+    rounds = rest.sum(axis=1)
+    at_least = np.cumsum(rest[:, ::-1], axis=1)[:, ::-1]  # rounds with >= j accepted, j = 0..K
+    keep = min(k_target, histograms.shape[1] - 1)
+    accept = 1.0 + at_least[:, 1 : keep + 1].sum(axis=1) / np.maximum(rounds, 1)
+    tpot = (seconds.sum() - seconds) / np.maximum(tokens.sum() - tokens, 1e-12)
+    good = (rounds > 0) & (tpot > 0)
+    if good.sum() < 3:
+        return None
+    logs = np.log(accept[good] * tpot[good])
+    m = int(good.sum())
+    return float(np.sqrt((m - 1) / m * np.sum((logs - logs.mean()) ** 2)))
 
 
 @dataclass(frozen=True)
@@ -112,6 +146,7 @@ class WhatIf:
     step_seconds: float | None
     step_source: str | None  # "live" | "stepfit" | "profile"
     detail: str
+    ratio_spread: float | None = None  # log half-width of rc / (the measured rc it was made from)
 
 
 def predict(

@@ -122,3 +122,23 @@ async def test_nothing_listening_or_a_bad_flag_is_exit_2(args, message):
     code, out, err = await specguard("load", *(a.format(port=port) for a in args), timeout=60)
     assert code == 2 and out == "", out + err
     assert err.startswith(message.format(port=port)) and "Traceback" not in err, err
+
+
+async def test_the_model_is_the_one_the_url_serves_and_each_class_asks_its_own_task():
+    """Real engines answer 404 to a model they do not serve (the simulator's name was the default);
+    and a real model's acceptance follows what it is asked, so each class asks for its task."""
+    from dataclasses import replace
+
+    from specguard.lab import loadgen, traffic
+    from specguard.sim import config as simconfig
+
+    served = replace(simconfig.load(None), model_name="smollm2")
+    async with cluster.SimCluster.from_config(served, seed=1, dialect="vllm", time_scale=0.02) as other:
+        code, out, err = await specguard("load", "--url", other.urls["nospec"], "--requests", "8", "--json")
+    assert code == 0, out + err
+    summary = json.loads(out)
+    assert (summary["model"], summary["ok"]) == ("smollm2", 8)
+    prompts = {cls.task_type: loadgen.prompt_for(cls, 0, 0) for cls in traffic.default_mix()}
+    assert "Invoice number" in prompts["extraction"] and "def " in prompts["code"]
+    assert "tips for" in prompts["chat"] and "poem" in prompts["creative"]
+    assert len(set(prompts.values())) == 4

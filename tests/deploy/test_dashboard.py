@@ -308,8 +308,25 @@ def test_verdict_counts_rc_on_the_planned_pool_and_shows_probes_apart():
     ):
         expr = by_title(title)["targets"][0]["expr"]
         assert f"and {on}" in expr and "specguard_plan_info" in expr and "== 1" in expr, title
+        # a class with no plan in view counts on every pool, as the alerts count it: the plan may
+        # come from a decider under another job, and one out of view must not hide a losing class
+        assert f"unless {CLASS_ON}\n({ANY_PLAN})" in expr, title
     probe = by_title("RC on probe traffic (classes planned elsewhere)")["targets"][0]["expr"]
     assert f"unless {on}" in probe and "specguard_plan_info" in probe
+    assert f"and {CLASS_ON}\n({ANY_PLAN})" in probe
+
+
+CLASS_ON = "on (task_type, temperature_bucket, load_bucket)"
+# the plan of a class on any pool: the $pool selection must not make a class look unplanned
+ANY_PLAN = (
+    'class_load:specguard_plan_info:max{job=~"$job",task_type=~"$task_type",'
+    'temperature_bucket=~"$temperature_bucket",load_bucket=~"$load_bucket"} == 1'
+)
+
+
+def test_the_job_variable_lists_every_specguard_process_the_decider_too():
+    (job,) = [v for v in DASH["templating"]["list"] if v["name"] == "job"]
+    assert job["query"]["query"] == "label_values(specguard_plan_version{}, job)"
 
 
 @pytest.mark.parametrize("panel", [p for p in PANELS if p["type"] == "stat"], ids=lambda p: p["title"])

@@ -1,7 +1,8 @@
 """docs/deploy.md's fleet tables are the kept ``bench/bench_fleet.py --json`` run, and what its
-prose says of that run holds: at 100 followers this code's series and `specguard.rules` evaluation
-time are at most 40% of the release it is compared with in the same run, its Prometheus memory
-just above that and well below at 300, and the decider stays flat with the fleet size."""
+prose says of that run holds: at 100 followers this code's series, Prometheus memory and
+`specguard.rules` evaluation time are at most 40% of the release it is compared with in the same
+run, memory about a quarter at 300, a whole follower page within 1.5 times the engine's own, and
+the decider stays flat with the fleet size."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from test_bench_figures import flat
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,37 +41,64 @@ def share(measure: str, n: int) -> float:
     return read(ROWS[THIS, n]) / read(ROWS[BASE, n])
 
 
-@pytest.mark.parametrize("measure", ["series", "`specguard.rules` mean, s", "Prometheus CPU, % of one core"])
+@pytest.mark.parametrize(
+    "measure",
+    ["series", "Prometheus RSS, MB", "`specguard.rules` mean, s", "Prometheus CPU, % of one core"],
+)
 def test_at_100_followers_this_code_costs_at_most_40_percent_of_the_release(measure):
     assert share(measure, 100) <= 0.4
 
 
-def test_memory_is_just_above_40_percent_at_100_and_well_below_at_300_a_fifth_per_follower():
+def test_memory_under_a_third_at_100_about_a_quarter_at_300_and_per_follower():
     # the docs say so in words; a run that lands elsewhere must change them
-    assert 0.4 < share("Prometheus RSS, MB", 100) <= 0.45
-    assert share("Prometheus RSS, MB", 300) < 0.25
+    assert share("Prometheus RSS, MB", 100) < 1 / 3
+    assert 0.2 <= share("Prometheus RSS, MB", 300) <= 0.3
     per_follower = [bench_fleet.growth(RESULT, code)["Prometheus RSS, MB"][1] for code in (THIS, BASE)]
-    assert 0.15 <= per_follower[0] / per_follower[1] <= 0.25, per_follower
+    assert 0.2 <= per_follower[0] / per_follower[1] <= 0.3, per_follower
 
 
-def test_a_third_of_the_series_at_every_size_and_3_to_4_5_kb_per_series():
+def test_under_a_quarter_of_the_series_at_every_size_and_3_to_4_5_kb_per_series():
     for n in (10, 100, 300):
-        assert 0.28 <= share("series", n) <= 0.36, n
+        assert 0.2 <= share("series", n) < 0.25, n
     for code in (THIS, BASE):
         fit = bench_fleet.growth(RESULT, code)
         kb = 1024 * fit["Prometheus RSS, MB"][1] / fit["series"][1]
-        assert 2.5 <= kb <= 5.0, (code, kb)
+        assert 3.0 <= kb <= 4.5, (code, kb)
 
 
-def test_past_100_followers_rules_take_a_quarter_of_the_release_and_cpu_a_third():
+def test_the_releases_recorded_series_are_under_2_percent_of_its_series_at_100():
+    # its followers' plan and its decider's carry two jobs: the docs name the count and the share
+    recorded = ROWS[BASE, 100]["recorded_series"]
+    assert recorded / ROWS[BASE, 100]["head_series"] < 0.02
+    assert f"The release records {recorded:,} series here" in flat((ROOT / "docs" / "deploy.md").read_text())
+
+
+def test_past_100_followers_rules_take_a_quarter_or_less_and_cpu_a_fifth_to_a_third():
     for n in (100, 300):
-        assert 0.18 <= share("`specguard.rules` mean, s", n) <= 0.3, n
-        assert 0.28 <= share("Prometheus CPU, % of one core", n) <= 0.4, n
+        assert 0.15 <= share("`specguard.rules` mean, s", n) <= 0.25, n
+        assert 0.2 <= share("Prometheus CPU, % of one core", n) <= 1 / 3, n
+    for code in (THIS, BASE):  # "under 0.2 s in both codes" at 10
+        assert rules_mean(code, 10) < 0.2, code
 
 
-def test_the_release_would_want_more_than_a_core_at_1000_followers():
+def rules_mean(code: str, n: int) -> float:
+    return bench_fleet.rules_seconds(ROWS[code, n])["mean"]
+
+
+def test_the_release_would_want_about_two_cores_at_1000_followers():
     intercept, slope = bench_fleet.growth(RESULT, BASE)["Prometheus CPU, % of one core"]
-    assert intercept + slope * bench_fleet.PREDICT_AT > 100
+    assert 180 <= intercept + slope * bench_fleet.PREDICT_AT <= 220
+
+
+def test_a_whole_follower_page_is_within_one_and_a_half_times_the_engines_own():
+    page = (ROOT / "tests" / "fixtures" / "vllm-0.32-cpu-ngram-k4.metrics.txt").read_text()
+    engine = sum(len(f.samples) for f in text_string_to_metric_families(page))
+    per_follower = {ROWS[THIS, n]["series_per_target"] for n in (10, 100, 300)}
+    (series,) = per_follower
+    assert series <= 1.5 * engine, (series, engine)
+    assert f"holds {series:,} series after traffic through every class" in flat(
+        (ROOT / "docs" / "deploy.md").read_text()
+    )
 
 
 def test_the_decider_stays_flat_while_the_fleet_grows_thirty_fold():

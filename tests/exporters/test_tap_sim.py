@@ -234,3 +234,70 @@ async def test_unattributed_requests_are_counted_and_explain_the_cross_check_gap
     engine = monitor.watches["spec-k4"].view()["accumulated"]
     # the engine counted the unattributed requests' rounds too: the gap is theirs alone
     assert engine["drafts"] > sum(t.verify_rounds for t in totals) > 0
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_records_carry_the_prompt_length_and_keep_several_sequences_out_of_tpot(dialect):
+    """Each record has the prompt length the engine reported (what a like-for-like baseline
+    adjusts for), streamed or not, asked for usage or not; a request of several sequences counts
+    its tokens from usage when the client asked for it, and never enters a class's TPOT (its
+    sequences decode side by side: 48 tokens in the time of 24 read as a class twice as fast)."""
+    async with cluster.SimCluster.from_config(None, seed=2, dialect=dialect, time_scale=TIME_SCALE) as sim:
+        monitor = monitor_for(sim, dialect, "holdout_share: 0, probe_share: 0")
+        url = await monitor.start("127.0.0.1", 0)
+        model = sim.config.model_name
+        bodies = [
+            {"stream": True},
+            {"stream": True, "stream_options": {"include_usage": True}},
+            {},
+        ]
+        if dialect != "llamacpp":  # llama.cpp serves one choice per request
+            bodies += [
+                {"stream": True, "n": 2},
+                {"stream": True, "n": 2, "stream_options": {"include_usage": True}},
+            ]
+        answers = []
+        try:
+            async with aiohttp.ClientSession() as session:
+                for i, extra in enumerate(bodies):
+                    body = {"model": model, "prompt": "count " * (5 + 7 * i), "max_tokens": 24, **extra}
+                    body["temperature"] = 0.0
+                    async with session.post(url + "/v1/completions", json=body) as r:
+                        assert r.status == 200
+                        answers.append(await r.read())
+            direct = []
+            async with aiohttp.ClientSession() as session:
+                for i in range(len(bodies)):
+                    body = {
+                        "model": model,
+                        "prompt": "count " * (5 + 7 * i),
+                        "max_tokens": 24,
+                        "temperature": 0.0,
+                    }
+                    async with session.post(sim.urls["spec-k4"] + "/v1/completions", json=body) as r:
+                        direct.append((await r.json())["usage"]["prompt_tokens"])
+        finally:
+            await monitor.stop()
+    records = sorted(monitor.stats.records(), key=lambda r: r.started_at)
+    assert len(records) == len(bodies)
+    # vLLM's stream of several sequences brings no usage unless the client asks (the tap adds none
+    # there: vLLM would then move every choice's system_fingerprint to the usage chunk)
+    unseen = {3} if dialect == "vllm" else set()
+    assert [r.prompt_tokens for r in records] == [None if i in unseen else n for i, n in enumerate(direct)]
+    assert len(set(direct)) == len(direct)  # the prompts differ in length, and each record says so
+    for record, extra, answer in zip(records, bodies, answers, strict=True):
+        several = extra.get("n") == 2
+        assert record.sequences == (2 if several else 1)
+        if several:
+            assert record.tpot_seconds is None
+            if "stream_options" in extra:  # the engine's own count of both sequences
+                usage = [json.loads(line[5:]) for line in answer.split(b"\n") if b'"usage"' in line]
+                assert record.output_tokens == usage[-1]["usage"]["completion_tokens"] == 48
+        elif extra.get("stream"):
+            assert record.tpot_seconds is not None
+    stats = monitor.stats.window()
+    assert sum(a.totals.decode_tokens for a in stats.values()) == sum(
+        r.output_tokens - 1
+        for r, extra in zip(records, bodies, strict=True)
+        if extra.get("stream") and "n" not in extra
+    )

@@ -84,8 +84,8 @@ guard:
   cooldown_seconds: 1
   rules:
     - {{name: relative-cost, measure: rc_lower, direction: above, threshold: 1.0,
-       restore_measure: rc, restore_threshold: 0.95}}
-cost: {{min_samples: 5, baseline_min_samples: 5}}
+       restore_measure: rc_upper, restore_threshold: 0.95}}
+cost: {{min_samples: 5, baseline_min_samples: 5, confidence: 0.5}}  # a 20 s run moves creative (RC ~1.1)
 """
 
 

@@ -166,7 +166,7 @@ def test_recovering_class_is_restored_after_the_stabilisation_window():
         d.at for d in policy.all_decisions if d.key == key and d.at > 240 and "recovering towards" in d.reason
     )
     assert restore.at >= first_good + STABILIZATION
-    assert "rc (0." in restore.reason and "< restore_threshold (0.95)" in restore.reason
+    assert "rc_upper (0." in restore.reason and "< restore_threshold (0.95)" in restore.reason
     assert policy.states[key].pool == "spec-k2"
 
 
@@ -263,9 +263,10 @@ def test_warm_start_plans_from_the_profile_at_the_first_evaluation(warm_and_cold
     assert _moves(warm, "chat", "high") == [(0.0, "shorten", "profile", "spec-k2")]
     assert _moves(warm, "code", "high") == [(0.0, "shorten", "profile", "spec-k2")]
     assert _moves(warm, "code") == []  # K=4 is the cheapest pool for greedy code at low load
-    # chat at low load too: no request has been measured at t=0 (when the first evaluation came one
-    # interval in, K=4 had chat's min_samples by then, and the move waited three evaluations for them)
-    assert _moves(warm, "chat") == [(0.0, "shorten", "profile", "spec-k2")]
+    # chat at low load: the sweep saw K=2 7% cheaper (0.672 [0.651, 0.694] against K=4's 0.725
+    # [0.669, 0.786], from 4-7 requests a level): inside both intervals, so no move on the profile's
+    # points; live evidence decides there
+    assert _moves(warm, "chat") == []
 
 
 def test_without_the_prior_the_same_moves_wait_for_live_evidence(warm_and_cold):
@@ -274,9 +275,9 @@ def test_without_the_prior_the_same_moves_wait_for_live_evidence(warm_and_cold):
     assert creative[0][1:] == ("off", "relative-cost", "nospec")
     assert creative[0][0] > _moves(warm, "creative")[0][0]
     assert _moves(cold, "creative", "high") == []  # nothing is known about a load never seen
-    chat = _moves(cold, "chat")  # rc < 1 on K=4, yet K=2 is cheaper: the best-pool rule on the what-if
-    assert chat[0][1:] == ("shorten", "best_pool", "spec-k2")
-    assert chat[0][0] > POLICY.interval_seconds * (POLICY.best_pool_consecutive_limit + 1) - 1
+    # rc < 1 on K=4 and K=2's what-if some 7% cheaper, but its ratio's interval reaches past the 3%
+    # margin: no move on the point
+    assert _moves(cold, "chat") == []
 
 
 def test_a_class_off_speculation_is_probed_where_it_is_expected_cheapest():

@@ -32,7 +32,7 @@ async def drive(tmp: Path) -> tuple[str, float, float, subprocess.Popen]:
                 loadgen.RequestClass("code", temperature=0.0, max_tokens=64),
                 loadgen.RequestClass("creative", temperature=1.0, max_tokens=64),
             ]
-            await loadgen.run_load(url, mix, concurrency=6, duration_s=14, stream=True, seed=1)
+            await loadgen.run_load(url, mix, concurrency=6, duration_s=20, stream=True, seed=1)
             await asyncio.sleep(3)  # a few more scrapes
         finally:
             await monitor.stop()

@@ -16,7 +16,8 @@ CODE = ("code", "greedy", "low")
 
 
 class ScriptedSource:
-    """Returns ``rc`` per class for spec-k4 from a mutable table; raises while ``down``."""
+    """Returns ``rc`` per class for spec-k4 from a mutable table (a certain measurement: its interval
+    is the point); raises while ``down``."""
 
     def __init__(self, rcs):
         self.rcs = dict(rcs)
@@ -26,6 +27,12 @@ class ScriptedSource:
         if self.down:
             raise SourceError("Prometheus at http://127.0.0.1:9 unreachable: ConnectionError")
         return {
-            key: Evidence(pools={"spec-k4": PoolEvidence("spec-k4", {"rc": rc}, samples=100)})
+            key: Evidence(
+                pools={
+                    "spec-k4": PoolEvidence(
+                        "spec-k4", {"rc": rc, "rc_lower": rc, "rc_upper": rc}, samples=100
+                    )
+                }
+            )
             for key, rc in self.rcs.items()
         }

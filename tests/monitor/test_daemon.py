@@ -97,7 +97,7 @@ async def test_bad_class_goes_off_and_everything_records_it(tmp_path):
     assert records[0]["numbers"]["rules"]["relative-cost@spec-k4"]["value"] == 1.4
     # the action counter carries the decision's own time (a decision before the first scrape keeps it)
     assert registry.get_sample_value("specguard_actions_created", action) == records[0]["time"]
-    assert "rc (1.400) > threshold (1.0)" in records[0]["reason"]
+    assert "rc_lower (1.400) > threshold (1.0)" in records[0]["reason"]
 
 
 async def test_restart_keeps_the_plan(tmp_path):
@@ -461,8 +461,11 @@ class TwoPoolSource:
         self.k2 = k2
 
     async def collect(self, now, keys):
-        k4 = PoolEvidence("spec-k4", {"rc": 2.0}, samples=100)
-        k2 = PoolEvidence("spec-k2", {"rc": self.k2}, samples=100, predicted=True, method="histogram")
+        k4 = PoolEvidence("spec-k4", {"rc": 2.0, "rc_lower": 1.9, "rc_upper": 2.1}, samples=100)
+        bounds = {"rc_lower": self.k2 * 0.95, "rc_upper": self.k2 * 1.05}  # the measurement's, carried over
+        k2 = PoolEvidence(
+            "spec-k2", {"rc": self.k2, **bounds}, samples=100, predicted=True, method="histogram"
+        )
         return {CREATIVE: Evidence(pools={"spec-k4": k4, "spec-k2": k2})}
 
 

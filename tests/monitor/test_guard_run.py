@@ -42,7 +42,8 @@ guard:
   interval_seconds: 1
   alerts: {{consecutive_failure_limit: 0, interval_seconds: 1}}
   rules:
-    - {{name: relative-cost, measure: rc_lower, threshold: 1.0, restore_measure: rc, restore_threshold: 0.95}}
+    - {{name: relative-cost, measure: rc_lower, threshold: 1.0,
+       restore_measure: rc_upper, restore_threshold: 0.95}}
 server: {{token_file: "{tmp_path / "token"}"}}
 actuators: {{plan_file: "{tmp_path / "plan.json"}", audit_log: "{tmp_path / "audit.jsonl"}"}}
 """

@@ -152,8 +152,9 @@ async def test_follower_keeps_and_persists_the_last_plan_and_exports_its_age(tmp
     await run_rounds(decider, clock, 2)
     runner, url = await serve_decider(decider)
     follower, router = follower_guard(tmp_path, url, clock)
-    registry = CollectorRegistry()
+    registry, decided = CollectorRegistry(), CollectorRegistry()
     registry.register(GuardCollector(follower.counters, follower.view))
+    decided.register(GuardCollector(decider.counters, decider.view))
     try:
         written = clock.now
         assert await follower.evaluate() == []
@@ -161,6 +162,12 @@ async def test_follower_keeps_and_persists_the_last_plan_and_exports_its_age(tmp
         assert registry.get_sample_value("specguard_plan_age_seconds") == 0.0
         assert registry.get_sample_value("specguard_plan_version") == 1.0
         assert registry.get_sample_value("specguard_guard_leader") is None  # a follower does not lead
+        # the plan's cells come from the decider alone; the follower says by its version which it holds
+        cell = dict(zip(("task_type", "temperature_bucket", "load_bucket"), CREATIVE, strict=True))
+        assert decided.get_sample_value("specguard_plan_info", {**cell, "pool": "nospec"}) == 1.0
+        assert decided.get_sample_value("specguard_plan_version") == 1.0
+        exported = {s.name for family in registry.collect() for s in family.samples}
+        assert not exported & {"specguard_plan_info", "specguard_speculation_enabled"}, exported
         clock.now += 30
         await follower.evaluate()  # 304: unchanged, and confirmed again
         assert registry.get_sample_value("specguard_plan_age_seconds") == 0.0

@@ -155,3 +155,26 @@ def test_status_shows_reasons_whole_and_what_a_hold_waits_for():
     waiting = r"waiting for: 1 more bad evaluation of relative-cost; earliest move in 1[67] s \("
     assert re.search(waiting, flat)
     assert re.search(r"evaluations every 10 s: last 3 s ago, next in [67] s \(\d\d:\d\d:\d\dZ\)", out)
+
+
+def test_status_says_why_a_load_bucket_has_no_baseline():
+    """A bucket with no baseline says why, every source's reason (here: the model is not read past
+    twice the no-spec loads), before how to get one."""
+    why = (
+        "2 live no-spec requests on nospec in load bucket high (< baseline_min_samples 30); no "
+        "calibration profile; model: load 35.0 is more than 2x beyond the loads the no-spec pool ran "
+        "at (1.0-1.6): not extrapolated that far"
+    )
+    report = {
+        "load_buckets": [
+            {"load_bucket": "low", "source": "live", "available": ["live", "model"], "detail": "x"},
+            {"load_bucket": "high", "source": "none", "available": [], "detail": f"{why}; to get one: more"},
+        ],
+        "missing": [{"pool": "spec-k4", "load_bucket": "high", "how_to_get_one": "more"}],
+    }
+    out = status_cmd.render({"baselines": report}, columns=80)
+    assert "  low      live (also: model)" in out and "  high     none" in out
+    flat = " ".join(out.split())
+    assert f"why none: {' '.join(why.split())}" in flat
+    assert "no baseline for spec-k4/high: to get one: more" in flat
+    assert all(len(line) <= 80 for line in out.splitlines() if line.startswith("    "))

@@ -355,7 +355,8 @@ async def test_a_large_metrics_page_is_rendered_off_the_loop_and_capped(tmp_path
                     async with session.get(url + "/metrics") as response:
                         capped = (response.status, (await response.text())[:2000])
     print(f"page {size} bytes, render {render:.2f} s, lag {lag.worst:.2f} s, probe max {max(probed):.2f} s")
-    assert size > 2_000_000, size  # a page of megabytes
+    # a page of megabytes (1.9-2.4 MB: the TPOT histograms follow the load buckets the traffic hit)
+    assert size > 1_000_000, size
     # Before: the page was rendered on the serving loop, which stood still for the whole render
     # (here ~{render} s per scrape; 29.5 s at 1,000 task types).
     assert lag.worst < max(0.5, render / 3), f"loop stood still {lag.worst:.2f} s (render {render:.2f} s)"

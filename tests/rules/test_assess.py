@@ -1,6 +1,9 @@
-"""One rule's verdict (``rules.assess``) when the RC rests on the model baseline: only its bound counts."""
+"""One rule's verdict (``rules.assess``) on RC: only the interval's bound counts, whatever the
+baseline and whatever RC measure the rule names (no move on a point estimate)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
@@ -8,41 +11,49 @@ from specguard.rules import assess
 from specguard.rules.evidence import Evidence, PoolEvidence
 from tests.rules.test_guard import POLICY, RC
 
+SOURCES = ["live", "profile", "model"]
 
-def model(rc, lower, upper, source="model"):
+
+def measured(rc, lower, upper, source):
     values = {"rc": rc, "rc_lower": lower, "rc_upper": upper}
     return Evidence(pools={"spec-k4": PoolEvidence("spec-k4", values, samples=50, baseline_source=source)})
 
 
+@pytest.mark.parametrize("source", SOURCES)
 @pytest.mark.parametrize(
-    ("evidence", "restoring", "phase", "reason"),
+    ("numbers", "restoring", "phase", "reason"),
     [
         pytest.param(
-            model(1.2, 0.9, 1.5), False, "ok", "rc_lower (0.900) within threshold", id="point-bad-bound-not"
+            (1.2, 0.9, 1.5), False, "ok", "rc_lower (0.900) within threshold", id="point-bad-bound-not"
         ),
         pytest.param(
-            model(1.2, 1.05, 1.4), False, "act", "rc_lower (1.050) > threshold", id="bound-past-threshold"
+            (1.2, 1.05, 1.4), False, "act", "rc_lower (1.050) > threshold", id="bound-past-threshold"
         ),
         pytest.param(
-            model(0.9, 0.7, 1.1), True, "act", "rc_upper (1.100) not < restore", id="restore-needs-upper"
+            (0.9, 0.7, 1.1), True, "act", "rc_upper (1.100) not < restore", id="restore-needs-upper"
         ),
-        pytest.param(model(0.8, 0.7, 0.9), True, "ok", "rc_upper (0.900) < restore", id="restore-on-upper"),
-        pytest.param(
-            model(1.2, 0.9, 1.5, "live"), False, "act", "rc (1.200) > threshold", id="live-uses-point"
-        ),
+        pytest.param((0.8, 0.7, 0.9), True, "ok", "rc_upper (0.900) < restore", id="restore-on-upper"),
     ],
 )
-def test_model_baseline_is_judged_on_the_interval_bound(evidence, restoring, phase, reason):
-    found = assess.assess(RC, "spec-k4", evidence, POLICY, restoring=restoring)
+def test_rc_is_judged_on_the_interval_bound_on_any_baseline(numbers, restoring, phase, reason, source):
+    """The relative-cost rule named ``rc``: the real tier's creative class at RC 1.239 [0.88, 1.63]
+    was moved off on its point; the bound would have held (a live baseline, not only the model)."""
+    found = assess.assess(RC, "spec-k4", measured(*numbers, source), POLICY, restoring=restoring)
     assert found.phase.value == phase
     assert reason in found.reason
-    if evidence.pools["spec-k4"].baseline_source == "model":
-        assert "baseline is the model (no live or profile one): judged on the interval bound" in found.reason
+    assert "judged on the interval bound" in found.reason and "no move on a point estimate" in found.reason
 
 
-def test_model_baseline_without_a_bound_holds():
+def test_a_rule_on_the_upper_bound_still_acts_only_on_the_lower():
+    """Naming the less careful bound does not loosen it: acting off reads rc_lower."""
+    loose = replace(RC, measure="rc_upper")
+    found = assess.assess(loose, "spec-k4", measured(1.2, 0.9, 1.5, "live"), POLICY, restoring=False)
+    assert found.phase.value == "ok" and "rc_lower (0.900)" in found.reason
+
+
+def test_an_rc_without_an_interval_holds():
     evidence = Evidence(
-        pools={"spec-k4": PoolEvidence("spec-k4", {"rc": 1.5}, samples=50, baseline_source="model")}
+        pools={"spec-k4": PoolEvidence("spec-k4", {"rc": 1.5}, samples=50, baseline_source="live")}
     )
     found = assess.assess(RC, "spec-k4", evidence, POLICY, restoring=False)
-    assert found.phase.value == "hold" and "model baseline: no interval bound" in found.reason
+    assert found.phase.value == "hold" and "no value for rc_lower (no interval)" in found.reason

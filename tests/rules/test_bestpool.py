@@ -10,17 +10,29 @@ from specguard.rules import bestpool, guard
 from specguard.rules.evidence import Evidence, PoolEvidence
 from tests.rules.test_guard import POLICY, st
 
-
-def measured(name, rc, samples=50):
-    return PoolEvidence(pool=name, values={"rc": rc, "rc_lower": rc * 0.97}, samples=samples)
+SPREAD = 0.03  # the relative half-width of every interval here unless given
 
 
-def whatif(name, rc, method="histogram", samples=50):
-    return PoolEvidence(pool=name, values={"rc": rc}, samples=samples, predicted=True, method=method)
+def bounds(rc, spread=SPREAD):
+    return {"rc_lower": rc * (1 - spread), "rc_upper": rc * (1 + spread)}
 
 
-def ev(*pools, prior=None):
-    return Evidence(pools={p.pool: p for p in pools}, prior=dict(prior or {}))
+def measured(name, rc, samples=50, spread=SPREAD):
+    return PoolEvidence(pool=name, values={"rc": rc, **bounds(rc, spread)}, samples=samples)
+
+
+def whatif(name, rc, method="histogram", samples=50, spread=SPREAD):
+    values = {"rc": rc, **bounds(rc, spread)}
+    return PoolEvidence(pool=name, values=values, samples=samples, predicted=True, method=method)
+
+
+def ev(*pools, prior=None, spread=SPREAD):
+    prior = dict(prior or {})
+    return Evidence(
+        pools={p.pool: p for p in pools},
+        prior=prior,
+        prior_bounds={name: (rc * (1 - spread), rc * (1 + spread)) for name, rc in prior.items()},
+    )
 
 
 # (pool now, evidence, memory, policy changes, expected (pool, basis) or None)
@@ -103,7 +115,7 @@ CHOICES = [
     ),
     pytest.param(
         "spec-k4",
-        ev(measured("spec-k4", 0.80), prior={"spec-k4": 0.668, "spec-k2": 0.632}),
+        ev(measured("spec-k4", 0.80), prior={"spec-k4": 0.668, "spec-k2": 0.55}),
         {},
         {},
         ("spec-k2", "profile"),
@@ -165,6 +177,38 @@ CHOICES = [
         None,
         id="too-few-samples-on-the-current-pool",
     ),
+    pytest.param(  # the real tier's creative class, moved off on its point with n=12
+        "spec-k4",
+        ev(PoolEvidence("spec-k4", {"rc": 1.239, "rc_lower": 0.88, "rc_upper": 1.63}, samples=50)),
+        {},
+        {},
+        None,
+        id="off-speculation-needs-the-lower-bound-past-one",
+    ),
+    pytest.param(
+        "spec-k4",
+        ev(measured("spec-k4", 0.70), whatif("spec-k2", 0.63, spread=0.2)),
+        {},
+        {},
+        None,
+        id="a-what-if-whose-interval-does-not-clear-moves-nothing",
+    ),
+    pytest.param(
+        "spec-k4",
+        ev(measured("spec-k4", 0.70), PoolEvidence("spec-k2", {"rc": 0.5}, 50, True, method="histogram")),
+        {},
+        {},
+        None,
+        id="an-estimate-without-an-interval-moves-nothing",
+    ),
+    pytest.param(
+        "spec-k4",
+        ev(prior={"spec-k4": 1.36, "spec-k2": 1.15}, spread=0.3),
+        {},
+        {},
+        None,
+        id="a-warm-start-on-a-wide-profile-interval-waits",
+    ),
 ]
 
 
@@ -173,15 +217,18 @@ def test_choose(pool, evidence, memory, changes, expected):
     choice = bestpool.choose(pool, evidence, memory, 100.0, replace(POLICY, **changes))
     assert (None if choice is None else (choice.best.pool, choice.best.basis)) == expected
     if choice is not None:
-        assert choice.best.rc < choice.current.rc * (1 - POLICY.best_pool_margin)
+        assert choice.best.upper < choice.current.lower * (1 - POLICY.best_pool_margin)
         assert choice.best.pool in choice.reason and "cheaper per token" in choice.reason
+        assert "beyond" in choice.reason and "interval" in choice.reason
 
 
 def test_memory_moves_back_only_to_where_an_unconfirmed_move_came_from():
-    evidence, memory = ev(measured("spec-k2", 0.75)), {"spec-k4": (0.66, 90.0)}
+    evidence, memory = ev(measured("spec-k2", 0.75)), {"spec-k4": (0.66, 90.0, 0.64, 0.68)}
     choice = bestpool.choose("spec-k2", evidence, memory, 100.0, POLICY, came_from="spec-k4")
     assert (choice.best.pool, choice.best.basis) == ("spec-k4", "memory")
     assert bestpool.choose("spec-k2", evidence, memory, 100.0, POLICY, came_from="nospec") is None
+    # a memory without its interval blocks but never moves
+    assert bestpool.choose("spec-k2", evidence, {"spec-k4": (0.66, 90.0)}, 100.0, POLICY, "spec-k4") is None
 
 
 def test_scaled_profile_value():
@@ -196,7 +243,8 @@ def test_remember_keeps_fresh_measurements_only():
     memory = {"spec-k2": (0.7, 0.0), "spec-k4": (0.5, 90.0)}
     policy = replace(POLICY, memory_seconds=50)
     out = bestpool.remember(memory, ev(measured("spec-k4", 0.6), whatif("spec-k2", 0.5)), 100.0, policy)
-    assert out == {"spec-k4": (0.6, 100.0)}  # k2's memory expired; a prediction is never remembered
+    # k2's memory expired; a prediction is never remembered; a measurement with its interval
+    assert out == {"spec-k4": pytest.approx((0.6, 100.0, 0.6 * (1 - SPREAD), 0.6 * (1 + SPREAD)))}
 
 
 # ---------------------------------------------------------------- in the state machine
@@ -224,7 +272,7 @@ def test_moves_after_the_consecutive_limit_and_waits_for_confirmation():
     assert "consecutive evaluations (3) > best_pool_consecutive_limit (2)" in last.reason
     assert last.numbers["target_basis"] == "what-if"
     assert state.pending is not None and state.pending.predicted_rc == pytest.approx(0.63)
-    assert state.memory["spec-k4"] == (0.70, 30.0)
+    assert state.memory["spec-k4"][:2] == (0.70, 30.0)
 
 
 def test_a_streak_favouring_another_pool_starts_over():
@@ -234,7 +282,7 @@ def test_a_streak_favouring_another_pool_starts_over():
 
 
 def test_warm_start_acts_on_the_first_evaluation():
-    state, decisions = run([ev(prior={"spec-k4": 0.668, "spec-k2": 0.632})])
+    state, decisions = run([ev(prior={"spec-k4": 0.668, "spec-k2": 0.55})])
     assert (decisions[0].action, decisions[0].cause, state.pool) == ("shorten", "profile", "spec-k2")
     assert "no live evidence yet" in decisions[0].reason
 
@@ -248,8 +296,8 @@ def test_best_pool_respects_cooldown_and_dry_run():
 
 
 def test_no_flapping_when_the_prediction_was_wrong():
-    """K=2 predicted 0.63 but measures 0.75: back to K=4 once, then the memory holds it there."""
-    on_k2 = ev(measured("spec-k2", 0.75), whatif("spec-k4", 0.55, "extrapolated"))
+    """K=2 predicted 0.63 but measures 0.80: back to K=4 once, then the memory holds it there."""
+    on_k2 = ev(measured("spec-k2", 0.80), whatif("spec-k4", 0.55, "extrapolated"))
     state, first = run([CHEAPER_K2] * 3)
     state, second = run([on_k2] * 8, state=state, start=100.0)
     state, third = run([CHEAPER_K2] * 60, state=state, start=200.0)
@@ -307,34 +355,40 @@ def test_a_stale_memory_of_the_current_pool_never_moves_the_class():
 
 def test_every_estimate_says_which_measurement_when_and_at_which_load():
     evidence = ev(
-        PoolEvidence("spec-k4", {"rc": 0.70}, samples=88, baseline_source="live"),
+        PoolEvidence("spec-k4", {"rc": 0.70, **bounds(0.70)}, samples=88, baseline_source="live"),
         PoolEvidence(
-            "spec-k2", {"rc": 0.63}, samples=88, predicted=True, method="histogram", made_from="spec-k4"
+            "spec-k2",
+            {"rc": 0.60, **bounds(0.60)},
+            samples=88,
+            predicted=True,
+            method="histogram",
+            made_from="spec-k4",
         ),
         prior={"spec-k4": 0.64, "spec-k4x": 0.5},
     )
     found = bestpool.estimates("spec-k4", evidence, {"spec-k2": (0.9, 45.0)}, 100.0, POLICY, "medium")
-    assert (
-        found["spec-k4"].text() == "spec-k4 0.700 (measured: last 300 s at load medium, n=88, baseline live)"
+    assert found["spec-k4"].text() == (
+        "spec-k4 0.700 [0.679, 0.721] (measured: last 300 s at load medium, n=88, baseline live)"
     )
-    assert found["spec-k2"].text() == "spec-k2 0.900 (memory: measured 55 s ago at load medium)"
+    assert found["spec-k2"].text() == "spec-k2 0.900 (no interval) (memory: measured 55 s ago at load medium)"
     assert found["nospec"].text() == "nospec 1.000 (definition: no speculation)"
     without_memory = bestpool.estimates("spec-k4", evidence, {}, 100.0, POLICY, "medium")
     assert without_memory["spec-k2"].text() == (
-        "spec-k2 0.630 (what-if: from 88 requests measured on spec-k4 at load medium)"
+        "spec-k2 0.600 [0.582, 0.618] (what-if: from 88 requests measured on spec-k4 at load medium)"
     )
     choice = bestpool.choose("spec-k4", evidence, {}, 100.0, POLICY, load_bucket="medium")
     assert "(what-if: from 88 requests measured on spec-k4 at load medium)" in choice.reason
     assert "(measured: last 300 s at load medium, n=88, baseline live)" in choice.reason
+    assert "beyond both intervals: 0.618 < 0.679 x (1 - best_pool_margin 0.03)" in choice.reason
 
 
 def test_a_rule_breach_says_where_its_number_comes_from():
-    bad = ev(PoolEvidence("spec-k4", {"rc": 1.2}, samples=50, baseline_source="profile"))
+    bad = ev(PoolEvidence("spec-k4", {"rc": 1.2, **bounds(1.2)}, samples=50, baseline_source="profile"))
     _, decisions = run([bad, bad], state=st())
     off = decisions[-1]
     assert off.action == "off"
     assert (
-        "rc (1.200) > threshold (1.0) [measured on spec-k4 at load low over the last 300 s, n=50, "
+        "rc_lower (1.164) > threshold (1.0) [measured on spec-k4 at load low over the last 300 s, n=50, "
         "baseline profile]"
     ) in off.reason
     predicted = PoolEvidence("spec-k2", {"rc": 0.8}, samples=50, predicted=True, made_from="spec-k4")
@@ -349,15 +403,46 @@ def on_model(name, rc, lower, upper=None):
     return PoolEvidence(pool=name, values=values, samples=50, baseline_source="model")
 
 
-def test_a_model_baseline_moves_a_class_off_speculation_only_on_its_lower_bound():
+def test_off_speculation_only_on_the_lower_bound_and_between_pools_beyond_both_intervals():
     # point estimate 1.10 (no-spec at 1.0 is cheaper by 9%), but the lower bound 0.96 is not past 1.0
     unsure = bestpool.choose("spec-k4", ev(on_model("spec-k4", 1.10, 0.96)), {}, 0.0, POLICY)
     assert unsure is None
     sure = bestpool.choose("spec-k4", ev(on_model("spec-k4", 1.30, 1.12)), {}, 0.0, POLICY)
     assert sure is not None and sure.best.pool == "nospec"
-    assert "model baseline: lower bound 1.120" in sure.reason
-    # between speculative pools the baseline cancels out: the point estimates decide
-    k2 = bestpool.choose(
-        "spec-k4", ev(on_model("spec-k4", 1.10, 0.96), whatif("spec-k2", 0.80)), {}, 0.0, POLICY
+    assert "spec-k4 1.300 [1.120, 1.560]" in sure.reason
+    # the K=2 what-if made from that measurement carries its relative interval: [0.698, 0.960]
+    # does not clear 0.96 x 0.97, so no move on its point 0.80 either
+    k2 = PoolEvidence(
+        "spec-k2", {"rc": 0.80, "rc_lower": 0.698, "rc_upper": 0.96}, 50, True, method="histogram"
     )
-    assert k2 is not None and k2.best.pool == "spec-k2"
+    assert bestpool.choose("spec-k4", ev(on_model("spec-k4", 1.10, 0.96), k2), {}, 0.0, POLICY) is None
+
+
+def test_a_what_if_from_the_current_pool_is_judged_on_its_ratios_interval():
+    """K=2's what-if made from K=4's own requests: the baseline cancels in the benefit, so a K=4
+    interval of +-10% (most of it the baseline's) does not hide an 11% gain whose ratio is known to
+    +-3%; the same what-if with a ratio known to +-10% moves nothing."""
+    current = measured("spec-k4", 0.70, spread=0.10)
+    tight = PoolEvidence(
+        "spec-k2",
+        {"rc": 0.62, **bounds(0.62, 0.10), "ratio_spread": 0.03},
+        50,
+        True,
+        method="histogram",
+        made_from="spec-k4",
+    )
+    choice = bestpool.choose("spec-k4", ev(current, tight), {}, 0.0, POLICY)
+    assert choice is not None and choice.best.pool == "spec-k2"
+    assert "beyond the ratio's interval: 0.886, up to 0.913 < 1 - margin 0.03" in choice.reason
+    loose = replace(tight, values={**tight.values, "ratio_spread": 0.10})
+    assert bestpool.choose("spec-k4", ev(current, loose), {}, 0.0, POLICY) is None
+    # made from another pool's requests: the two intervals, each whole
+    other = replace(tight, made_from="spec-k8")
+    assert bestpool.choose("spec-k4", ev(current, other), {}, 0.0, POLICY) is None
+
+
+def test_two_measured_pools_are_compared_on_their_spec_sides():
+    k4 = PoolEvidence("spec-k4", {"rc": 0.70, **bounds(0.70, 0.10), "spec_spread": 0.03}, samples=50)
+    k2 = PoolEvidence("spec-k2", {"rc": 0.62, **bounds(0.62, 0.10), "spec_spread": 0.03}, samples=50)
+    choice = bestpool.choose("spec-k4", ev(k4, k2), {}, 0.0, POLICY)
+    assert choice is not None and "ratio's interval: 0.886, up to 0.924" in choice.reason

@@ -223,11 +223,16 @@ def test_class_scope_prefers_the_class_own_baseline_when_it_has_enough():
     records = make_records(rng, 50, pool="spec-k4", k=4, a=0.7)
     records += make_records(rng, 40, pool="nospec", k=0, task_type="code")
     records += make_records(rng, 40, pool="nospec", k=0, task_type="chat", batch=30)
-    scoped = dataclasses.replace(SETTINGS, baseline_scope="class_then_load")
-    own = by_key(cost.evaluate(records, POOLS, None, 0.0, scoped))
-    pooled = by_key(cost.evaluate(records, POOLS, None, 0.0, SETTINGS))
-    assert own.n_base == 40 and "class code/greedy" in own.baseline_detail
+    truth = true_rc(0.7, 4, 2)
+    for scope in ("class_then_load", "class_then_geometry"):
+        scoped = dataclasses.replace(SETTINGS, baseline_scope=scope)
+        own = by_key(cost.evaluate(records, POOLS, None, 0.0, scoped))
+        assert own.n_base == 40 and "class code/greedy" in own.baseline_detail
+        assert own.rc == pytest.approx(truth, rel=0.05)
+    pooling = dataclasses.replace(SETTINGS, baseline_scope="load")
+    pooled = by_key(cost.evaluate(records, POOLS, None, 0.0, pooling))
     assert pooled.n_base == 80 and "all classes" in pooled.baseline_detail
+    assert pooled.rc < 0.8 * truth  # chat's no-spec requests ran at 30 in flight: slower per token
 
 
 def test_bootstrap_jackknife_and_delta_intervals_agree_and_bootstrap_is_reproducible():

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -130,3 +131,22 @@ def test_classes_measured_on_two_pools_get_predictions_for_each_other():
     assert by_pool["spec-k2"].predictions[0].acceptance_method == "extrapolated"
     assert by_pool["spec-k4"].predictions[0].rc == pytest.approx(by_pool["spec-k2"].rc, rel=0.08)
     assert dataclasses.asdict(by_pool["spec-k4"])["predictions"][0]["pool"] == "spec-k2"
+
+
+def test_a_what_if_carries_the_interval_of_its_ratio_to_the_measurement_it_came_from():
+    """The benefit of a move to a shorter K is ``RC(K') / RC(K)``: the baseline cancels, and what is
+    left is the acceptance and TPOT of the same requests and the target pool's step time. Its
+    interval is narrower than either RC's, and it covers what K=2 then measures."""
+    rng = np.random.default_rng(31)
+    records = make_records(rng, 120, pool="spec-k4", k=4, a=0.6)
+    records += make_records(rng, 120, pool="spec-k2", k=2, a=0.6, route="probe")
+    records += make_records(rng, 60, pool="nospec", k=0)
+    results = cost.evaluate(records, {"spec-k4": 4, "spec-k2": 2, "nospec": 0}, None, 0.0, SETTINGS)
+    by_pool = {c.pool: c for c in results}
+    k4, k2 = by_pool["spec-k4"], by_pool["spec-k2"]
+    (to_k2,) = k4.predictions
+    assert to_k2.ratio_spread is not None and 0 < to_k2.ratio_spread < math.log(k4.upper / k4.rc)
+    predicted, measured = to_k2.rc / k4.rc, k2.rc / k4.rc
+    combined = math.hypot(to_k2.ratio_spread, k2.spec_spread)  # and K=2's own measurement noise
+    assert abs(math.log(predicted / measured)) < combined
+    assert 0 < k4.spec_spread < math.log(k4.upper / k4.rc)  # the spec side alone: no baseline in it

@@ -8,6 +8,8 @@ the class went off instead of to K=2).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from specguard.rules import guard
@@ -34,11 +36,26 @@ def test_a_measurement_with_enough_samples_beats_the_what_if(order):
     assert not k2.predicted and k2.samples == MIN + 5 and k2.values["rc"] == pytest.approx(0.90)
 
 
-def test_the_losing_class_shortens_to_k2_instead_of_going_off():
-    evidence = evidence_from_costs([K2_THIN, K4_LOSING], policy=POLICY, load_order=ORDER)[key("medium")]
+def decide(*costs):
+    evidence = evidence_from_costs(list(costs), policy=POLICY, load_order=ORDER)[key("medium")]
     state = guard.initial_state(key("medium"), POLICY)
     limit = POLICY.rules[0].limits.consecutive_failure_limit
     for tick in range(limit + 1):
         state, decision = guard.step(state, evidence, 30.0 * (tick + 1), POLICY)
+    return evidence, decision
+
+
+def test_the_losing_class_shortens_to_k2_instead_of_going_off():
+    tight = replace(K4_LOSING, lower=1.25, upper=1.35)
+    evidence, decision = decide(K2_THIN, tight)
     assert (decision.action, decision.to_pool) == ("shorten", "spec-k2")
     assert decision.numbers["target_predicted"] is True
+    # the what-if carries the relative interval of the measurement it was made from
+    k2 = evidence.pools["spec-k2"].values
+    assert (k2["rc_lower"], k2["rc_upper"]) == pytest.approx((0.85 * 1.25 / 1.30, 0.85 * 1.35 / 1.30))
+
+
+def test_a_shorter_k_whose_upper_bound_is_not_good_is_no_place_to_go():
+    """K=2 predicted 0.85 from a K=4 measurement of [1.20, 1.56]: up to 1.02, so off instead."""
+    _, decision = decide(K2_THIN, K4_LOSING)
+    assert (decision.action, decision.to_pool) == ("off", "nospec")

@@ -35,7 +35,12 @@ POLICY = policy_mod.Policy(
 
 
 def pool(name, rc, samples=50, predicted=False, **values):
-    return PoolEvidence(pool=name, values={"rc": rc, **values}, samples=samples, predicted=predicted)
+    """A pool's evidence; its interval is the point itself unless given (a certain measurement: the
+    rules read the bounds, never the point)."""
+    bounds = {"rc_lower": rc, "rc_upper": rc}
+    return PoolEvidence(
+        pool=name, values={"rc": rc, **bounds, **values}, samples=samples, predicted=predicted
+    )
 
 
 def ev(*pools, alerts=(), error=None):
@@ -80,7 +85,9 @@ CASES = [
         id="nan-hold",
     ),
     # --- good evidence on the default pool: ok
-    pytest.param(st(), GOOD, 100, "ok", "none", "spec-k4", "rc (0.800) within threshold (1.0)", id="good-ok"),
+    pytest.param(
+        st(), GOOD, 100, "ok", "none", "spec-k4", "rc_lower (0.800) within threshold (1.0)", id="good-ok"
+    ),
     # --- consecutive failure limit: 1st bad evaluation holds, 2nd acts
     pytest.param(
         st(),
@@ -142,7 +149,7 @@ CASES = [
         "act",
         "shorten",
         "spec-k2",
-        "rc (1.200) > threshold (1.0)",
+        "rc_lower (1.200) > threshold (1.0)",
         id="shorten-to-k2",
     ),
     pytest.param(
@@ -237,7 +244,7 @@ CASES = [
         "ok",
         "none",
         "nospec",
-        "rc (0.970) not < restore_threshold (0.95)",
+        "rc_upper (0.970) not < restore_threshold (0.95)",
         id="hysteresis-0.97-stays-off",
     ),
     pytest.param(
@@ -267,7 +274,7 @@ CASES = [
         "act",
         "restore",
         "spec-k4",
-        "rc (0.900) < restore_threshold",
+        "rc_upper (0.900) < restore_threshold",
         id="restore-after-window",
     ),
     pytest.param(
@@ -604,9 +611,11 @@ def test_backward_jump_is_bounded_cooldown_then_acts():
     assert later.action == "off", later.reason
 
 
-def exact_whatif(name, rc, samples=50):
-    """A what-if for a shorter K from the histograms measured on a longer one (exact acceptance)."""
-    return PoolEvidence(pool=name, values={"rc": rc}, samples=samples, predicted=True, method="histogram")
+def exact_whatif(name, rc, samples=50, bounds=(0.95, 1.05)):
+    """A what-if for a shorter K from the histograms measured on a longer one (exact acceptance),
+    with the relative interval of the measurement it came from."""
+    values = {"rc": rc, "rc_lower": rc * bounds[0], "rc_upper": rc * bounds[1]}
+    return PoolEvidence(pool=name, values=values, samples=samples, predicted=True, method="histogram")
 
 
 OFF_PROBES = ev(pool("spec-k4", 1.15, rc_lower=1.1), exact_whatif("spec-k2", 0.85))
@@ -638,6 +647,17 @@ def test_an_off_class_comes_back_to_a_shorter_k_on_its_probes():
         now += 10
     assert [(d.action, d.to_pool) for d in later if d.changes_plan] == [("revert", "nospec")]
     assert state.pool == "nospec"
+
+
+def test_a_restore_needs_the_what_ifs_upper_bound_below_the_threshold_not_its_point():
+    """No move on a point estimate: K=2's what-if at 0.85 with an interval up to 1.02 is no reason
+    to turn speculation back on; the same point with an interval up to 0.89 is."""
+    wide = ev(pool("spec-k4", 1.15, rc_lower=1.1), exact_whatif("spec-k2", 0.85, bounds=(0.7, 1.2)))
+    state = st("nospec")
+    for tick in range(20):
+        state, decision = guard.step(state, wide, 100.0 + 10 * tick, POLICY)
+        assert not decision.changes_plan, decision.reason
+    assert "rc_upper (1.020) not < restore_threshold (0.95)" in decision.reason
 
 
 def test_a_longer_k_still_needs_a_measurement_to_restore():

@@ -17,15 +17,20 @@ STEP = st.tuples(
     RC,  # rc on spec-k2, predicted
     st.integers(min_value=0, max_value=60),  # samples
     st.booleans(),  # source error
+    st.floats(min_value=0.0, max_value=0.3),  # half-width of the intervals (relative)
 )
 
 
-def evidence(k4, k2, samples, error):
+def evidence(k4, k2, samples, error, width=0.0):
     pools = {}
+
+    def values(rc):
+        return {"rc": rc, "rc_lower": rc * (1 - width), "rc_upper": rc * (1 + width)}
+
     if k4 is not None:
-        pools["spec-k4"] = PoolEvidence("spec-k4", {"rc": k4}, samples)
+        pools["spec-k4"] = PoolEvidence("spec-k4", values(k4), samples)
     if k2 is not None:
-        pools["spec-k2"] = PoolEvidence("spec-k2", {"rc": k2}, samples, predicted=True)
+        pools["spec-k2"] = PoolEvidence("spec-k2", values(k2), samples, predicted=True, method="histogram")
     return Evidence(pools=pools, error="down" if error else None)
 
 
@@ -35,9 +40,9 @@ def test_actions_respect_cooldown_cap_and_stabilisation(steps):
     state = guard.initial_state(KEY, POLICY)
     now = 0.0
     actions = []
-    for k4, k2, samples, error in steps:
+    for k4, k2, samples, error, width in steps:
         now += 10.0
-        state, decision = guard.step(state, evidence(k4, k2, samples, error), now, POLICY)
+        state, decision = guard.step(state, evidence(k4, k2, samples, error, width), now, POLICY)
         if decision.changes_plan and decision.action not in ("freeze",):
             actions.append(decision)
         assert decision.phase.value in ("ok", "act", "hold", "error")
@@ -59,19 +64,23 @@ def test_only_bad_evidence_moves_a_class_off_its_default_pool(steps):
     state = guard.initial_state(KEY, POLICY)
     now = 0.0
     seen = []
-    for k4, k2, samples, error in steps:
+    for k4, k2, samples, error, width in steps:
         now += 10.0
         before = state.pool
         seen.append((k2, error))
-        state, decision = guard.step(state, evidence(k4, k2, samples, error), now, POLICY)
+        state, decision = guard.step(state, evidence(k4, k2, samples, error, width), now, POLICY)
         if before == "spec-k4" and state.pool != "spec-k4":
             assert decision.action in ("off", "shorten")
             if decision.cause == "best_pool":
                 numbers = decision.numbers
-                assert numbers["target_rc"] < numbers["current_rc"] * (1 - POLICY.best_pool_margin)
+                # beyond both intervals, never on the points
+                limit = numbers["current_rc"] * (1 - width) * (1 - POLICY.best_pool_margin)
+                assert numbers["target_rc"] * (1 + width) < limit + 1e-9 or decision.to_pool == "nospec"
+                if decision.to_pool == "nospec":
+                    assert 1.0 < numbers["current_rc"] * (1 - width) * (1 - POLICY.best_pool_margin) + 1e-9
                 # errors neither count nor reset (Argo); the favouring evaluations are the others
                 assert sum(1 for _, err in seen if not err) > POLICY.best_pool_consecutive_limit
                 if decision.to_pool == "spec-k2":
                     assert k2 is not None and k2 == numbers["target_rc"]
             else:
-                assert k4 is not None and k4 > 1.0 and samples >= 10 and not error
+                assert k4 is not None and k4 * (1 - width) > 1.0 and samples >= 10 and not error

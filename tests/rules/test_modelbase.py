@@ -9,10 +9,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from specguard.errors import InputError
 from specguard.exporters.records import RequestRecord, SpecStats
 from specguard.exporters.snapshot import EngineSnapshot, HistogramTotals
 from specguard.rules import baseline, cost, modelbase, profile
 from specguard.rules.cost_config import CostSettings
+from specguard.rules.stepfit import StepObservation
 
 POOLS = {"spec-k4": 4, "spec-k2": 2, "nospec": 0}
 SETTINGS = CostSettings(min_samples=10, baseline_min_samples=10).with_traffic(
@@ -80,19 +82,57 @@ def test_steps_of_a_request_are_its_tokens_less_its_accepted_drafts():
 
 
 def test_the_fit_predicts_tpot_base_where_the_nospec_pool_never_ran_with_an_interval():
-    fitted = modelbase.fit(world(), POOLS)
+    fitted = modelbase.fit(world(nospec_loads=range(1, 21)), POOLS)
     assert isinstance(fitted, modelbase.ModelBaseline), fitted
-    assert fitted.nospec_loads == (pytest.approx(1.0), pytest.approx(8.0))
-    for load in (30.0, 64.0):  # medium and high load: 4x and 8x the no-spec pool's highest
+    assert fitted.nospec_loads == (pytest.approx(1.0), pytest.approx(20.0))
+    widths = []
+    for load in (20.0, 30.0, 40.0):  # the highest no-spec load, 1.5x and 2x it
         value, log_var = fitted.tpot(load)
         assert value == pytest.approx(step(load, 0), rel=0.04)
         assert abs(math.log(value / step(load, 0))) <= 1.96 * math.sqrt(log_var)
-        assert 0.02 < 1.96 * math.sqrt(log_var) < 0.25  # an interval, neither none nor useless
-    # beyond the knee the no-spec pool never showed, the speculative pools' curvature carries over
-    value, _ = fitted.tpot(200.0)
-    linear = 0.016 + 0.00008 * 200
-    assert value > linear and value == pytest.approx(step(200.0, 0), rel=0.08)
-    assert "model: T_base(load 64.0)" in fitted.detail(64.0) and "ran at loads 1.0-8.0" in fitted.detail(64.0)
+        widths.append(1.96 * math.sqrt(log_var))
+    assert widths[0] < widths[1] < widths[2] < 0.25  # wider with the distance, never useless
+    assert "model: T_base(load 40.0)" in fitted.detail(40.0) and "ran at loads 1.0-20.0" in fitted.detail(
+        40.0
+    )
+
+
+def test_the_model_is_not_read_past_twice_the_loads_the_no_spec_pool_ran_at():
+    """Whatever the fit says there: a line fitted at a few requests in flight, read at 35, once
+    gave 3.7 s per token. ``none`` beyond, with the reason in the baseline's detail."""
+    fitted = modelbase.fit(world(), POOLS)  # the no-spec pool at 1-8
+    assert fitted.tpot(16.0)[0] == pytest.approx(step(16.0, 0), rel=0.04)
+    assert "load 16.1 is more than 2x beyond" in fitted.reach(16.1)
+    with pytest.raises(InputError, match="more than 2x beyond the loads the no-spec pool ran at"):
+        fitted.tpot(64.0)
+    assert "not extrapolated" in fitted.reach(0.4)  # below the lowest too
+    costs, buckets = cost.evaluate_all(world(), POOLS, None, 0.0, SETTINGS)
+    high = next(c for c in costs if c.load_bucket == "high" and c.pool == "spec-k4")
+    assert (high.baseline_source, high.rc) == ("none", None)
+    assert "more than 2x beyond the loads the no-spec pool ran at (1.0-8.0)" in high.baseline_detail
+    assert buckets["high"].source == "none" and "2x beyond" in buckets["high"].detail
+
+
+def test_step_costs_are_never_negative_and_a_pinned_one_keeps_its_uncertainty():
+    """Two no-spec loads whose TPOT rises faster than the intercept allows (77 ms at 1, 182 ms at
+    2): unconstrained, ``-28.3 ms + 105 ms*B``; constrained, a line through the origin region that
+    never goes below zero, and the unconstrained fit's covariance."""
+    rng = np.random.default_rng(7)
+    rows = []
+    for load, tpot in ((1.0, 0.0767), (2.0, 0.1817)):
+        for _ in range(20):
+            rows.append(("nospec", StepObservation(tpot * float(rng.lognormal(0, 0.03)), load, 0)))
+    for load in (1.0, 1.5, 2.0):
+        for _ in range(10):
+            rows.append(("spec", StepObservation(0.12 * load * float(rng.lognormal(0, 0.03)), load, 4)))
+    model, _ = modelbase._solve(rows, None)
+    assert model.intercept >= 0.0 and model.slope >= 0.0
+    assert model.predict(1.5)[0] > 0
+    assert model.covariance[0][0] > 0  # the intercept pinned at zero is still uncertain
+    design = np.array([[1.0, 2.0], [1.0, 1.0], [0.0, 1.0]])
+    beta = modelbase.nonnegative(design, np.array([1.0, -1.0, 2.0]))
+    assert (beta >= 0).all()
+    assert modelbase.nonnegative(design, np.array([1.0, -1.0, 2.0]), constrained=[1])[0] < 0
 
 
 def test_the_fit_says_why_when_it_cannot_be_made():
@@ -142,7 +182,7 @@ def test_engine_intervals_join_the_fit_weighted_as_the_requests_they_stand_for()
         engine.append(("nospec", obs, n))
     fitted = modelbase.fit(records, POOLS, engine)
     assert "2 engine-page intervals" in fitted.inputs
-    assert fitted.tpot(40.0)[0] == pytest.approx(step(40.0, 0), rel=0.04)
+    assert fitted.tpot(16.0)[0] == pytest.approx(step(16.0, 0), rel=0.04)
 
 
 def evaluate(records, profile_=None, stack=None, settings=SETTINGS):
@@ -154,7 +194,7 @@ def medium(costs):
 
 
 def test_trust_order_live_then_fresh_profile_then_model_then_none():
-    records = world()
+    records = world(nospec_loads=range(1, 21))
     costs, buckets = evaluate(records)
     # the no-spec pool ran at low load only: live there, the model at medium and high
     assert buckets["low"].source == "live" and buckets["low"].available == ("live", "model")

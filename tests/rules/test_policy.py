@@ -15,7 +15,7 @@ def test_shipped_default_is_valid_and_documented():
     assert (rc.measure, rc.threshold, rc.restore_measure, rc.restore_threshold) == (
         "rc_lower",
         1.0,
-        "rc",
+        "rc_upper",
         0.95,
     )
     assert rc.limits.stabilization_window_seconds == 300 and rc.limits.consecutive_error_limit == 4

@@ -138,6 +138,9 @@ def follower_config(
         plan_source(source, decider, kube, workdir), plan_file=str(workdir / f"follower-{index}-plan.json")
     )
     config["actuators"] = acts
+    token = workdir / "follower-token"  # its control listener's credential: /status (plan_of) reads it
+    token.write_text(TOKEN + "\n")
+    config["server"] = {"token_file": str(token)}
     return config
 
 
@@ -242,15 +245,18 @@ def counter_sums(samples, names: dict[str, str]) -> dict[tuple[str, str, str], d
 
 
 def plan_of(url: str) -> tuple[int, dict[tuple[str, str, str], str]]:
-    """(plan version, plan) a specguard process exports on /metrics."""
-    samples = scrape(url)
-    version = next(int(s.value) for s in samples if s.name == "specguard_plan_version")
-    plan = {
-        (s.labels["task_type"], s.labels["temperature_bucket"], s.labels["load_bucket"]): s.labels["pool"]
-        for s in samples
-        if s.name == "specguard_plan_info" and s.value == 1
-    }
-    return version, plan
+    """(plan version, plan) a specguard process holds: its /status (the plan's cells are on /metrics
+    only where the plan is decided), with the version it exports on /metrics, which must agree."""
+    for _ in range(5):  # a plan adopted between the two reads: read both again
+        status, body = http_get(control_url(url) + "/status", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert status == 200, (url, status, body[:200])
+        doc = json.loads(body)
+        exported = next(int(s.value) for s in scrape(url) if s.name == "specguard_plan_version")
+        if exported == doc["plan_version"]:
+            break
+    assert exported == doc["plan_version"], (url, exported, doc["plan_version"])
+    cells = {(c["task_type"], c["temperature_bucket"], c["load_bucket"]): c["pool"] for c in doc["classes"]}
+    return doc["plan_version"], {key: pool for key, pool in cells.items() if pool}
 
 
 def sample(url: str, name: str, **labels: str) -> float | None:

@@ -9,13 +9,17 @@ ConfigMap of the loopback Kubernetes API stand-in (the decider holds its Lease).
 Asserted: the fleet-wide per-class counters in Prometheus equal the sum over the followers and
 the simulators' truth; RC per class comes from the recording rule across at least two
 replicas' estimates; the decider moves the losing class and every follower routes it the new way
-within one poll interval plus one scrape; with the decider killed every follower keeps routing
-by the last plan (also across its own restart); a restarted decider resumes without a plan change.
+within one poll interval plus one scrape; the plan reaches Prometheus from the decider alone
+(under its own job; the followers export its version) and the recording rules, the dashboard's
+verdict and the version comparison of SpecGuardPlanStale all read it across the two jobs; with
+the decider killed every follower keeps routing by the last plan (also across its own restart); a
+restarted decider resumes without a plan change.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from pathlib import Path
 
@@ -39,13 +43,14 @@ from fleethelp import (
     start_run,
     truth_counts,
 )
-from stackhelp import Stack, control_url, free_port, scrape, wait_until
+from stackhelp import DASHBOARD, Stack, control_url, free_port, scrape, substitute, wait_until
 
 from tests.monitor.kubekit import FakeKubeApi, Threaded
 
 pytestmark = pytest.mark.stack
 
 CREATIVE = ("creative", "high", "low")
+CELL = ("task_type", "temperature_bucket", "load_bucket", "pool")
 # RC across the followers by hand: their estimates weighted by speculative samples, and how many
 WEIGHTED = """
 label_replace(
@@ -63,6 +68,54 @@ def creative_routes(url: str) -> tuple[float, float]:
         if s.name == "specguard_requests_total" and s.labels["task_type"] == "creative":
             got[s.labels["pool"]] += s.value
     return got["nospec"], got["spec-k4"]
+
+
+def adopted_at(prom, version: int) -> dict[str, float]:
+    """When each follower's `version` first reached Prometheus: instance -> sample timestamp."""
+    out = {}
+    for row in prom.query('specguard_plan_version{job="fleet"}[1m]'):
+        at = [float(t) for t, v in row["values"] if float(v) == version]
+        if at:
+            out[row["metric"]["instance"]] = min(at)
+    return out
+
+
+def verdict(prom, panel: str, job: str) -> set[tuple[str, ...]]:
+    """(task_type, temperature_bucket, load_bucket, pool) rows of a dashboard verdict panel, run as
+    Grafana runs it with `job` as the job variable's regex and every other variable on All."""
+    (target,) = next(p for p in json.loads(DASHBOARD.read_text())["panels"] if p["title"] == panel)["targets"]
+    expr = substitute(target["expr"].replace("$job", job))
+    return {tuple(r["metric"][k] for k in CELL) for r in prom.query(expr)}
+
+
+def plan_in_prometheus(prom, followers: list[str], version: int, creative_sel: str) -> None:
+    """The plan reaches Prometheus from the decider alone, under its own job, and everything that
+    reads it still does: the planned/probe split of the followers' RC, the dashboard's verdict,
+    and the version comparison that finds a lagging follower."""
+    cells = "specguard_(plan_info|speculation_enabled|num_speculative_tokens)"
+    assert prom.query(f'count_over_time({{__name__=~"{cells}",job="fleet"}}[10m])') == []  # no follower's
+    on_nospec = creative_sel.replace("spec-k4", "nospec")
+    plan = f'class_load:specguard_plan_info:max{{job="specguard-guard",{on_nospec}}} == 1'
+    wait_until("the decider's plan recorded", lambda: prom.value(plan), 10)
+    # the followers' RC of creative on spec-k4 is probe traffic now: the rules join the decider's plan
+    probe = f'pool_class_load:specguard_probe_relative_cost_per_token:ratio{{job="fleet",{creative_sel}}}'
+    wait_until("creative on spec-k4 recorded as probe", lambda: prom.value(probe), 10)
+    planned = f"pool_class_load:specguard_planned_relative_cost_per_token:ratio{{{creative_sel}}}"
+    assert not prom.value(planned)
+    # the dashboard: with the decider's job in view creative is on its probe panel, not planned;
+    # with only the followers' job the plan is out of view, and every pool counts as planned
+    creative = tuple(CREATIVE) + ("spec-k4",)
+    title = "Relative cost per token (RC) per class, as planned"
+    assert creative not in verdict(prom, title, "fleet|specguard-guard")
+    assert creative in verdict(prom, "RC on probe traffic (classes planned elsewhere)", ".+")
+    assert creative in verdict(prom, title, "fleet")
+    # SpecGuardPlanStale's comparison, with == for !=: each follower's version against the leader's
+    same = (
+        "(specguard_plan_version and specguard_plan_age_seconds) == on (namespace) group_left () "
+        "max by (namespace) (specguard_plan_version and (specguard_guard_leader == 1))"
+    )
+    matched = {dict(k)["instance"]: v for k, v in prom.value(same).items()}
+    assert matched == {u.split("//")[1]: version for u in followers}, matched
 
 
 @pytest.mark.parametrize("source", ["http", "configmap"])
@@ -126,26 +179,27 @@ def test_fleet_end_to_end(tmp_path: Path, source: str):
         assert {r["class"] for r in decisions} == {"creative/high"}
         version = moved["plan_version"]
         for url in followers:
-            wait_until(
+            wait_until(  # or a newer one: the decider may publish again before a follower polls
                 f"{url} follows version {version}",
-                lambda url=url: plan_of(url)[0] == version,
+                lambda url=url: plan_of(url)[0] >= version,
                 POLL_SECONDS * 3,
                 stack.procs,
                 interval=0.1,
             )
             assert plan_of(url)[1][CREATIVE] == "nospec"
         timings["followed"] = time.monotonic() - t0
-        on_nospec = f'specguard_plan_info{{job="fleet",{creative_sel.replace("spec-k4", "nospec")}}}'
-        seen = wait_until(
-            "the new plan scraped from every follower",
-            lambda: len(prom.query(f"{on_nospec}[1m]")) == len(followers) and prom.query(f"{on_nospec}[1m]"),
+        # each follower's new version in Prometheus (the plan's cells come from the decider only)
+        firsts = wait_until(
+            "the new plan version scraped from every follower",
+            lambda: len(adopted_at(prom, version)) == len(followers) and adopted_at(prom, version),
             10,
             stack.procs,
         )
         # from the moment the decider published the plan (wrote its plan file, served and patched it)
         published = (tmp_path / "decider-plan.json").stat().st_mtime
-        delays = [float(series["values"][0][0]) - published for series in seen]
+        delays = [at - published for at in firsts.values()]
         assert max(delays) <= POLL_SECONDS + SCRAPE_SECONDS + 1.0, delays  # 1 s: scheduling on a busy box
+        plan_in_prometheus(prom, followers, version, creative_sel)
         print(
             "seconds from the plan's publication to Prometheus, per follower:", [round(d, 2) for d in delays]
         )

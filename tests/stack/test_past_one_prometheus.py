@@ -1,18 +1,20 @@
 """Past one Prometheus, with real parts: the fleet of tests/stack/test_fleet.py (three simulator
 replicas, a follower per replica, the shipped decider) watched the way a fleet that outgrew one
-Prometheus is. An edge Prometheus in agent mode scrapes the followers and remote-writes their
-raw series to a second Debian Prometheus in remote-write receiver mode, which plays the
+Prometheus is. An edge Prometheus in agent mode scrapes the followers and the decider and
+remote-writes their raw series to a second Debian Prometheus in remote-write receiver mode, which plays the
 Mimir/Thanos-class store: the shipped rules run there (the edge has none) and the decider's
 `guard.prometheus.url` points at it. Next to it, the alternative: a Prometheus that scrapes the
 followers itself with the shipped rules (also the one-Prometheus reference) and one that federates
 only its recorded aggregates.
 
 Asserted: the decider, reading only the store, moves the losing class on the value the store
-recorded; the store holds every follower's raw series, labels intact (job, instance), and the
-fleet-wide counters equal the sum over the followers; with the followers' numbers settled, every
-query the decider runs (its PromQL rules rendered for every class and speculative pool, as it
-renders them) answers the same through the store, the reference and the federating Prometheus,
-at one evaluation timestamp, and equals RC combined by hand from the followers' own /metrics.
+recorded, and its plan (scraped from the decider by the edge) is recorded by the store's ruler as
+by the reference, and federated; the store holds every follower's raw series, labels intact (job,
+instance), and the fleet-wide counters equal the sum over the followers; with the followers'
+numbers settled, every query the decider runs (its PromQL rules rendered for every class and
+speculative pool, as it renders them) answers the same through the store, the reference and the
+federating Prometheus, at one evaluation timestamp, and equals RC combined by hand from the
+followers' own /metrics.
 """
 
 from __future__ import annotations
@@ -132,7 +134,8 @@ def test_store_ruler_and_federation_answer_the_decider_alike(tmp_path: Path):
         decider_port = free_port()
         decider_url = f"http://127.0.0.1:{decider_port}"
         followers = start_followers(stack, engines, "http", tmp_path, decider_url, None)
-        fleet = {"fleet": followers}
+        # the edges scrape the decider too: the plan's cells are on its /metrics alone
+        fleet = {"fleet": followers, "specguard-guard": [decider_url]}
 
         # the store: no targets of its own, the shipped rules, remote writes accepted
         store = stack.start_prometheus(jobs={}, name="store", receiver=True)
@@ -226,6 +229,11 @@ def test_store_ruler_and_federation_answer_the_decider_alike(tmp_path: Path):
         assert {dict(k)["instance"] for k in instances} == {u.split("//")[1] for u in followers}
         wait_until("the store holds the final counters", lambda: fleet_counters(store) == counters, 10)
         assert fleet_counters(reference) == counters
+        # the decider's plan, recorded alike by the store's ruler and the reference, and federated
+        on_nospec = CREATIVE.replace("spec-k4", "nospec")
+        plan = f'class_load:specguard_plan_info:max{{job="specguard-guard",{on_nospec}}} == 1'
+        for name, prom in (("store", store), ("reference", reference), ("federated", federated)):
+            wait_until(f"the plan recorded in {name}", lambda prom=prom: prom.value(plan), 10, stack.procs)
         # ... and the federating Prometheus only the aggregates
         assert federated.query('count({__name__=~"specguard_.+"})') == []
         print(f"decided {decided:.1f} s after load start; wall {time.monotonic() - started_at:.1f} s")

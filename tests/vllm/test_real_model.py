@@ -8,13 +8,12 @@ are checked on it:
 - attribution: per class, the tap's counts are the engine's per-request summaries the clients got,
   and summed over classes they are the engines' own counter deltas, exactly;
 - acceptance: greedy copy tasks accept more drafts than sampled ones (the real ordering);
-- decisions: the guard's decision per class, made on its own live evidence with the shipped rule
-  (off when the lower confidence bound of RC is above 1.0), agrees with a ground truth this test
-  measures itself on the same engines (interleaved A/B TPOT per class, with the A/A bias of the
-  two cores measured first). Both are intervals, and they must overlap; a class whose truth pays
-  must stay on speculation, and the guard's interval must not say "pays" where the truth loses.
-  A class whose truth interval contains 1.0 is undecided; pairs are added until at least one
-  class is decided.
+- the number: RC per class is what an interleaved A/B of the two engines measures. Two classes
+  whose no-spec TPOT differs (invoice fields to copy, greedy; a poem sampled at 1.0), the A/B on
+  each engine directly in ABBA order and the same prompts through the guard's tap with the
+  shipped cost model (``tests/abcompare.py``): the points within 25% and on the same side of 1.0
+  where the A/B's interval is clear of it (strictly, by hand: each interval covers the other's
+  point and the points are within 10%); the guard's decision follows its interval (the shipped rule).
 
 Lean on purpose (a few dozen requests of at most 32 tokens): the tier runs in the default suite.
 """
@@ -22,11 +21,11 @@ Lean on purpose (a few dozen requests of at most 32 tokens): the tier runs in th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import random
 import time
 
-import abkit
 import pytest
 import vllmkit as kit
 from tapkit import SPEC_FIELDS, K, config_text, pool_sums, pools
@@ -34,7 +33,7 @@ from tapkit import SPEC_FIELDS, K, config_text, pool_sums, pools
 from specguard.lab import loadgen
 from specguard.monitor import config
 from specguard.monitor.app import Monitor
-from tests import abtiming, realmix
+from tests import realmix
 from tests.realmix import CLASSES, scrape_all
 
 pytestmark = pytest.mark.vllm
@@ -44,10 +43,6 @@ MAX_TOKENS = 32
 
 def real_mix(stream: bool | None = None) -> list[loadgen.RequestClass]:
     return realmix.task_mix(MAX_TOKENS, 80, 30, stream)
-
-
-KEYS = list(CLASSES)
-MAX_PAIRS = 13  # per class, for the ground truth
 
 
 async def test_attribution_is_exact_and_greedy_copy_tasks_accept_more(smollm2_engines):
@@ -62,8 +57,12 @@ async def test_attribution_is_exact_and_greedy_copy_tasks_accept_more(smollm2_en
         results += await loadgen.run_load(url, real_mix(stream=False), 2, requests=12, seed=2)
         after = {p: await asyncio.to_thread(kit.scrape, e.url) for p, e in pools(engines)}
         await scrape_all(monitor)
+        # the engine's own page through the tap, as `vllm bench serve --base-url TAP/engines/spec` reads it
+        engine_page = await asyncio.to_thread(kit.fetch, f"{url}/engines/spec/metrics")
+        tap_page = await asyncio.to_thread(kit.fetch, f"{url}/metrics")
     finally:
         await monitor.stop()
+    assert "vllm:spec_decode_num_drafts_total" in engine_page and "vllm:spec_decode" not in tap_page
 
     assert {r.status for r in results} == {200}, [r.error for r in results if not r.ok]
     assert monitor.stats.unattributed() == {}
@@ -104,36 +103,135 @@ async def test_attribution_is_exact_and_greedy_copy_tasks_accept_more(smollm2_en
     assert min(copy) > 0.1, rates
 
 
+AB_CLASSES = {("extraction", "greedy"): "copy", ("creative", "high"): "sampled"}
+AB_PAIRS = int(os.environ.get("SPECGUARD_AB_PAIRS", "12"))  # prompts per class (see docs/real-model.md)
+
+
+def ab_mix() -> list[loadgen.RequestClass]:
+    """Two classes whose no-spec TPOT differs: invoice fields to copy (greedy, a 200-token prompt)
+    and a poem (sampled at 1.0, asked with some 1,400 tokens of things to mention): a longer context
+    and a sampling step each cost more per token on this engine. Each request carries a sampling
+    seed, so a prompt draws the same poem every time it is sent (else each pool would time other
+    text)."""
+    extraction, _, _, creative = real_mix()
+    return [
+        dataclasses.replace(extraction, seeded=True),
+        dataclasses.replace(creative, prompt_tokens=1300, seeded=True),
+    ]
+
+
 def guard_config(engines, tmp_path) -> str:
+    """The shipped cost model and rule; evidence thresholds sized to this run; the evaluation only
+    when asked (so the plan does not move between the pairs)."""
     return f"""
 pools:
   - {{name: spec, url: "{engines.spec.url}", engine: vllm, num_speculative_tokens: {K}}}
   - {{name: nospec, url: "{engines.nospec.url}", engine: vllm, num_speculative_tokens: 0}}
 tap: {{listen: "127.0.0.1:0", holdout_share: 0.5, probe_share: 0, default_pool: spec, nospec_pool: nospec}}
 scrape: {{interval_seconds: 3600}}
-""" + abtiming.guard_yaml(4, tmp_path)
+cost: {{min_samples: {AB_PAIRS - 2}, baseline_min_samples: {AB_PAIRS - 2}}}
+guard:
+  interval_seconds: 3600
+  window_seconds: 3600
+  min_samples: {AB_PAIRS - 2}
+  consecutive_failure_limit: 0
+  failure_limit: -1
+  cooldown_seconds: 0
+  prior: none
+  holdout: fixed
+server: {{insecure_loopback: true}}
+actuators: {{plan_file: "{tmp_path / "plan.json"}", audit_log: "{tmp_path / "audit.jsonl"}"}}
+"""
 
 
-async def test_guard_decisions_agree_with_interleaved_ab_ground_truth(smollm2_engines, tmp_path):
-    engines = smollm2_engines
+async def test_the_guards_rc_per_class_is_the_number_an_interleaved_ab_measures(smollm2_engines, tmp_path):
+    """RC on a real engine equals an A/B: per class, the guard's point is within 25% of the A/B's
+    and on the side of 1.0 the A/B's interval allows, and its decision follows its own interval
+    (the shipped rule); with ``SPECGUARD_AB_STRICT=1`` (the hand runs docs/real-model.md reports)
+    also each interval covers the other's point and the two are within 10%. The two classes'
+    no-spec TPOTs differ (a longer context, a sampling step), so a baseline pooled over both would
+    put each RC off by half the gap. A disagreement is measured again on fresh prompts once
+    (``abcompare``: the machine's timing noise alone misses an interval now and then; a bias
+    recurs)."""
+    from tests import abcompare
+
+    strict = os.environ.get("SPECGUARD_AB_STRICT") == "1"
     t0 = time.monotonic()
-    cpus = sorted(os.sched_getaffinity(0))
-    # 1. A/A: the no-spec engine timed on the spec engine's core and on its own, interleaved.
-    aa = None
-    if engines.nospec.pid and len(cpus) > 1:
-        aa = await asyncio.to_thread(
-            abkit.aa_bias, engines.nospec.url, engines.nospec.pid, (cpus[0], cpus[-1]), real_mix()[0], 4, 300
-        )
-    # 2. Ground truth, then 3. the guard on its own live evidence (traffic through the tap, half
-    #    held out on nospec).
-    truth = await abtiming.ground_truth(
-        engines.spec.url, engines.nospec.url, real_mix(), KEYS, 5, 4, MAX_PAIRS
-    )
-    cfg = config.parse_text(guard_config(engines, tmp_path), "specguard.yaml")
-    decisions, measured = await abtiming.guard_on_live_evidence(cfg, real_mix(), 48, {"spec": K, "nospec": 0})
-    report = [f"A/A bias (core {cpus[0]} / core {cpus[-1]}, same no-spec engine): {aa}"]
+    report: list[str] = []
     try:
-        abtiming.judge(CLASSES, truth, measured, decisions, report)
+        for attempt in range(abcompare.ATTEMPTS):
+            loose, gross = await _number_against_ab(
+                smollm2_engines, tmp_path / f"attempt{attempt}", 400 + 100 * attempt, report
+            )
+            found = gross + loose if strict else gross
+            verdicts = f"strict {'; '.join(loose) or 'met'}; gross {'; '.join(gross) or 'met'}"
+            report.append(f"attempt {attempt + 1}: {verdicts}")
+            if not found:
+                break
+        assert not found, "\n".join(report)
     finally:
         report.append(f"wall time {time.monotonic() - t0:.0f} s")
-        print("\n".join(report))  # shown with -s; docs/real-model.md quotes a run
+        print("\n".join(report))  # shown with -s; docs/real-model.md quotes runs
+
+
+async def _number_against_ab(engines, tmp_path, seed: int, report: list[str]) -> tuple[list[str], list[str]]:
+    """One measurement of both (the A/B and the guard's traffic, interleaved per prompt); the
+    disagreements found (strict, gross), after checking the guard's decisions follow its intervals."""
+    from specguard.monitor import guard_wiring
+    from specguard.monitor.app import Monitor
+    from tests import abcompare
+
+    tmp_path.mkdir()
+    mix = ab_mix()
+    cfg = config.parse_text(guard_config(engines, tmp_path), "specguard.yaml")
+    monitor = Monitor(cfg, rng=abcompare.Alternating())
+    guard, _ = guard_wiring.build(monitor, cfg)
+    url = await monitor.start("127.0.0.1", 0)
+    try:
+        truth = await abcompare.measure(engines.spec.url, engines.nospec.url, url, mix, AB_PAIRS, seed)
+        now = time.time()
+        decisions = {d.key: d for d in await guard.evaluate(now)}
+        settings = cfg.sections["cost"].with_traffic(
+            cfg.exporter.classes.load_buckets, cfg.exporter.tap.full_rollback_request_threshold
+        )
+        records = monitor.stats.records()
+        scopes = abcompare.guard_costs(records, {"spec": K, "nospec": 0}, settings, now)
+    finally:
+        await monitor.stop()
+    assert {(r.pool, r.route) for r in records} == {("spec", "plan"), ("nospec", "holdout")}
+    assert len(records) == 4 * AB_PAIRS and all(r.status == 200 for r in records)
+    sides = {}
+    for key in AB_CLASSES:
+        point, base = truth[key[0]]
+        mine = scopes[settings.baseline_scope][key]
+        sides[key] = abcompare.Side(point, base, mine, {s: found[key] for s, found in scopes.items()})
+    extraction, creative = (truth[key[0]][1] for key in AB_CLASSES)
+    report.append(
+        f"default baseline scope {settings.baseline_scope}; {AB_PAIRS} prompts per class, seed {seed}"
+    )
+    report.append(
+        f"no-spec TPOT creative / extraction: A/B {creative / extraction:.3f}; through the tap "
+        f"{own_base(records, AB_CLASSES)}"
+    )
+    found = abcompare.misses(sides, report)
+    for key, side in sides.items():
+        decision = decisions[(*key, "low")]
+        if side.guard.lower is not None and side.guard.lower > 1.0:
+            assert (decision.action, decision.to_pool) == ("off", "nospec"), report
+        else:
+            assert decision.action == "none", report
+        report.append(f"  decision {decision.action}: {decision.reason}")
+    return found
+
+
+def own_base(records, classes) -> str:
+    """Each class's own no-spec TPOT through the tap (ratio of sums), for the report."""
+    out = []
+    for task, bucket in classes:
+        mine = [
+            r for r in records if r.pool == "nospec" and (r.task_type, r.temperature_bucket) == (task, bucket)
+        ]
+        seconds = sum(r.decode_seconds for r in mine)
+        tokens = sum(r.output_tokens - 1 for r in mine)
+        out.append(f"{task} {seconds / tokens * 1000:.1f} ms")
+    return ", ".join(out)

@@ -71,7 +71,10 @@ def test_specguard_run_exports_counters_equal_to_the_engines(vllm_engines, tmp_p
 def test_specguard_run_exports_rc_consistent_with_its_own_counters(vllm_engines, tmp_path):
     """The RC that ``specguard run`` exports is the ratio of the TPOTs its own counters give:
     decode seconds / decode tokens of the class on the speculative engine, over the same of every
-    class on the real no-spec engine in the same load bucket."""
+    class on the real no-spec engine in the same load bucket (``baseline_scope: load``, one request
+    at a time: both sides at one request in flight, so the like-for-like baseline has nothing to
+    adjust; at two clients the holdout ran alone while the speculative engine had two, and the
+    guard rightly gave no live baseline)."""
     # dry run: a class the guard moved off its pool would export RC 1 there from then on;
     guard = """
 cost: {min_samples: 2, baseline_min_samples: 2, baseline_scope: load, confidence: 0.5}
@@ -85,32 +88,48 @@ server: {insecure_loopback: true}
         # two classes, 24 requests each, and 50% intervals: an RC whose interval spans 1.0 more than
         # four-fold is not exported ("not enough evidence"), as 95% ones of a few dozen requests on
         # a loaded 2-core machine can (this test checks the number, not the evidence)
-        results = asyncio.run(loadgen.run_load(run.base, MIX[:2], 2, requests=48, stream=True, seed=8))
+        results = asyncio.run(loadgen.run_load(run.base, MIX[:2], 1, requests=48, stream=True, seed=8))
         assert {r.status for r in results} == {200}
 
         last: list[str] = []  # what the last look saw, for the failure message
 
+        def ratio(metrics, lab) -> float:
+            """The RC the counters give: the class's TPOT on its pool over every class's on nospec."""
+            key = {k: lab[k] for k in labels}
+            spec = total(metrics, "specguard_decode_seconds_total", pool=lab["pool"], **key) / total(
+                metrics, "specguard_decode_tokens_total", pool=lab["pool"], **key
+            )
+            load = lab["load_bucket"]
+            base = total(metrics, "specguard_decode_seconds_total", pool="nospec", load_bucket=load) / total(
+                metrics, "specguard_decode_tokens_total", pool="nospec", load_bucket=load
+            )
+            return spec / base
+
         def consistent():
             metrics = run.metrics()
             rcs = [(lab, v) for lab, v in metrics.get("specguard_relative_cost_per_token_ratio", [])]
+            lowers = metrics.get("specguard_relative_cost_per_token_lower_ratio", [])
+            uppers = {
+                tuple(sorted(lab.items())): v
+                for lab, v in metrics.get("specguard_relative_cost_per_token_upper_ratio", [])
+            }
             requests = total(metrics, "specguard_requests_total")
             last[:] = [f"{len(metrics)} metric names on the page, {requests:g} requests counted, RCs {rcs}"]
             last.append(str(sorted(n for n in metrics if "relative" in n or "evaluation" in n)))
             last.append(str(metrics.get("specguard_evaluations_total")))
-            if len(rcs) < 2:  # several classes measured (an evaluation may come before the last)
+            if len(lowers) < 2:  # several classes measured (an evaluation may come before the last)
                 return None
-            for lab, value in rcs:
-                key = {k: lab[k] for k in labels}
-                spec = total(metrics, "specguard_decode_seconds_total", pool=lab["pool"], **key) / total(
-                    metrics, "specguard_decode_tokens_total", pool=lab["pool"], **key
-                )
-                load = lab["load_bucket"]
-                base = total(
-                    metrics, "specguard_decode_seconds_total", pool="nospec", load_bucket=load
-                ) / total(metrics, "specguard_decode_tokens_total", pool="nospec", load_bucket=load)
-                if value != pytest.approx(spec / base, rel=1e-9):
-                    last.append(f"{lab}: exported {value}, counters give {spec / base}")
+            # a point too uncertain to be a number is not exported (not enough evidence): its
+            # interval still is, and holds the counters' ratio
+            for lab, lower in lowers:
+                upper, counted = uppers.get(tuple(sorted(lab.items()))), ratio(metrics, lab)
+                if upper is None or not lower * (1 - 1e-9) <= counted <= upper * (1 + 1e-9):
+                    last.append(f"{lab}: interval [{lower}, {upper}], counters give {counted}")
                     return None  # the last evaluation predates the last requests: wait for the next
+            for lab, value in rcs:
+                if value != pytest.approx(ratio(metrics, lab), rel=1e-9):
+                    last.append(f"{lab}: exported {value}, counters give {ratio(metrics, lab)}")
+                    return None
             return metrics
 
         try:
@@ -125,7 +144,7 @@ server: {insecure_loopback: true}
     finally:
         code = run.stop()
     assert code == 0, run.log.read_text()[-3000:]
-    rcs = metrics["specguard_relative_cost_per_token_ratio"]
+    rcs = metrics["specguard_relative_cost_per_token_lower_ratio"]
     assert {lab["pool"] for lab, v in rcs} == {"spec"}
     assert len(rcs) >= 2 and all(v > 0 for lab, v in rcs)  # several classes measured
     for lab, _ in rcs:

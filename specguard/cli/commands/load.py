@@ -20,10 +20,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "load",
         help="send a mixed request mix (code, extraction, chat, creative) through a tap",
         description=(
-            "Closed-loop clients send chat completions for four task types (x-task-type header): "
-            "code and extraction at temperature 0, chat at 0.7, creative at 1.0, in equal shares, "
-            "until --duration or --requests; then print requests, failures and mean TPOT per class. "
-            "Ctrl-C stops early (requests in flight finish)."
+            "Closed-loop clients send chat completions for four task types (x-task-type header), "
+            "each asking for its own task: code to rewrite and invoice fields to copy at temperature 0, "
+            "a question (chat) at 0.7, a poem (creative) at 1.0, in equal shares, until --duration or "
+            "--requests; then print requests, failures and mean TPOT per class. The model is the one "
+            "the URL lists at /v1/models unless --model names one. Ctrl-C stops early (requests in "
+            "flight finish)."
         ),
     )
     parser.add_argument(
@@ -37,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--requests", type=int, metavar="N", help="stop after N requests (default: no cap)")
     parser.add_argument(
-        "--model", default=traffic.DEFAULT_MODEL, help=f"the body's model (default {traffic.DEFAULT_MODEL})"
+        "--model", default=None, help="the body's model (default: the first one the URL lists at /v1/models)"
     )
     parser.add_argument(
         "--max-tokens", type=int, default=256, metavar="N", help="max_tokens of each request (default 256)"

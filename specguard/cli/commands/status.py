@@ -269,8 +269,10 @@ def _class_lines(c: dict[str, Any], width: int) -> list[str]:
     return lines
 
 
-def _baselines(report: Any) -> list[str]:
-    """Each load bucket's baseline source, and the cells without one with how to get one."""
+def _baselines(report: Any, width: int = 100) -> list[str]:
+    """Each load bucket's baseline source (with why there is none: every source's reason, e.g. a
+    model baseline not read past twice the no-spec loads), and the cells without one with how to
+    get one."""
     if not isinstance(report, dict):
         return []
     lines = ["", "baselines (no-spec TPOT per load bucket):"]
@@ -278,6 +280,9 @@ def _baselines(report: Any) -> list[str]:
         also = [s for s in row.get("available", []) if s != row.get("source")]
         extra = f" (also: {', '.join(also)})" if also else ""
         lines.append(f"  {row['load_bucket']:<8} {row['source']}{extra}")
+        if row.get("source") == "none" and row.get("detail"):
+            why = str(row["detail"]).split("; to get one:")[0]
+            lines += _wrapped("why none: ", why, width, indent="    ")
     missing = report.get("missing", [])
     if missing:
         cells = ", ".join(f"{m['pool']}/{m['load_bucket']}" for m in missing)
@@ -364,7 +369,7 @@ def render(status: dict[str, Any], columns: int | None = None) -> str:
         lines.append(
             "  ! the model baseline's RC contradicts a measured one at a neighbouring load (see its note)"
         )
-    lines += _baselines(status.get("baselines"))
+    lines += _baselines(status.get("baselines"), columns)
     lines += _holdout(status.get("holdout"))
     lines += _schedule(status.get("schedule"))
     decisions = status.get("decisions", [])
