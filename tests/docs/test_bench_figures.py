@@ -110,3 +110,33 @@ def test_the_controller_prose_follows_from_the_kept_runs():
         f'miss "≥ 1.00× the best single pool" in {words[len(below)]} runs ({single[0]:.3f}–{single[-1]:.3f}) '
         f"and TPOT p99 in {words[len(slow)]} (up to {max(r['tpot_p99_vs_oracle'] for r in bare):.2f}×)"
     ) in text
+
+
+def test_the_matrix_prose_follows_from_the_kept_runs():
+    """The figures typed in the sentences around the matrix tables, from the kept runs."""
+    text = flat((ROOT / "docs" / "benchmarks.md").read_text())
+    rows = RESULT["rows"]
+    eight = json.loads((ROOT / "bench" / "results" / "matrix-fleet8.json").read_text())
+
+    def spread(values) -> str:
+        values = list(values)
+        return f"{min(values):.2f}–{max(values):.2f}"
+
+    for name in ("tiny-classes", "knee-edge", "flash-crowd", "oscillation"):
+        four = spread(r["vs_oracle"] for r in rows if r["scenario"] == name and r["seed"] == 0)
+        more = spread(r["vs_oracle"] for r in eight["rows"] if r["scenario"] == name)
+        assert (
+            f"`{name}` goes from {four} of the oracle to {more}" in text
+            or f"`{name}` from {four} to {more}" in text
+        )
+    mean, worst = eight["summary"]["vs_oracle"]["mean"], eight["summary"]["vs_oracle"]["worst"]
+    assert f"the mean ({mean:.3f}) and the worst run ({worst:.3f})" in text
+    knee = [r for r in rows if r["scenario"] == "knee-edge"]
+    assert (
+        f"`knee-edge`: {sum(r['tpot_p99_vs_oracle'] > 1.15 for r in knee)} of {len(knee)} runs above 1.15×"
+        in text
+    )
+    tiny = [r["vs_oracle"] for r in rows if r["scenario"] == "tiny-classes" and r["world"] == "early-knee"]
+    assert f"{spread(tiny)} of the oracle in `early-knee`" in text
+    slow = sum(r["tpot_p99_vs_oracle"] > 1.15 for r in rows)
+    assert f"more TPOT p99 misses ({slow})" in text
