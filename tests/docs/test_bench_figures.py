@@ -132,3 +132,57 @@ def test_the_hostile_input_tables_are_the_kept_runs(name, attacks):
     text = bench_hostile.render(result)
     fix = f"render it again: python3 bench/bench_hostile.py --render bench/results/{name}"
     assert flat(text) in flat((ROOT / "docs" / "reliability.md").read_text()), fix
+
+
+def test_the_controller_prose_follows_from_the_kept_runs():
+    """The sentences under the two controller tables: which runs miss TPOT p99 or the best single
+    pool, the detection delays and the plan changes, as the kept runs give them."""
+    text = flat((ROOT / "docs" / "benchmarks.md").read_text())
+    rows = json.loads((ROOT / "bench" / "results" / "controller.json").read_text())["rows"]
+    misses = [r for r in rows if r["tpot_p99_vs_oracle"] > 1.15]
+    said = (
+        f"within 1.15× of the oracle's in {len(rows) - len(misses)} of the {len(rows)} runs and misses in "
+        + ", ".join(f"`{r['scenario']}` seed {r['seed']} ({r['tpot_p99_vs_oracle']:.2f}×)" for r in misses)
+    )
+    assert said in text, said
+    shift = [r for r in rows if r["scenario"] == "shift"]
+    live = sorted(r["detection_delay_live_only_seconds"] for r in shift)
+    assert f"{live[0]:.0f}–{live[-1]:.0f} s on live evidence alone" in text
+    late = [r for r in shift if r["detection_delay_seconds"] > 0]
+    assert all(f"{r['detection_delay_seconds']:.0f} s in seed {r['seed']}" in text for r in late), late
+    actions = sorted(r["actions"] for r in rows)
+    assert f"most of a run's {actions[0]}–{actions[-1]} plan changes" in text
+    bare = json.loads((ROOT / "bench" / "results" / "controller-no-profile.json").read_text())["rows"]
+    below = [r for r in bare if r["throughput_vs_best_single_pool"] < 1.0]
+    single = sorted(r["throughput_vs_best_single_pool"] for r in bare)
+    slow = [r for r in bare if r["tpot_p99_vs_oracle"] > 1.15]
+    words = {1: "one", 2: "two", 3: "three", 4: "four"}
+    assert (
+        f'miss "≥ 1.00× the best single pool" in {words[len(below)]} runs ({single[0]:.3f}–{single[-1]:.3f}) '
+        f"and TPOT p99 in {words[len(slow)]} (up to {max(r['tpot_p99_vs_oracle'] for r in bare):.2f}×)"
+    ) in text
+
+
+def test_the_matrix_prose_follows_from_the_kept_runs():
+    """The figures typed in the sentences about the release before fleet shapes (its fluid matrix),
+    from its kept run."""
+    text = flat((ROOT / "docs" / "benchmarks.md").read_text())
+    rows = kept("matrix-fluid-previous.json")["rows"]
+
+    def spread(values) -> str:
+        values = list(values)
+        return f"{min(values):.2f}–{max(values):.2f}"
+
+    below = sum(r["worst_phase_vs_never"] < 1 for r in rows)
+    slow = sum(r["tpot_p99_vs_oracle"] > 1.15 for r in rows)
+    assert (
+        f"{below} runs with a phase below never-speculate, TPOT p99 above 1.15× the oracle's in {slow})"
+        in text
+    )
+    knee = [r for r in rows if r["scenario"] == "knee-edge"]
+    assert (
+        f"`knee-edge`: {sum(r['tpot_p99_vs_oracle'] > 1.15 for r in knee)} of {len(knee)} runs above 1.15×"
+        in text
+    )
+    tiny = [r["vs_oracle"] for r in rows if r["scenario"] == "tiny-classes" and r["world"] == "early-knee"]
+    assert f"{spread(tiny)} of the oracle in `early-knee`" in text
