@@ -87,6 +87,13 @@ def test_where_the_fixed_pools_lose_to_the_in_engine_schedule_is_what_the_page_s
     assert some == ["drift", "long-tail", "oscillation", "ramp", "two-loads"]
     assert "only in some worlds of `drift`, `long-tail`, `oscillation`, `ramp` and `two-loads`" in text
     assert all(r["vs_best_per_class_static"] > 1 for r in rows if r["scenario"] == "knee-edge")
+    one_pool = {"best_in_engine_schedule", "spec-k4", "spec-k2", "nospec"}
+    crowded = ("knee-edge", "tiny-classes", "flash-crowd")
+    assert all(r["oracle_plan_from"] in one_pool for r in rows if r["scenario"] in crowded)
+    assert (
+        "in every run of `knee-edge`, `tiny-classes` and `flash-crowd` the oracle's plan is the schedule"
+        in text
+    )
 
 
 @pytest.mark.parametrize("name", sorted(SUBSETS))
