@@ -5,7 +5,8 @@ their intervals and the RC every baseline scope gives on the same records. This 
 printed runs into a kept result and the result into docs/real-model.md's tables (a test checks the
 page still carries them)::
 
-    SPECGUARD_AB_STRICT=1 python3 -m pytest tests/vllm/test_real_model.py -m vllm -s -k ab > run.log
+    SPECGUARD_AB_STRICT=1 python3 -m pytest tests/vllm/test_real_model.py -m vllm -s -k interleaved_ab \
+        > run.log
     python3 bench/real_ab.py --parse run.log [more.log ...] > bench/results/real-ab.json
     python3 bench/real_ab.py --render bench/results/real-ab.json
 """

@@ -32,6 +32,7 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from statistics import NormalDist
 
 from specguard.lab import loadgen
 from specguard.rules import cost
@@ -41,7 +42,7 @@ from tests.abtiming import Ratio, ratio, timed
 Key = tuple[str, str]
 TOLERANCE = 0.10  # strict: the guard's point within 10% of the A/B's
 GROSS = 0.25  # every run: the guard's point within 25% of the A/B's, or within their joint noise
-JOINT_Z = 2.576  # the joint noise: 99% of the two intervals' log standard deviations combined
+JOINT_Z = NormalDist().inv_cdf(0.995)  # the joint noise: 99% of both intervals' log standard deviations
 CONFIDENCE = 0.95  # the A/B's interval, at the guard's own level
 ATTEMPTS = 2  # a disagreement is measured again on fresh prompts before it fails the test
 
@@ -115,8 +116,9 @@ def guard_costs(records, ks: Mapping[str, int], settings, now: float) -> dict[st
 
 
 def joint_sd(g: cost.ClassCost, t: Ratio) -> float:
-    """The log standard deviation of the two points' ratio, from both 95% intervals (independent)."""
-    z = 2 * 1.96
+    """The log standard deviation of the two points' ratio, from both intervals (at ``CONFIDENCE``,
+    independent)."""
+    z = 2 * NormalDist().inv_cdf(0.5 + CONFIDENCE / 2)
     return math.hypot(math.log(g.upper / g.lower) / z, math.log(t.upper / t.lower) / z)
 
 

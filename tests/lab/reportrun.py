@@ -67,13 +67,16 @@ class _Recorder:
         self.prom.close()
 
 
+# the holdout runs the no-spec engine at about the K=4 engine's load (0.45 each), so its like-for-like
+# baseline is read where it was measured: at 0.2 the no-spec engine ran a quarter of K=4's load and
+# one run in a full suite (two workers) got no live baseline for any class
 CONFIG = """
 pools:
   - {{name: spec-k4, url: "{k4}", engine: vllm, num_speculative_tokens: 4}}
   - {{name: spec-k2, url: "{k2}", engine: vllm, num_speculative_tokens: 2}}
   - {{name: nospec, url: "{k0}", engine: vllm, num_speculative_tokens: 0}}
 tap:
-  {{listen: "127.0.0.1:0", default_pool: spec-k4, nospec_pool: nospec, holdout_share: 0.2,
+  {{listen: "127.0.0.1:0", default_pool: spec-k4, nospec_pool: nospec, holdout_share: 0.45,
     probe_share: 0.1, window_seconds: 60}}
 scrape: {{interval_seconds: 1, timeout_seconds: 1}}
 guard:

@@ -114,8 +114,15 @@ def plan_in_prometheus(prom, followers: list[str], version: int, creative_sel: s
         "(specguard_plan_version and specguard_plan_age_seconds) == on (namespace) group_left () "
         "max by (namespace) (specguard_plan_version and (specguard_guard_leader == 1))"
     )
-    matched = {dict(k)["instance"]: v for k, v in prom.value(same).items()}
-    assert matched == {u.split("//")[1]: version for u in followers}, matched
+    instances = {u.split("//")[1] for u in followers}
+
+    def matched() -> dict[str, float] | None:
+        """Every follower on the leader's version (``version`` or a newer one the decider published
+        since: a scrape of the leader can land before the followers' scrapes of the new version)."""
+        found = {dict(k)["instance"]: v for k, v in prom.value(same).items()}
+        return found if set(found) == instances and min(found.values()) >= version else None
+
+    wait_until("every follower on the leader's version", matched, 3 * SCRAPE_SECONDS)
 
 
 @pytest.mark.parametrize("source", ["http", "configmap"])

@@ -127,8 +127,9 @@ server: {insecure_loopback: true}
                     last.append(f"{lab}: interval [{lower}, {upper}], counters give {counted}")
                     return None  # the last evaluation predates the last requests: wait for the next
             for lab, value in rcs:
-                if value != pytest.approx(ratio(metrics, lab), rel=1e-9):
-                    last.append(f"{lab}: exported {value}, counters give {ratio(metrics, lab)}")
+                counted = ratio(metrics, lab)
+                if value != pytest.approx(counted, rel=1e-9):
+                    last.append(f"{lab}: exported {value}, counters give {counted}")
                     return None
             return metrics
 
