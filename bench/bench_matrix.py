@@ -17,7 +17,8 @@ phase of each figure and the targets.
 
     flock /tmp/specguard-bench.lock python3 bench/bench_matrix.py [--quick] [--jobs 2]
         [--scenarios a,b] [--worlds a,b] [--seeds 0,1,2] [--profiles fresh,none,stale]
-        [--fleet-shape fixed|autoscaled|fluid] [--replicas 3xK4+1xnospec] [--fleet N] [--json]
+        [--fleet-shape fixed|autoscaled|fluid] [--replicas 3xK4+1xnospec] [--fleet N]
+        [--decider per-class|planner] [--json]
     python3 bench/bench_matrix.py --render bench/results/matrix-fixed.json  # the docs' markdown
 
 ``--quick``: two scenarios (shortened to 150 s) in two worlds, seed 0 (what the test runs).
@@ -29,6 +30,7 @@ docs/benchmarks.md (and, for fixed pools, README.md) carry (a test checks they s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -90,6 +92,8 @@ def run(spec: dict) -> dict:
         shape=spec.get("shape", shapes.FIXED),
         replicas=spec.get("replicas"),
     )
+    if spec.get("decider", "per-class") != "per-class":  # the fleet planner, not the default yet
+        setup = dataclasses.replace(setup, policy=dataclasses.replace(setup.policy, decider=spec["decider"]))
     rows = {}
     variants = {"fresh": ("specguard", spec["profile"]), "none": ("specguard_no_profile", None)}
     variants["stale"] = ("specguard_stale_profile", spec["stale_profile"])
@@ -105,6 +109,7 @@ def run(spec: dict) -> dict:
         "world": spec["world"],
         "seed": spec["seed"],
         "fleet_shape": setup.fleet_shape.kind,
+        "decider": setup.policy.decider,
         "engines": setup.fleet,
         "vs_oracle": r["specguard_vs_oracle_throughput"],
         "worst_phase_vs_oracle": min(x for x in summary.phase_ratios(sg, oracle) if x is not None),
@@ -353,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fleet-shape", choices=shapes.KINDS, default=shapes.FIXED)
     parser.add_argument("--replicas", default=None, help="fixed: POOL=N,... or a named fleet (lab.shapes)")
     parser.add_argument("--fleet", type=int, default=None, help="engines: fluid fleet or autoscaled budget")
+    parser.add_argument("--decider", choices=("per-class", "planner"), default="per-class")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--render", metavar="FILE", help="print the docs' markdown for a --json result")
     args = parser.parse_args(argv)
@@ -399,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
                 "shape": args.fleet_shape,
                 "replicas": args.replicas,
                 "profiles": profiles,
+                "decider": args.decider,
                 "profile": fresh[(world, seed)],
                 "stale_profile": fresh.get((STALE_WORLD.get(world, "k4-dominates"), seed)),
             }

@@ -24,9 +24,9 @@ from specguard.rules import cost as cost_mod
 from specguard.rules import evidence as evidence_mod
 from specguard.rules import guard as guard_mod
 from specguard.rules import holdout as holdout_mod
+from specguard.rules import planfeed, planner, probes
 from specguard.rules import policy as policy_mod
 from specguard.rules import prior as prior_mod
-from specguard.rules import probes
 from specguard.rules.cost_config import CostSettings
 
 Split = tuple[tuple[str, float], ...]  # (pool, share) pairs, shares summing to 1
@@ -155,6 +155,7 @@ class SpecguardPolicy:
         self.evaluations = 0
         self.last_costs: list[cost_mod.ClassCost] = []
         self.on_tick = None  # optional callback(now, costs, changed decisions) for live display
+        self.last_plan: planner.Plan | str | None = None  # guard.decider: planner
 
     @property
     def tick_seconds(self) -> float:
@@ -201,11 +202,12 @@ class SpecguardPolicy:
         self.clock.now = now
         self.evaluations += 1
         costs, evidence = self.collect(now)
+        planned = self.plan_fleet(evidence, now) if self.policy.decider == "planner" else {}
         changed = []
         for key in sorted(set(evidence) | set(self.states)):
             state = self.states.get(key) or guard_mod.initial_state(key, self.policy)
             found = evidence.get(key, evidence_mod.Evidence())
-            state, decision = guard_mod.step(state, found, now, self.policy)
+            state, decision = guard_mod.step(state, found, now, self.policy, planned.get(key))
             self.states[key] = state
             if decision.changes_plan:
                 changed.append(_explained(decision, found))
@@ -214,6 +216,28 @@ class SpecguardPolicy:
         if self.on_tick is not None:
             self.on_tick(now, costs, changed)
         return changed
+
+    def plan_fleet(
+        self, evidence: Mapping[evidence_mod.ClassKey, evidence_mod.Evidence], now: float
+    ) -> dict[evidence_mod.ClassKey, tuple[str, str]]:
+        """``guard.decider: planner``: the fleet plan's pool and reason per class."""
+        records = self.stats.records(since=now - self.policy.window_seconds)
+        found = planfeed.build(
+            records,
+            self.states,
+            evidence,
+            now,
+            self.policy,
+            self.settings,
+            self.router.replicas(),
+            self.profile,
+        )
+        if isinstance(found, str):
+            self.last_plan = found
+            return {}
+        plan = planner.plan(found)
+        self.last_plan = plan
+        return {key: (pool, plan.reasons[key]) for key, pool in plan.pools.items()}
 
     def route(
         self, evidence: Mapping[evidence_mod.ClassKey, evidence_mod.Evidence], now: float, changed: bool

@@ -105,6 +105,11 @@ class PlanInput:
     slo_factor: float = SLO_FACTOR
     min_samples: int = 0
     node_budget: int = NODE_BUDGET
+    together: str | None = None
+    """One problem for every class whatever its load bucket, under this label (its load in ``loads``):
+    the classes share the fleet now, each at the load bucket its pool is in."""
+    measured_at: Mapping[tuple[ClassKey, str], float] = field(default_factory=dict)
+    """Load per replica a cell was measured at, where not its bucket's (``loads``)."""
 
 
 @dataclass(frozen=True)
@@ -163,8 +168,7 @@ def _model(inp: PlanInput, bucket: str, keys: list[ClassKey]) -> _Bucket:
     keys = sorted(keys, key=lambda k: (-inp.demand[k].in_flight, k))
     total = sum(inp.demand[k].in_flight for k in keys)
     never = inp.step.predict(total / max(1, sum(p.replicas for p in inp.pools)), 0)
-    shift = [base / inp.step.predict(load, p.k) for p in inp.pools]  # rc at L -> unit of T_p(B)
-    if not (base > 0 and never > 0 and all(x > 0 for x in shift)):
+    if not (base > 0 and never > 0):
         raise InputError(f"planner: the step-cost fit predicts no positive step time at load {bucket!r}")
     now = [0.0] * len(names)
     for key in keys:
@@ -176,6 +180,7 @@ def _model(inp: PlanInput, bucket: str, keys: list[ClassKey]) -> _Bucket:
     for key in keys:
         i = index[inp.current[key]]
         cells = _cells(inp, key)
+        shift = [_shift(inp, key, pool, load) for pool in inp.pools]
         point = {j: e.rc * shift[j] for j, e in enumerate(cells.values()) if e and _positive(e.rc)}
         own = cells[names[i]]
         demand = inp.demand[key].in_flight
@@ -224,6 +229,15 @@ def _option_on(problem: plansearch.Problem, c: int, pools: set[int]) -> int:
     return next((o for o, (j, _, _) in enumerate(problem.options[c]) if j in pools), 0)
 
 
+def _shift(inp: PlanInput, key: ClassKey, pool: Pool, load: float) -> float:
+    """``T_0(L) / T_p(L)`` at the load ``L`` the cell was measured at: rc there -> the unit of ``T_p(B)``."""
+    at = inp.measured_at.get((key, pool.name), load)
+    base, step = inp.step.predict(at, 0), inp.step.predict(at, pool.k)
+    if not (base > 0 and step > 0):
+        raise InputError(f"planner: the step-cost fit predicts no positive step time at load {at:g}")
+    return base / step
+
+
 def _positive(value: float | None) -> bool:
     return value is not None and math.isfinite(value) and value > 0
 
@@ -246,9 +260,7 @@ def plan(inp: PlanInput) -> Plan:
     if len(set(names)) != len(names) or any(p.replicas < 1 for p in inp.pools):
         raise InputError(f"planner: pools must be distinct with at least one replica each ({names})")
     nospec = {i for i, p in enumerate(inp.pools) if p.k == 0}
-    by_bucket: dict[str, list[ClassKey]] = {}
-    for key in sorted(inp.demand):
-        by_bucket.setdefault(key[2], []).append(key)
+    by_bucket = _groups(inp)
     pools: dict[ClassKey, str] = {}
     reasons: dict[ClassKey, str] = {}
     exact: dict[str, bool] = {}
@@ -289,12 +301,20 @@ def plan(inp: PlanInput) -> Plan:
     return Plan(pools, reasons, benefit, tokens, tokens_now, exact, nodes)
 
 
+def _groups(inp: PlanInput) -> dict[str, list[ClassKey]]:
+    """The problems: one per load bucket, or one for every class (``together``)."""
+    out: dict[str, list[ClassKey]] = {}
+    for key in sorted(inp.demand):
+        out.setdefault(inp.together or key[2], []).append(key)
+    return out
+
+
 def tokens_of(inp: PlanInput, assignment: Mapping[ClassKey, str]) -> tuple[float, dict[ClassKey, float]]:
     """Tokens per second of any plan on the planner's model (point estimates) and each class's TPOT."""
     index = {p.name: i for i, p in enumerate(inp.pools)}
     total, out = 0.0, {}
-    for bucket in sorted({k[2] for k in inp.demand}):
-        model = _model(inp, bucket, [k for k in inp.demand if k[2] == bucket])
+    for bucket, keys in sorted(_groups(inp).items()):
+        model = _model(inp, bucket, keys)
         got, tpot = _tokens(model.problem, model.units, [index[assignment[k]] for k in model.keys])
         total += got
         out.update(zip(model.keys, tpot, strict=True))

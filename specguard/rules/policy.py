@@ -48,6 +48,7 @@ DIRECTIONS = ("above", "below")  # which side of the threshold is bad
 SAFE_STATES = ("last", "nospec", "default")
 PRIORS = ("none", "profile")
 HOLDOUT_MODES = ("matched_on_demand", "capacity_matched", "on_demand", "fixed")
+DECIDERS = ("per-class", "planner")
 TEMPLATE_VARIABLES = ("task_type", "temperature_bucket", "load_bucket", "pool", "window")
 _TEMPLATE = re.compile(r"{{\s*([A-Za-z_][A-Za-z0-9_]*)\s*}}")
 
@@ -154,6 +155,11 @@ class Policy:
     """Relative margin: a pool is cheaper when its rc < the current pool's rc x (1 - margin)."""
     best_pool_consecutive_limit: int = 2
     """Evaluations in a row favouring the same cheaper pool tolerated before moving (act on the next)."""
+    decider: str = "per-class"
+    """``per-class``: each class moves to its cheapest pool (``best_pool``) and is restored by its
+    rules; ``planner`` (in progress, not the default): one plan for every class, charged the load
+    each move puts on the pool's replicas (``rules.planner``), in place of the best-pool choice and
+    the restore rule; the watch rules, error freeze, pins, dry-run, cooldown and cap stay."""
     memory_seconds: float = 3600.0
     """A pool a class left keeps its last measured rc as evidence this long (so predictions cannot
     send the class back to a pool whose measurement was worse: no flapping)."""
@@ -361,6 +367,7 @@ def parse(section: configfile.Section) -> Policy:
         best_pool=section.get("best_pool", bool, True),
         best_pool_margin=section.get("best_pool_margin", float, 0.03, minimum=0, maximum=0.5),
         best_pool_consecutive_limit=section.get("best_pool_consecutive_limit", int, 2, minimum=0),
+        decider=section.get("decider", str, "per-class", choices=DECIDERS),
         memory_seconds=section.get("memory_seconds", float, 3600.0, minimum=0, maximum=7 * 86400),
         prior=section.get("prior", str, "profile", choices=PRIORS),
         holdout=section.get("holdout", str, "matched_on_demand", choices=HOLDOUT_MODES),

@@ -83,7 +83,7 @@ def test_every_error_at_once_with_file_line_col():
     known_guard = (
         "alerts, best_pool, best_pool_consecutive_limit, best_pool_margin, consecutive_error_limit, "
         "consecutive_failure_limit, consecutive_success_limit, "
-        "cooldown_seconds, default_pool, dry_run, enabled, failure_limit, failure_window_seconds, "
+        "cooldown_seconds, decider, default_pool, dry_run, enabled, failure_limit, failure_window_seconds, "
         "holdout, holdout_min_share, interval_seconds, local, max_actions_per_hour, memory_seconds, "
         "min_samples, nospec_pool, prior, prometheus, "
         "rc_rises_with_load, restore_on_prediction, rules, safe_state, shorten, shorten_max_rc, "

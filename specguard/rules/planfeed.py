@@ -1,0 +1,136 @@
+"""What the fleet planner reads (``rules.planner``), from the window and the guard's class states.
+
+The planner decides every (class, load bucket) with requests in decode in one problem: the
+classes share the fleet at one moment whatever load bucket each pool's requests fall in (a heavy
+class on a loaded K=4 pool is in ``high`` while the no-spec pool it could move to is in ``low``),
+so only one problem charges a move the load it puts where it goes. A (class, load bucket) with no
+request in decode now is not planned (it keeps its pool until its load comes back). So:
+
+- **Demand**: requests in decode over the last ``DEMAND_INTERVALS`` evaluation intervals, by
+  Little's law (each finished request's decode time inside the span, over the span); requests
+  still running are not in the window yet, so a class's first seconds are undercounted.
+- **Cells**: per pool, the guard's estimate (``bestpool.estimates``: measured, memory, what-if,
+  profile, no-spec by definition, each with its interval), at the load it was measured at (the
+  bucket's mean load per replica in the window, else its representative concurrency), which the
+  planner moves to the plan's load on the step-cost fit.
+- **Step cost**: ``rules.stepfit`` fitted on the window's records per (pool, load bucket) and the
+  calibration profile's step times.
+- **Pool now**: the guard state's; pinned, frozen or paused classes stay.
+
+Pure: values in, a ``PlanInput`` (or the reason there is none) out.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+
+from specguard.errors import InputError
+from specguard.exporters.records import RequestRecord
+from specguard.rules import bestpool, planner, stepfit
+from specguard.rules import policy as policy_mod
+from specguard.rules import profile as profile_mod
+from specguard.rules.classstate import ClassState
+from specguard.rules.cost_config import CostSettings
+from specguard.rules.evidence import ClassKey, Evidence
+
+DEMAND_INTERVALS = 2.0
+NOW = "now"
+"""The load label of the planner's classes: one problem for the fleet as it runs now."""
+
+
+def demand(records: Sequence[RequestRecord], now: float, span: float) -> dict[ClassKey, float]:
+    """Requests in decode per (class, load bucket), averaged over ``[now - span, now]``."""
+    out: dict[ClassKey, float] = defaultdict(float)
+    start = now - span
+    for r in records:
+        if r.decode_seconds is None or r.decode_seconds <= 0:
+            continue
+        begin = r.started_at + (r.ttft_seconds or 0.0)
+        inside = min(now, begin + r.decode_seconds) - max(start, begin)
+        if inside > 0:
+            out[(r.task_type, r.temperature_bucket, r.load_bucket)] += inside / span
+    return dict(out)
+
+
+def bucket_loads(records: Sequence[RequestRecord], settings: CostSettings) -> dict[str, float]:
+    """Mean load per replica of each load bucket's requests (weighted by decode time), else the
+    bucket's representative concurrency."""
+    seconds: dict[str, float] = defaultdict(float)
+    weighted: dict[str, float] = defaultdict(float)
+    for r in records:
+        load = r.decode_load if r.decode_load is not None else r.load
+        if load is not None and r.decode_seconds:
+            seconds[r.load_bucket] += r.decode_seconds
+            weighted[r.load_bucket] += load * r.decode_seconds
+    out = {b: weighted[b] / s for b, s in seconds.items() if s > 0}
+    for bucket in settings.load_buckets:
+        band = settings.bucket_range(bucket.name)
+        if bucket.name not in out and band is not None:
+            out[bucket.name] = profile_mod.representative_concurrency(*band)
+    return out
+
+
+def step_fit(
+    records: Sequence[RequestRecord],
+    policy: policy_mod.Policy,
+    settings: CostSettings,
+    profile: profile_mod.Profile | None,
+) -> stepfit.StepFit | str:
+    observations = stepfit.observations_from_records(records, policy.pools, settings)
+    if profile is not None:
+        observations += stepfit.observations_from_profile(profile)
+    try:
+        return stepfit.fit(observations)
+    except InputError as exc:
+        return f"planner: no step-cost fit ({exc})"
+
+
+def build(
+    records: Sequence[RequestRecord],
+    states: Mapping[ClassKey, ClassState],
+    evidence: Mapping[ClassKey, Evidence],
+    now: float,
+    policy: policy_mod.Policy,
+    settings: CostSettings,
+    replicas: Mapping[str, int],
+    profile: profile_mod.Profile | None = None,
+) -> planner.PlanInput | str:
+    """The planner's input for the fleet now (one problem for every class with requests in decode), or
+    why there is none."""
+    fit = step_fit(records, policy, settings, profile)
+    if isinstance(fit, str):
+        return fit
+    span = max(DEMAND_INTERVALS * policy.interval_seconds, 1e-9)
+    by_key = demand(records, now, span)
+    loads = bucket_loads(records, settings)
+    counts = {name: max(1, int(replicas.get(name, 1))) for name in policy.pools}
+    pools = tuple(planner.Pool(name, k, counts[name]) for name, k in policy.pools.items())
+    out_demand, current, cells, measured_at, fixed = {}, {}, {}, {}, set()
+    for key, flight in sorted(by_key.items()):
+        state = states.get(key)
+        here = (state.pool if state is not None else "") or policy.default_pool or ""
+        if here not in policy.pools or key[2] not in loads or flight <= 0:
+            continue
+        out_demand[key] = planner.Demand(flight)
+        current[key] = here
+        if state is not None and (state.pin is not None or state.frozen or state.paused):
+            fixed.add(key)
+        memory = state.memory if state is not None else {}
+        found = evidence.get(key, Evidence())
+        cells[key] = bestpool.estimates(here, found, memory, now, policy, key[2])
+        measured_at.update({(key, pool): loads[key[2]] for pool in policy.pools})
+    if not out_demand:
+        return "planner: no class has requests in the window"
+    return planner.PlanInput(
+        pools,
+        fit,
+        {NOW: max(loads.values(), default=1.0)},  # (every cell says its own load: measured_at)
+        out_demand,
+        current,
+        cells,
+        frozenset(fixed),
+        min_samples=bestpool.min_samples(policy),
+        together=NOW,
+        measured_at=measured_at,
+    )
