@@ -1,4 +1,5 @@
-"""The planner's solver (``rules.planner``): an exact branch and bound over one load bucket.
+"""The planner's solver (``rules.planner``): a branch and bound over one problem (a load bucket, or
+every class of the fleet now), exact when it ends within its node budget.
 
 The problem, as numbers: classes ``c`` with requests in flight ``n_c``, each with options
 ``(pool j, unit u, penalty)``, the first its pool now (penalty 0); on pool ``j`` a class's TPOT is
@@ -11,15 +12,30 @@ The bound at a node: with the final loads ``N`` fixed, every unplaced class woul
 option, so the plan is worth at most ``F(N) = sum_j W_j / T_j(N_j) + sum_unplaced max_j n / (u
 T_j(N_j))``. ``F`` is convex in ``N`` (sums and maxima of ``1 / (a + bN)``), so over the loads still
 possible (each pool at least its load so far, the unplaced requests somewhere) it is largest at a
-vertex: every unplaced request on one pool. The bound is the largest of those (one per pool).
-Classes are branched heaviest first; the first incumbent is the plan now improved by single moves.
-Pure and deterministic: ties go to the lower option index.
+vertex: every unplaced request on one pool. The bound is the largest of those (one per pool). It
+is loose while many classes are unplaced (at a vertex they all find an empty pool), so with dozens
+of classes free to move the budget ends before a proof, and the plan says so.
+
+The first incumbent is the best of the plan now, the given ``starts`` (never-speculate), every
+class on its best option alone and a plan built heaviest first, each improved by single moves; then
+pairs of moves among the ``PAIRED`` heaviest movable classes and kicks (each of the ``KICKED``
+heaviest put on another option, the classes sharing its new pool moved off until no cap breaks, the
+rest improved), until neither finds more. Then the search proper, heaviest first: exact when it
+ends within the budget (it does, in the tests, on every problem small enough to enumerate). Pure and
+deterministic: ties go to the lower option index.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+import numpy as np
+
+PAIRED = 12
+"""Pairs of moves are tried among this many of the heaviest classes that may move."""
+KICKED = 8
+"""The heaviest classes that may move each kicked to its other options (iterated local search)."""
 
 
 @dataclass(frozen=True)
@@ -56,24 +72,186 @@ def value(p: Problem, choice: tuple[int, ...] | list[int]) -> float | None:
     return sum(w / (p.a[j] + p.b[j] * loads[j]) for j, w in enumerate(weights) if w) - penalty
 
 
-def _improve(p: Problem, choice: list[int], best: float) -> float:
-    """Single moves while one improves (first improvement, in class order)."""
+def _improve(p: Problem, choice: list[int], best: float, held: int = -1) -> float:
+    """Single moves while one improves (first improvement, in class order), each tried in O(1): only
+    the two pools it touches change, and only the one it joins can break a cap."""
+    pools = len(p.a)
+    loads, weights = [0.0] * pools, [0.0] * pools
+    members: list[set[int]] = [set() for _ in range(pools)]
+    penalty = 0.0
+    for c, o in enumerate(choice):
+        j, u, pen = p.options[c][o]
+        loads[j] += p.n[c]
+        weights[j] += p.n[c] / u
+        members[j].add(c)
+        penalty += pen
+    limit = [_limit(p, choice, members[j], j) for j in range(pools)]
+
+    def worth(j: int, w: float, n: float) -> float:
+        return w / (p.a[j] + p.b[j] * n) if w else 0.0
+
     for _ in range(len(choice) + 1):
         moved = False
         for c in range(len(choice)):
+            if c == held:  # a kicked class stays where it was kicked
+                continue
+            n = p.n[c]
             for o in range(len(p.options[c])):
-                if o == choice[c]:
+                here, u_here, pen_here = p.options[c][choice[c]]
+                j, u, pen = p.options[c][o]
+                if o == choice[c] or j == here:
                     continue
-                old = choice[c]
+                step = p.a[j] + p.b[j] * (loads[j] + n)
+                if step > min(limit[j], p.cap[c] / u):
+                    continue
+                change = (
+                    worth(here, weights[here] - n / u_here, loads[here] - n)
+                    - worth(here, weights[here], loads[here])
+                    + worth(j, weights[j] + n / u, loads[j] + n)
+                    - worth(j, weights[j], loads[j])
+                    - pen
+                    + pen_here
+                )
+                if change <= 1e-12 * max(1.0, abs(best)):
+                    continue
+                best, moved = best + change, True
+                loads[here] -= n
+                weights[here] -= n / u_here
+                loads[j] += n
+                weights[j] += n / u
+                members[here].discard(c)
+                members[j].add(c)
                 choice[c] = o
-                v = value(p, choice)
-                if v is not None and v > best + 1e-12 * max(1.0, abs(best)):
-                    best, moved = v, True
-                else:
-                    choice[c] = old
+                limit[here] = _limit(p, choice, members[here], here)
+                limit[j] = min(limit[j], p.cap[c] / u)
         if not moved:
             break
     return best
+
+
+def _pairs(p: Problem, choice: list[int], best: float) -> float:
+    """The best move of two classes at once among the ``PAIRED`` heaviest that may move (a heavy class
+    off a pool often pays only with another onto it); ``choice`` takes it. Screened on the pools'
+    sums, checked whole."""
+    movable = sorted((c for c in range(len(p.n)) if len(p.options[c]) > 1), key=lambda c: (-p.n[c], c))
+    movable = movable[:PAIRED]
+    pools = len(p.a)
+    loads, weights = [0.0] * pools, [0.0] * pools
+    penalty = 0.0
+    for c, o in enumerate(choice):
+        j, u, pen = p.options[c][o]
+        loads[j] += p.n[c]
+        weights[j] += p.n[c] / u
+        penalty += pen
+    found, pick = best, None
+    for x, c in enumerate(movable):
+        for d in movable[x + 1 :]:
+            for oc in range(len(p.options[c])):
+                for od in range(len(p.options[d])):
+                    if oc == choice[c] or od == choice[d]:
+                        continue
+                    n_, w_ = list(loads), list(weights)
+                    pen = penalty
+                    for k, o in ((c, oc), (d, od)):
+                        j0, u0, p0 = p.options[k][choice[k]]
+                        j1, u1, p1 = p.options[k][o]
+                        n_[j0] -= p.n[k]
+                        w_[j0] -= p.n[k] / u0
+                        n_[j1] += p.n[k]
+                        w_[j1] += p.n[k] / u1
+                        pen += p1 - p0
+                    v = sum(w / (p.a[j] + p.b[j] * n_[j]) for j, w in enumerate(w_) if w > 1e-15) - pen
+                    if v > found + 1e-9 * max(1.0, abs(found)):
+                        trial = list(choice)
+                        trial[c], trial[d] = oc, od
+                        if value(p, trial) is not None:
+                            found, pick = v, trial
+    if pick is None:
+        return best
+    choice[:] = pick
+    return value(p, pick) or best
+
+
+def _kicks(p: Problem, choice: list[int], best: float) -> float:
+    """Iterated local search: each of the ``KICKED`` heaviest classes that may move is put on each of
+    its other options and held there while the others improve; the best result is kept (a plan that
+    needs several classes to move at once, e.g. a heavy one off a pool and two light ones onto it)."""
+    movable = sorted((c for c in range(len(p.n)) if len(p.options[c]) > 1), key=lambda c: (-p.n[c], c))
+    improved = True
+    while improved:
+        improved = False
+        for c in movable[:KICKED]:
+            for o in range(len(p.options[c])):
+                if o == choice[c]:
+                    continue
+                trial = list(choice)
+                trial[c] = o
+                v = _repair(p, trial, c)
+                if v is None:
+                    continue
+                v = _improve(p, trial, v, held=c)
+                v = _improve(p, trial, v)
+                if v > best + 1e-9 * max(1.0, abs(best)):
+                    choice[:], best, improved = trial, v, True
+    return best
+
+
+def _repair(p: Problem, choice: list[int], kicked: int) -> float | None:
+    """The plan's value once the classes sharing the kicked class's pool, heaviest first, have left
+    for their best other option until no cap breaks; None when that is not enough."""
+    v = value(p, choice)
+    pool = p.options[kicked][choice[kicked]][0]
+    others = sorted(
+        (
+            c
+            for c in range(len(p.n))
+            if c != kicked and p.options[c][choice[c]][0] == pool and len(p.options[c]) > 1
+        ),
+        key=lambda c: (-p.n[c], c),
+    )
+    for c in others:
+        if v is not None:
+            break
+        loads = [0.0] * len(p.a)
+        for k, o in enumerate(choice):
+            loads[p.options[k][o][0]] += p.n[k]
+        away = [o for o, (j, _, _) in enumerate(p.options[c]) if j != pool]
+        choice[c] = max(away, key=lambda o, c=c: (_gain(p, c, o, loads), -o))
+        v = value(p, choice)
+    return v
+
+
+def _alone(p: Problem) -> list[int]:
+    """Each class on its best option as if it were alone on the fleet (the per-class rule's plan)."""
+    return [
+        max(range(len(o)), key=lambda i, c=c: (_gain(p, c, i, [0.0] * len(p.a)), -i))
+        for c, o in enumerate(p.options)
+    ]
+
+
+def _built(p: Problem) -> list[int]:
+    """Heaviest first, each class where the plan so far gains most with it (caps kept)."""
+    choice = [0] * len(p.n)
+    loads, weights = [0.0] * len(p.a), [0.0] * len(p.a)
+    for c in sorted(range(len(p.n)), key=lambda c: (-p.n[c], c)):
+        best, pick = -math.inf, 0
+        for o, (j, u, pen) in enumerate(p.options[c]):
+            step = p.a[j] + p.b[j] * (loads[j] + p.n[c])
+            if step * u > p.cap[c]:
+                continue
+            gain = (weights[j] + p.n[c] / u) / step - weights[j] / (p.a[j] + p.b[j] * loads[j]) - pen
+            if gain > best:
+                best, pick = gain, o
+        j, u, _ = p.options[c][pick]
+        loads[j] += p.n[c]
+        weights[j] += p.n[c] / u
+        choice[c] = pick
+    return choice
+
+
+def _limit(p: Problem, choice: list[int], members: set[int], j: int) -> float:
+    """The highest step time the classes on pool ``j`` allow."""
+    return min((p.cap[c] / p.options[c][choice[c]][1] for c in members), default=math.inf)
 
 
 def _gain(p: Problem, c: int, o: int, loads: list[float]) -> float:
@@ -91,11 +269,20 @@ def solve(p: Problem, budget: int, starts: tuple[list[int], ...] = ()) -> Result
     if start is None:
         raise ValueError("the plan now breaks the caps it sets")
     incumbent, best = list(stay), start
-    for other in starts:
+    for other in (stay, *starts, _alone(p), _built(p)):  # each improved by single moves; the best kept
         v = value(p, other)
-        if v is not None and v > best:
-            incumbent, best = list(other), v
-    best = _improve(p, incumbent, best)
+        if v is not None:
+            trial = list(other)
+            v = _improve(p, trial, v)
+            if v > best + 1e-12 * max(1.0, abs(best)) or trial == incumbent:
+                incumbent, best = trial, v
+    while True:  # then pairs of moves and kicks, until neither finds more
+        before = best
+        while (paired := _pairs(p, incumbent, best)) > best:
+            best = _improve(p, incumbent, paired)
+        best = _kicks(p, incumbent, best)
+        if best <= before + 1e-9 * max(1.0, abs(before)):
+            break
     order = sorted((c for c in range(count) if len(p.options[c]) > 1), key=lambda c: (-p.n[c], c))
     pools = len(p.a)
     loads, weights = [0.0] * pools, [0.0] * pools
@@ -115,15 +302,22 @@ def solve(p: Problem, budget: int, starts: tuple[list[int], ...] = ()) -> Result
     choice = list(stay)
     nodes = 0
     exhausted = False
+    # per unplaced class (in branching order) and pool: tokens x step (n / u) and the penalty there
+    gain = np.full((len(order), pools), -np.inf)
+    fine = np.zeros((len(order), pools))
+    for d, c in enumerate(order):
+        for j, u, pen in p.options[c]:
+            gain[d, j], fine[d, j] = p.n[c] / u, pen
+    a, b = np.array(p.a), np.array(p.b)
 
     def bound(depth: int, penalty: float) -> float:
         best_vertex = -math.inf
+        base = a + b * np.array(loads)
         for target in reach[depth]:  # every unplaced request on one pool: a vertex of the loads
-            extra = [rest_n[depth] if j == target else 0.0 for j in range(pools)]
-            steps = [p.a[j] + p.b[j] * (loads[j] + extra[j]) for j in range(pools)]
-            total = sum(w / t for w, t in zip(weights, steps, strict=True) if w)
-            for c in order[depth:]:
-                total += max(p.n[c] / (u * steps[j]) - pen for j, u, pen in p.options[c])
+            steps = base.copy()
+            steps[target] += p.b[target] * rest_n[depth]
+            total = float(np.sum(np.array(weights) / steps))
+            total += float(np.max(gain[depth:] / steps - fine[depth:], axis=1).sum())
             best_vertex = max(best_vertex, total)
         return best_vertex - penalty
 

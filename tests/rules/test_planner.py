@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import itertools
 import random
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -236,3 +238,18 @@ def random_case(rng, classes, spread=None, buckets=("mid",), pools=3):
                         p.name, rc, "measured", 100, lower=rc * (1 - w), upper=rc * (1 + w)
                     )
     return make(demand, current, cells, pools=shape)
+
+
+def test_the_first_plan_finds_moves_no_single_move_reaches():
+    """Twelve classes where the best plan moves a heavy class onto the no-spec replica and two light
+    ones off it at once: the local search alone (no node budget) finds the proven optimum."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import bench_planner
+
+    inp = bench_planner.instance(1, classes=12)
+    one = replace(inp, demand={k: d for k, d in inp.demand.items() if k[2] == "mid"})
+    proven = pl.plan(replace(one, node_budget=200_000))
+    assert all(proven.exact.values())
+    quick = pl.plan(replace(one, node_budget=0))
+    assert quick.benefit_lower == pytest.approx(proven.benefit_lower, rel=1e-9)
+    assert len(proven.moves) >= 3
