@@ -207,7 +207,7 @@ class SpecguardPolicy:
         for key in sorted(set(evidence) | set(self.states)):
             state = self.states.get(key) or guard_mod.initial_state(key, self.policy)
             found = evidence.get(key, evidence_mod.Evidence())
-            state, decision = guard_mod.step(state, found, now, self.policy, planned.get(key))
+            state, decision = guard_mod.step(state, found, now, self.policy, planned.get(key[:2]))
             self.states[key] = state
             if decision.changes_plan:
                 changed.append(_explained(decision, found))
@@ -219,8 +219,9 @@ class SpecguardPolicy:
 
     def plan_fleet(
         self, evidence: Mapping[evidence_mod.ClassKey, evidence_mod.Evidence], now: float
-    ) -> dict[evidence_mod.ClassKey, tuple[str, str]]:
-        """``guard.decider: planner``: the fleet plan's pool and reason per class."""
+    ) -> dict[tuple[str, str], tuple[str, str]]:
+        """``guard.decider: planner``: the fleet plan's pool and reason per class (task type,
+        temperature bucket), for every load bucket of it."""
         records = self.stats.records(since=now - self.policy.window_seconds)
         found = planfeed.build(
             records,
@@ -237,7 +238,7 @@ class SpecguardPolicy:
             return {}
         plan = planner.plan(found)
         self.last_plan = plan
-        return {key: (pool, plan.reasons[key]) for key, pool in plan.pools.items()}
+        return {key[:2]: (pool, plan.reasons[key]) for key, pool in plan.pools.items()}
 
     def route(
         self, evidence: Mapping[evidence_mod.ClassKey, evidence_mod.Evidence], now: float, changed: bool

@@ -1,21 +1,25 @@
 """What the fleet planner reads (``rules.planner``), from the window and the guard's class states.
 
-The planner decides every (class, load bucket) with requests in decode in one problem: the
+The planner decides per class (task type x temperature bucket), all classes in one problem: the
 classes share the fleet at one moment whatever load bucket each pool's requests fall in (a heavy
 class on a loaded K=4 pool is in ``high`` while the no-spec pool it could move to is in ``low``),
-so only one problem charges a move the load it puts where it goes. A (class, load bucket) with no
-request in decode now is not planned (it keeps its pool until its load comes back). So:
+and a request's load bucket is that of the pool it joins, so a class's buckets are not demands of
+their own (a plan that sends its ``medium`` bucket elsewhere changes which requests are
+``medium``). One pool per class, every load bucket of it planned alike; a class with no request in
+decode now is not planned. So:
 
 - **Demand**: requests in decode over the last ``DEMAND_INTERVALS`` evaluation intervals, by
   Little's law (each finished request's decode time inside the span, over the span); requests
   still running are not in the window yet, so a class's first seconds are undercounted.
 - **Cells**: per pool, the guard's estimate (``bestpool.estimates``: measured, memory, what-if,
-  profile, no-spec by definition, each with its interval), at the load it was measured at (the
-  bucket's mean load per replica in the window, else its representative concurrency), which the
-  planner moves to the plan's load on the step-cost fit.
+  profile, no-spec by definition, each with its interval) from the class's busiest load bucket
+  that has one with an interval, at the load it was measured at (the bucket's mean load per
+  replica in the window, else its representative concurrency), which the planner moves to the
+  plan's load on the step-cost fit.
 - **Step cost**: ``rules.stepfit`` fitted on the window's records per (pool, load bucket) and the
   calibration profile's step times.
-- **Pool now**: the guard state's; pinned, frozen or paused classes stay.
+- **Pool now**: the guard state's of the class's busiest bucket; pinned, frozen or paused classes
+  stay.
 
 Pure: values in, a ``PlanInput`` (or the reason there is none) out.
 """
@@ -96,8 +100,8 @@ def build(
     replicas: Mapping[str, int],
     profile: profile_mod.Profile | None = None,
 ) -> planner.PlanInput | str:
-    """The planner's input for the fleet now (one problem for every class with requests in decode), or
-    why there is none."""
+    """The planner's input for the fleet now, one problem for every class with requests in decode,
+    keyed ``(task type, temperature bucket, NOW)``; or why there is none."""
     fit = step_fit(records, policy, settings, profile)
     if isinstance(fit, str):
         return fit
@@ -106,20 +110,34 @@ def build(
     loads = bucket_loads(records, settings)
     counts = {name: max(1, int(replicas.get(name, 1))) for name in policy.pools}
     pools = tuple(planner.Pool(name, k, counts[name]) for name, k in policy.pools.items())
+    per_class: dict[tuple[str, str], list[ClassKey]] = defaultdict(list)
+    for key, flight in by_key.items():
+        if flight > 0 and key[2] in loads:
+            per_class[key[:2]].append(key)
     out_demand, current, cells, measured_at, fixed = {}, {}, {}, {}, set()
-    for key, flight in sorted(by_key.items()):
-        state = states.get(key)
+    for cls, keys in sorted(per_class.items()):
+        keys.sort(key=lambda k: (-by_key[k], k))  # the busiest load bucket first
+        state = states.get(keys[0])
         here = (state.pool if state is not None else "") or policy.default_pool or ""
-        if here not in policy.pools or key[2] not in loads or flight <= 0:
+        if here not in policy.pools:
             continue
-        out_demand[key] = planner.Demand(flight)
-        current[key] = here
+        unit = (*cls, NOW)
+        out_demand[unit] = planner.Demand(sum(by_key[k] for k in keys))
+        current[unit] = here
         if state is not None and (state.pin is not None or state.frozen or state.paused):
-            fixed.add(key)
-        memory = state.memory if state is not None else {}
-        found = evidence.get(key, Evidence())
-        cells[key] = bestpool.estimates(here, found, memory, now, policy, key[2])
-        measured_at.update({(key, pool): loads[key[2]] for pool in policy.pools})
+            fixed.add(unit)
+        found: dict[str, bestpool.Estimate] = {}
+        for key in keys:  # each pool's estimate from the busiest bucket that has one with an interval
+            own = states.get(key)
+            pool_now = (own.pool if own is not None else "") or here
+            memory = own.memory if own is not None else {}
+            for pool, e in bestpool.estimates(
+                pool_now, evidence.get(key, Evidence()), memory, now, policy, key[2]
+            ).items():
+                if pool not in found or (found[pool].lower is None and e.lower is not None):
+                    found[pool] = e
+                    measured_at[(unit, pool)] = loads[key[2]]
+        cells[unit] = found
     if not out_demand:
         return "planner: no class has requests in the window"
     return planner.PlanInput(

@@ -72,39 +72,39 @@ def window(now=100.0):
     return out
 
 
-def test_build_one_problem_for_every_class_with_its_own_cells_and_load():
+def test_build_one_problem_one_pool_per_class_from_its_busiest_bucket():
     states = {
         ("code", "greedy", "high"): st("spec-k4"),
         ("chat", "greedy", "low"): st("spec-k2", pin="spec-k2"),
+        ("qa", "greedy", "low"): st("spec-k4"),
+        ("qa", "greedy", "high"): st("nospec"),
     }
+    measured = {"rc": 0.9, "rc_lower": 0.8, "rc_upper": 1.0}
     evidence = {
-        ("code", "greedy", "high"): Evidence(
-            pools={
-                "spec-k4": PoolEvidence("spec-k4", {"rc": 0.9, "rc_lower": 0.8, "rc_upper": 1.0}, samples=40)
-            }
-        )
+        ("code", "greedy", "high"): Evidence(pools={"spec-k4": PoolEvidence("spec-k4", measured, samples=40)})
     }
+    records = window()
     inp = planfeed.build(
-        window(), states, evidence, 100.0, POLICY, SETTINGS, {"spec-k4": 2, "spec-k2": 1, "nospec": 1}
+        records, states, evidence, 100.0, POLICY, SETTINGS, {"spec-k4": 2, "spec-k2": 1, "nospec": 1}
     )
     assert isinstance(inp, planner.PlanInput)
     assert inp.together == planfeed.NOW
-    assert set(inp.demand) == {
-        ("code", "greedy", "high"),
-        ("chat", "greedy", "low"),
-        ("qa", "greedy", "low"),
-        ("qa", "greedy", "high"),
-    }
-    assert inp.current[("chat", "greedy", "low")] == "spec-k2"
-    assert inp.fixed == {("chat", "greedy", "low")}  # pinned: stays, counted for load
+    code, chat, qa = (("code", "greedy", "now"), ("chat", "greedy", "now"), ("qa", "greedy", "now"))
+    assert set(inp.demand) == {code, chat, qa}
+    flights = planfeed.demand(records, 100.0, 2 * POLICY.interval_seconds)
+    assert inp.demand[qa].in_flight == pytest.approx(
+        flights[("qa", "greedy", "low")] + flights[("qa", "greedy", "high")]
+    )
+    busiest = max((("qa", "greedy", b) for b in ("low", "high")), key=lambda k: flights[k])
+    assert inp.current[qa] == states[busiest].pool  # the pool of its busiest bucket
+    assert inp.current[chat] == "spec-k2" and inp.fixed == {chat}  # pinned: stays, counted for load
     assert {p.name: p.replicas for p in inp.pools} == {"spec-k4": 2, "spec-k2": 1, "nospec": 1}
-    code = ("code", "greedy", "high")
     assert inp.cells[code]["spec-k4"].rc == 0.9 and inp.cells[code]["nospec"].rc == 1.0
-    high = planfeed.bucket_loads(window(), SETTINGS)["high"]  # code at 8, qa at 6 a replica
+    high = planfeed.bucket_loads(records, SETTINGS)["high"]  # code at 8, qa at 6 a replica
     assert 6 < high < 8 and inp.measured_at[(code, "spec-k4")] == high
     plan = planner.plan(inp)
     assert set(plan.pools) == set(inp.demand)
-    assert plan.pools[("chat", "greedy", "low")] == "spec-k2"
+    assert plan.pools[chat] == "spec-k2"
 
 
 def test_build_says_why_when_there_is_no_step_fit():
