@@ -57,14 +57,7 @@ class Result:
 
 def value(p: Problem, choice: tuple[int, ...] | list[int]) -> float | None:
     """The objective of a full plan, or None when it breaks a cap."""
-    loads = [0.0] * len(p.a)
-    weights = [0.0] * len(p.a)
-    penalty = 0.0
-    for c, o in enumerate(choice):
-        j, u, pen = p.options[c][o]
-        loads[j] += p.n[c]
-        weights[j] += p.n[c] / u
-        penalty += pen
+    loads, weights, penalty = _sums(p, choice)
     for c, o in enumerate(choice):
         j, u, _ = p.options[c][o]
         if u * (p.a[j] + p.b[j] * loads[j]) > p.cap[c]:
@@ -72,19 +65,31 @@ def value(p: Problem, choice: tuple[int, ...] | list[int]) -> float | None:
     return sum(w / (p.a[j] + p.b[j] * loads[j]) for j, w in enumerate(weights) if w) - penalty
 
 
-def _improve(p: Problem, choice: list[int], best: float, held: int = -1) -> float:
-    """Single moves while one improves (first improvement, in class order), each tried in O(1): only
-    the two pools it touches change, and only the one it joins can break a cap."""
-    pools = len(p.a)
-    loads, weights = [0.0] * pools, [0.0] * pools
-    members: list[set[int]] = [set() for _ in range(pools)]
+def _sums(p: Problem, choice: tuple[int, ...] | list[int]) -> tuple[list[float], list[float], float]:
+    """Requests in flight and ``W`` per pool of a plan, and its penalties."""
+    loads, weights = [0.0] * len(p.a), [0.0] * len(p.a)
     penalty = 0.0
     for c, o in enumerate(choice):
         j, u, pen = p.options[c][o]
         loads[j] += p.n[c]
         weights[j] += p.n[c] / u
-        members[j].add(c)
         penalty += pen
+    return loads, weights, penalty
+
+
+def _movable(p: Problem) -> list[int]:
+    """The classes with more than one option, heaviest first."""
+    return sorted((c for c in range(len(p.n)) if len(p.options[c]) > 1), key=lambda c: (-p.n[c], c))
+
+
+def _improve(p: Problem, choice: list[int], best: float, held: int = -1) -> float:
+    """Single moves while one improves (first improvement, in class order), each tried in O(1): only
+    the two pools it touches change, and only the one it joins can break a cap."""
+    pools = len(p.a)
+    loads, weights, _ = _sums(p, choice)
+    members: list[set[int]] = [set() for _ in range(pools)]
+    for c, o in enumerate(choice):
+        members[p.options[c][o][0]].add(c)
     limit = [_limit(p, choice, members[j], j) for j in range(pools)]
 
     def worth(j: int, w: float, n: float) -> float:
@@ -133,16 +138,8 @@ def _pairs(p: Problem, choice: list[int], best: float) -> float:
     """The best move of two classes at once among the ``PAIRED`` heaviest that may move (a heavy class
     off a pool often pays only with another onto it); ``choice`` takes it. Screened on the pools'
     sums, checked whole."""
-    movable = sorted((c for c in range(len(p.n)) if len(p.options[c]) > 1), key=lambda c: (-p.n[c], c))
-    movable = movable[:PAIRED]
-    pools = len(p.a)
-    loads, weights = [0.0] * pools, [0.0] * pools
-    penalty = 0.0
-    for c, o in enumerate(choice):
-        j, u, pen = p.options[c][o]
-        loads[j] += p.n[c]
-        weights[j] += p.n[c] / u
-        penalty += pen
+    movable = _movable(p)[:PAIRED]
+    loads, weights, penalty = _sums(p, choice)
     found, pick = best, None
     for x, c in enumerate(movable):
         for d in movable[x + 1 :]:
@@ -176,7 +173,7 @@ def _kicks(p: Problem, choice: list[int], best: float) -> float:
     """Iterated local search: each of the ``KICKED`` heaviest classes that may move is put on each of
     its other options and held there while the others improve; the best result is kept (a plan that
     needs several classes to move at once, e.g. a heavy one off a pool and two light ones onto it)."""
-    movable = sorted((c for c in range(len(p.n)) if len(p.options[c]) > 1), key=lambda c: (-p.n[c], c))
+    movable = _movable(p)
     improved = True
     while improved:
         improved = False
@@ -283,7 +280,7 @@ def solve(p: Problem, budget: int, starts: tuple[list[int], ...] = ()) -> Result
         best = _kicks(p, incumbent, best)
         if best <= before + 1e-9 * max(1.0, abs(before)):
             break
-    order = sorted((c for c in range(count) if len(p.options[c]) > 1), key=lambda c: (-p.n[c], c))
+    order = _movable(p)
     pools = len(p.a)
     loads, weights = [0.0] * pools, [0.0] * pools
     limit = [math.inf] * pools  # highest step time the classes on the pool allow
