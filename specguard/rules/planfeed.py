@@ -39,6 +39,9 @@ from specguard.rules.cost_config import CostSettings
 from specguard.rules.evidence import ClassKey, Evidence
 
 DEMAND_INTERVALS = 2.0
+LOCAL = 2.0
+"""The step-cost fit reads the sweep's levels up to this many times the highest load in the window:
+a line through a knee far away bends the line where the fleet runs."""
 NOW = "now"
 """The load label of the planner's classes: one problem for the fleet as it runs now."""
 
@@ -80,10 +83,14 @@ def step_fit(
     policy: policy_mod.Policy,
     settings: CostSettings,
     profile: profile_mod.Profile | None,
+    highest: float = 0.0,
 ) -> stepfit.StepFit | str:
+    """The step-cost fit on the window's records and the sweep's levels up to ``LOCAL`` x ``highest``
+    (the highest load per replica in the window; 0: every level)."""
     observations = stepfit.observations_from_records(records, policy.pools, settings)
-    if profile is not None:
-        observations += stepfit.observations_from_profile(profile)
+    if profile is not None:  # the sweep's levels near the loads the fleet runs at: the fit is a line
+        near = LOCAL * highest
+        observations += [o for o in stepfit.observations_from_profile(profile) if not near or o.batch <= near]
     try:
         return stepfit.fit(observations)
     except InputError as exc:
@@ -102,12 +109,14 @@ def build(
 ) -> planner.PlanInput | str:
     """The planner's input for the fleet now, one problem for every class with requests in decode,
     keyed ``(task type, temperature bucket, NOW)``; or why there is none."""
-    fit = step_fit(records, policy, settings, profile)
+    loads = bucket_loads(records, settings)
+    measured = [r.decode_load if r.decode_load is not None else r.load for r in records]
+    highest = max((x for x in measured if x is not None), default=0.0)
+    fit = step_fit(records, policy, settings, profile, highest)
     if isinstance(fit, str):
         return fit
     span = max(DEMAND_INTERVALS * policy.interval_seconds, 1e-9)
     by_key = demand(records, now, span)
-    loads = bucket_loads(records, settings)
     counts = {name: max(1, int(replicas.get(name, 1))) for name in policy.pools}
     pools = tuple(planner.Pool(name, k, counts[name]) for name, k in policy.pools.items())
     per_class: dict[tuple[str, str], list[ClassKey]] = defaultdict(list)

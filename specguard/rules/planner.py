@@ -3,7 +3,8 @@
 The per-class rule (``rules.bestpool``) moves a class to the pool whose RC is lowest for it and
 does not see what the move does to that pool: a heavy class moved onto a one-replica no-spec pool
 overloads it, and the RC of every class on a pool depends on the load the plan itself creates.
-The planner decides all classes of a load bucket at once, on a model of the fleet:
+The planner decides all classes of a problem at once (one per load bucket, or every class of the
+fleet now: ``together``, as ``rules.planfeed`` builds it), on a model of the fleet:
 
 - **Demand.** Each class at a load bucket has its requests in flight ``n`` (Little's law: arrival
   rate x output tokens x TPOT, ``Demand.from_rate``). Clients are taken as closed loops that keep
@@ -22,23 +23,22 @@ The planner decides all classes of a load bucket at once, on a model of the flee
 **Uncertainty.** A move is made only when its benefit's lower bound is above zero. The search
 maximises the benefit over the plan now, with every class that moves charged its target's RC at
 the interval's upper end and credited its current pool's at the lower end (its worst case); a
-class that stays is read at its point estimate, its pool's load moved by the plan. The cells are
+class that stays is read at its point estimate, its pool's load moved by the plan. A class may
+move to any pool whose cell has an interval, also one that is not cheaper for it alone (a light
+class leaving a loaded pool for idle replicas), charged that way. The cells are
 the cost model's: a cell whose live baseline is short reads the model baseline (the cost model's
 chain live -> profile -> model) with that baseline's interval. A cell with no interval, or a
 measurement on fewer than ``min_samples`` requests, is too thin: no class moves to it, and a class
 whose current cell is thin stays put. Pinned, frozen or paused classes stay and count for load.
 
-**Solver: exact branch and bound.** Per load bucket the problem is an assignment of at most 60
-classes to at most 4 pools (the size the guard is built for: 60 classes x 3 loads x 4 pools), whose
-objective is a sum over pools of ``W_p / T_p(B_p)``: not linear (the step time divides), so an LP
-would need a linearisation that loses exactly the load charge the planner exists for, and scipy is
-not a dependency. Depth-first over classes, heaviest first, each branch bounded by the smaller of
-(a) every unplaced class on its best pool at the loads so far and (b) the unplaced load spread as a
-fluid where it is worth most (water-filling on ``(W + rho x D) / T(B + D)``); SLOs prune as soon
-as a pool's load breaks one (load only grows). The first incumbent is the plan now, improved by
-single moves. Worst case ``prod(options per class)`` nodes, so the search stops at ``node_budget``
-(default 300 per bucket: about 50 ms for 60 classes x 3 loads x 4 pools all free to move,
-``bench/bench_planner.py``) and the plan then says it is the best found, not proven optimal.
+**Solver** (``rules.plansearch``): an assignment of classes to at most 4 pools (the size the guard
+is built for: 60 classes x 3 loads x 4 pools) whose objective is a sum over pools of
+``W_p / T_p(B_p)``. It is not linear (the step time divides), so an LP would need a linearisation
+that loses exactly the load charge the planner exists for (and scipy is not a dependency); it is
+NP-hard in general (a sum-of-ratios assignment). So: a first plan by local search (five starts,
+single moves, pairs of moves, kicks), then an exact branch and bound on problems of at most 24
+movable classes, within ``node_budget`` nodes (default 300 per problem). The plan says when it is
+the best found but not proven optimal. ``bench/bench_planner.py`` measures the time.
 
 **Probes and the holdout as a cost** (``information_share``): a share ``s`` of a class sent to a
 pool the plan does not choose, to learn its RC, costs ``s x C`` tokens per second (``C``: what the
@@ -198,13 +198,12 @@ def _model(inp: PlanInput, bucket: str, keys: list[ClassKey]) -> _Bucket:
             forgone = demand / (point[i] * (lines[i][0] + lines[i][1] * now[i]))
             penalty = forgone * (own.rc / own.lower - 1.0) if own.lower else 0.0  # type: ignore[union-attr]
             for j, e in enumerate(cells.values()):
-                # a pool cheaper for the class at its worst end, or no speculation (the safe state,
-                # charged for the load it takes: a move there for the fleet's sake is the plan's)
-                cheaper = j != i and usable(e, inp.min_samples) and bestpool.clears(e, own, 0.0)  # type: ignore[arg-type]
-                if cheaper or (j != i and inp.pools[j].k == 0):
+                # any pool with evidence enough, charged its worst case: a move for the fleet's
+                # sake (off a loaded pool, onto idle replicas) is the plan's to make
+                if j != i and usable(e, inp.min_samples):
                     opts.append((j, e.upper * shift[j], penalty))  # type: ignore[union-attr]
             if len(opts) == 1:
-                why = "stays: no other pool is cheaper for it at the interval's worst end"
+                why = "stays: no other pool has evidence enough to move it to"
         slo = inp.demand[key].slo_seconds or inp.slo_factor * never
         here = point[i] * (lines[i][0] + lines[i][1] * now[i])
         n.append(demand)
@@ -282,7 +281,7 @@ def plan(inp: PlanInput) -> Plan:
         benefit, tokens, tokens_now = benefit + gain, tokens + got, tokens_now + had
         nodes += result.nodes
         exact[bucket] = result.exact
-        proof = "" if result.exact else f" (best of {result.nodes} nodes, not proven optimal)"
+        proof = "" if result.exact else " (the best plan found, not proven optimal)"
         for c, key in enumerate(model.keys):
             pools[key] = names[chosen[c]]
             slo = problem.cap[c]

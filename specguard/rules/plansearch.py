@@ -20,9 +20,9 @@ The first incumbent is the best of the plan now, the given ``starts`` (never-spe
 class on its best option alone and a plan built heaviest first, each improved by single moves; then
 pairs of moves among the ``PAIRED`` heaviest movable classes and kicks (each of the ``KICKED``
 heaviest put on another option, the classes sharing its new pool moved off until no cap breaks, the
-rest improved), until neither finds more. Then the search proper, heaviest first: exact when it
-ends within the budget (it does, in the tests, on every problem small enough to enumerate). Pure and
-deterministic: ties go to the lower option index.
+rest improved), until neither finds more. Then the search proper, heaviest first, on problems of at
+most ``SEARCHED`` movable classes: exact when it ends within the budget (it does, in the tests, on
+every problem small enough to enumerate). Pure and deterministic: ties go to the lower option index.
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ PAIRED = 12
 """Pairs of moves are tried among this many of the heaviest classes that may move."""
 KICKED = 8
 """The heaviest classes that may move each kicked to its other options (iterated local search)."""
+SEARCHED = 24
+"""The most movable classes the search proper runs on (beyond, its bound proves nothing in budget:
+the first plan stands, not proven optimal)."""
 
 
 @dataclass(frozen=True)
@@ -196,26 +199,24 @@ def _kicks(p: Problem, choice: list[int], best: float) -> float:
 def _repair(p: Problem, choice: list[int], kicked: int) -> float | None:
     """The plan's value once the classes sharing the kicked class's pool, heaviest first, have left
     for their best other option until no cap breaks; None when that is not enough."""
-    v = value(p, choice)
     pool = p.options[kicked][choice[kicked]][0]
-    others = sorted(
-        (
-            c
-            for c in range(len(p.n))
-            if c != kicked and p.options[c][choice[c]][0] == pool and len(p.options[c]) > 1
-        ),
-        key=lambda c: (-p.n[c], c),
-    )
-    for c in others:
-        if v is not None:
+    loads, _, _ = _sums(p, choice)
+    there = [c for c, o in enumerate(choice) if p.options[c][o][0] == pool]
+    there.sort(key=lambda c: (-p.n[c], c))
+
+    def broken() -> bool:
+        step = p.a[pool] + p.b[pool] * loads[pool]
+        return any(step * p.options[c][choice[c]][1] > p.cap[c] for c in there)
+
+    for c in [c for c in there if c != kicked and len(p.options[c]) > 1]:
+        if not broken() and value(p, choice) is not None:  # the cheap test first
             break
-        loads = [0.0] * len(p.a)
-        for k, o in enumerate(choice):
-            loads[p.options[k][o][0]] += p.n[k]
         away = [o for o, (j, _, _) in enumerate(p.options[c]) if j != pool]
         choice[c] = max(away, key=lambda o, c=c: (_gain(p, c, o, loads), -o))
-        v = value(p, choice)
-    return v
+        loads[pool] -= p.n[c]
+        loads[p.options[c][choice[c]][0]] += p.n[c]
+        there.remove(c)
+    return value(p, choice)
 
 
 def _alone(p: Problem) -> list[int]:
@@ -281,6 +282,8 @@ def solve(p: Problem, budget: int, starts: tuple[list[int], ...] = ()) -> Result
         if best <= before + 1e-9 * max(1.0, abs(before)):
             break
     order = _movable(p)
+    if len(order) > SEARCHED:  # the bound cannot prove a plan this large within any budget here
+        return Result(tuple(incumbent), best, False, 0)
     pools = len(p.a)
     loads, weights = [0.0] * pools, [0.0] * pools
     limit = [math.inf] * pools  # highest step time the classes on the pool allow
