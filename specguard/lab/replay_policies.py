@@ -16,6 +16,7 @@ import random
 from collections.abc import Mapping
 from dataclasses import replace
 
+from specguard.errors import InputError
 from specguard.exporters import routing, stats
 from specguard.exporters.config import ExporterConfig
 from specguard.exporters.records import RequestRecord
@@ -236,9 +237,17 @@ class SpecguardPolicy:
         if isinstance(found, str):
             self.last_plan = found
             return {}
-        plan = planner.plan(found)
+        try:
+            plan = planner.plan(found)
+        except InputError as exc:  # fail safe: no plan this evaluation, the guard's gates stand
+            self.last_plan = str(exc)
+            return {}
         self.last_plan = plan
-        return {key[:2]: (pool, plan.reasons[key]) for key, pool in plan.pools.items()}
+        out = {}
+        for key, pool in plan.pools.items():  # a bucket of the class on another pool joins the rest
+            why = plan.reasons[key]
+            out[key[:2]] = (pool, why if why.startswith("move") else f"the class's plan is {pool} ({why})")
+        return out
 
     def route(
         self, evidence: Mapping[evidence_mod.ClassKey, evidence_mod.Evidence], now: float, changed: bool

@@ -122,7 +122,9 @@ def step(
     planned: tuple[str, str] | None = None,
 ) -> tuple[ClassState, Decision]:
     """One evaluation of one class; ``planned``: the fleet plan's pool for it and why (``guard.decider:
-    planner``, ``rules.planner``), which then replaces the best-pool choice and the restore rule."""
+    planner``, ``rules.planner``), which then replaces the best-pool choice and the restore rule (a
+    class the plan does not cover, with no requests in decode yet, still gets the profile's warm
+    start)."""
 
     def decide(
         new: ClassState,
@@ -165,8 +167,9 @@ def step(
     came_from = state.pending.from_pool if state.pending is not None else None
     planning = policy.decider == "planner"
     choice = None
-    if not planning:
+    if not planning or planned is None:  # a class the plan does not cover yet: the profile's warm start
         choice = bestpool.choose(state.pool, evidence, state.memory, now, policy, came_from, load_bucket=lb)
+        choice = choice if not planning or (choice is not None and choice.warm_start) else None
     candidate = None if planning else recover_candidate(state, evidence, policy)
     if policy.best_pool and candidate and k_of(policy, state.pool) > 0:
         # between speculative pools: restore only towards the pool the best-pool choice favours

@@ -92,9 +92,16 @@ def step_fit(
         near = LOCAL * highest
         observations += [o for o in stepfit.observations_from_profile(profile) if not near or o.batch <= near]
     try:
-        return stepfit.fit(observations)
+        fit = stepfit.fit(observations)
     except InputError as exc:
         return f"planner: no step-cost fit ({exc})"
+    top = max(LOCAL * highest, max((o.batch for o in observations), default=1.0))
+    for k in sorted(set(policy.pools.values())):
+        for batch in (1.0, top):
+            if not fit.predict(batch, k) > 0:  # a line fitted on a few levels can cross zero
+                where = f"B={batch:g}, K={k}"
+                return f"planner: the step-cost fit ({fit.formula()}) predicts no positive step at {where}"
+    return fit
 
 
 def build(

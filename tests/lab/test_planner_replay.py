@@ -16,14 +16,21 @@ import bench_matrix  # noqa: E402
 
 
 def test_the_planner_decides_the_fleet_and_its_moves_pass_the_gates():
+    """Every move is the plan's, or the profile's warm start of a class the plan does not cover yet."""
     profile = demo.calibrate(bench_controller.setup_for(scenario.stationary_scenario(1, 60.0), 0))
     setup = bench_controller.setup_for(bench_matrix.load("tiny-classes", 150), 0)
     setup.policy = dataclasses.replace(setup.policy, decider="planner")
     result, guard = demo.run_specguard(setup, profile)
     assert isinstance(guard.last_plan, planner.Plan)
     moves = [d for d in result.decisions if d["action"] in ("off", "shorten", "lengthen", "restore")]
-    assert moves and all(d["cause"] == "planner" for d in moves)
-    assert all(d["reason"].startswith("planner: move") for d in moves)
+    planned = [d for d in moves if d["cause"] == "planner"]
+    assert planned and all(
+        d["reason"].startswith(("planner: move", "planner: the class's plan is")) for d in planned
+    )
+    # the rest: the profile's warm start of classes the plan does not cover yet (no request decoded)
+    assert all(
+        d["cause"] == "profile" and "no live evidence yet" in d["reason"] for d in moves if d not in planned
+    )
     per_hour = setup.timed_policy().max_actions_per_hour
     by_class: dict[tuple, int] = {}
     for d in moves:

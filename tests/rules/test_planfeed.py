@@ -130,3 +130,23 @@ def test_the_guard_takes_the_planners_move_through_its_gates():
     _, ignored = guard.step(st("spec-k4"), evidence, 1000.0, POLICY, planned)
     assert ignored.action == "none"
     assert KEY == st().key
+
+
+def test_a_class_the_plan_does_not_cover_gets_the_profiles_warm_start_and_nothing_else():
+    prior = Evidence(
+        prior={"spec-k4": 1.4, "spec-k2": 0.7}, prior_bounds={"spec-k4": (1.3, 1.5), "spec-k2": (0.6, 0.8)}
+    )
+    _, warm = guard.step(st("spec-k4"), prior, 1000.0, PLANNER, None)
+    assert (warm.action, warm.to_pool, warm.cause) == ("shorten", "spec-k2", "profile")
+    # live evidence that would move it under the per-class rule: not in planner mode
+    live = Evidence(
+        pools={
+            "spec-k4": PoolEvidence("spec-k4", {"rc": 0.9, "rc_lower": 0.9, "rc_upper": 0.9}, samples=50),
+            "spec-k2": PoolEvidence("spec-k2", {"rc": 0.5, "rc_lower": 0.5, "rc_upper": 0.5}, samples=50),
+        }
+    )
+    state = st("spec-k4", consecutive_favoured=5, favoured="spec-k2")
+    _, per_class = guard.step(state, live, 1000.0, POLICY)
+    assert per_class.action == "shorten"
+    _, planning = guard.step(state, live, 1000.0, PLANNER, None)
+    assert planning.action == "none"
