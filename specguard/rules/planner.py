@@ -66,7 +66,6 @@ SLO_FACTOR = 1.1
 NODE_BUDGET = 300
 INFORMATION_PRICE = 0.1
 """The share of a probe's possible gain it may cost (tokens per second)."""
-EPS = 1e-12
 
 
 @dataclass(frozen=True)
@@ -86,6 +85,8 @@ class Demand:
 
 @dataclass(frozen=True)
 class Pool:
+    """A pool the plan may use: its K and the replicas it has now."""
+
     name: str
     k: int
     replicas: int
@@ -114,6 +115,8 @@ class PlanInput:
 
 @dataclass(frozen=True)
 class Plan:
+    """Every class's pool, and why (``move ...``, ``stays ...``)."""
+
     pools: Mapping[ClassKey, str]
     reasons: Mapping[ClassKey, str]
     benefit_lower: float  # tokens/s over the plan now, every mover at its worst case
@@ -150,11 +153,12 @@ def _definition(pool: str) -> Estimate:
 
 @dataclass(frozen=True)
 class _Bucket:
+    """One problem as numbers, and what the plan's reasons need."""
+
     keys: tuple[ClassKey, ...]
     problem: plansearch.Problem
     units: tuple[dict[int, float], ...]  # point-estimate unit per pool (TPOT = unit x T_p)
     why: tuple[str, ...]  # why a class may not move ("" when it may)
-    never: float  # TPOT of never-speculate on every engine
 
 
 def _model(inp: PlanInput, bucket: str, keys: list[ClassKey]) -> _Bucket:
@@ -214,7 +218,7 @@ def _model(inp: PlanInput, bucket: str, keys: list[ClassKey]) -> _Bucket:
     problem = plansearch.Problem(
         tuple(n), tuple(options), tuple(caps), tuple(a for a, _ in lines), tuple(b for _, b in lines)
     )
-    return _Bucket(tuple(keys), problem, tuple(units), tuple(whys), never)
+    return _Bucket(tuple(keys), problem, tuple(units), tuple(whys))
 
 
 def _cells(inp: PlanInput, key: ClassKey) -> dict[str, Estimate | None]:
@@ -310,14 +314,28 @@ def _groups(inp: PlanInput) -> dict[str, list[ClassKey]]:
 
 def tokens_of(inp: PlanInput, assignment: Mapping[ClassKey, str]) -> tuple[float, dict[ClassKey, float]]:
     """Tokens per second of any plan on the planner's model (point estimates) and each class's TPOT."""
+    total, out, _ = _evaluate(inp, assignment)
+    return total, out
+
+
+def slo_breaks(inp: PlanInput, assignment: Mapping[ClassKey, str]) -> list[ClassKey]:
+    """The classes any plan puts above their SLO (and above their TPOT now) on the planner's model."""
+    _, tpot, caps = _evaluate(inp, assignment)
+    return [k for k, t in tpot.items() if t > caps[k] * (1 + 1e-9)]
+
+
+def _evaluate(
+    inp: PlanInput, assignment: Mapping[ClassKey, str]
+) -> tuple[float, dict[ClassKey, float], dict[ClassKey, float]]:
     index = {p.name: i for i, p in enumerate(inp.pools)}
-    total, out = 0.0, {}
+    total, out, caps = 0.0, {}, {}
     for bucket, keys in sorted(_groups(inp).items()):
         model = _model(inp, bucket, keys)
         got, tpot = _tokens(model.problem, model.units, [index[assignment[k]] for k in model.keys])
         total += got
         out.update(zip(model.keys, tpot, strict=True))
-    return total, out
+        caps.update(zip(model.keys, model.problem.cap, strict=True))
+    return total, out, caps
 
 
 def per_class(inp: PlanInput, margin: float = 0.0) -> dict[ClassKey, str]:

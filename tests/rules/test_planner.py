@@ -58,6 +58,7 @@ def test_a_heavy_class_is_not_moved_onto_a_one_replica_pool_it_would_overload():
     old_tokens, old_tpot = pl.tokens_of(inp, old)
     assert plan.tokens > old_tokens * 1.2  # forty requests on one no-spec replica: 54 ms a token
     assert old_tpot[HEAVY] > 0.054 - 1e-9
+    assert HEAVY in pl.slo_breaks(inp, old) and pl.slo_breaks(inp, plan.pools) == []
     _, tpot = pl.tokens_of(inp, plan.pools)
     assert tpot[HEAVY] < 0.042
 
@@ -81,6 +82,7 @@ def test_slo_respected_every_class_within_its_slo_or_no_worse_than_now():
         never = STEP.predict(sum(d.in_flight for d in inp.demand.values()) / 4, 0)
         for key, tpot in got.items():
             assert tpot <= max(1.1 * never, now[key]) * (1 + 1e-9), (key, plan.reasons[key])
+        assert pl.slo_breaks(inp, plan.pools) == []
 
 
 def test_a_class_slo_blocks_a_move_that_pays_for_the_fleet():
