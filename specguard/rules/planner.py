@@ -20,7 +20,8 @@ fleet now: ``together``, as ``rules.planfeed`` builds it), on a model of the fle
   without speculation, ``T_0(N / all replicas)``; the planner models mean TPOT, so a p99 SLO is
   read as the same factor on the mean). A class already above its SLO may not get worse.
 
-**Uncertainty.** A move is made only when its benefit's lower bound is above zero. The search
+**Uncertainty.** A move is made only when its benefit's lower bound is above zero (by ``MARGIN``
+of the tokens/s now, so noise does not flap the plan). The search
 maximises the benefit over the plan now, with every class that moves charged its target's RC at
 the interval's upper end and credited its current pool's at the lower end (its worst case); a
 class that stays is read at its point estimate, its pool's load moved by the plan. A class may
@@ -63,6 +64,9 @@ from specguard.rules.evidence import ClassKey
 from specguard.rules.stepfit import StepFit
 
 SLO_FACTOR = 1.1
+MARGIN = 0.02
+"""A plan replaces the one now only when it gains this share of the problem's tokens/s at its worst
+case: every change costs (requests drain, the plan flaps with noise otherwise)."""
 NODE_BUDGET = 300
 INFORMATION_PRICE = 0.1
 """The share of a probe's possible gain it may cost (tokens per second)."""
@@ -106,6 +110,7 @@ class PlanInput:
     slo_factor: float = SLO_FACTOR
     min_samples: int = 0
     node_budget: int = NODE_BUDGET
+    margin: float = MARGIN
     together: str | None = None
     """One problem for every class whatever its load bucket, under this label (its load in ``loads``):
     the classes share the fleet now, each at the load bucket its pool is in."""
@@ -278,10 +283,10 @@ def plan(inp: PlanInput) -> Plan:
         gain = result.value - (stay_value or 0.0)
         chosen = [problem.options[c][o][0] for c, o in enumerate(result.choice)]
         now = [problem.options[c][0][0] for c in range(len(keys))]
-        if gain <= 0:  # no plan beats the one now at its worst case
+        had, _ = _tokens(problem, model.units, now)
+        if gain <= inp.margin * had:  # no plan beats the one now by the margin at its worst case
             chosen, gain = now, 0.0
         got, tpot = _tokens(problem, model.units, chosen)
-        had, _ = _tokens(problem, model.units, now)
         benefit, tokens, tokens_now = benefit + gain, tokens + got, tokens_now + had
         nodes += result.nodes
         exact[bucket] = result.exact
@@ -299,7 +304,8 @@ def plan(inp: PlanInput) -> Plan:
                 reasons[key] = f"{model.why[c]}; {at}"
             else:
                 reasons[key] = (
-                    f"stays on {names[now[c]]}: no plan that moves it gains at its worst case{proof}; {at}"
+                    f"stays on {names[now[c]]}: no plan that moves it gains {inp.margin:.0%} at its worst "
+                    f"case{proof}; {at}"
                 )
     return Plan(pools, reasons, benefit, tokens, tokens_now, exact, nodes)
 
