@@ -90,14 +90,15 @@ def run(spec: dict) -> dict:
         shape=spec.get("shape", shapes.FIXED),
         replicas=spec.get("replicas"),
     )
-    rows = {}
+    rows, realised = {}, {}
     variants = {"fresh": ("specguard", spec["profile"]), "none": ("specguard_no_profile", None)}
     variants["stale"] = ("specguard_stale_profile", spec["stale_profile"])
     for variant in spec["profiles"]:
         key, profile = variants[variant]
         result, guard = demo.run_specguard(setup, profile)
         rows[key] = demo.specguard_row(setup, result, guard, variant)
-    compared = demo.compare(setup, rows, noise_draws=(1,))
+        realised[key] = guard.choices
+    compared = demo.compare(setup, rows, noise_draws=(1,), realised=realised)
     policies, r = compared["policies"], compared["ratios"]
     sg, oracle = policies["specguard"], policies["oracle"]
     out = {
