@@ -19,6 +19,7 @@ phase of each figure and the targets.
         [--scenarios a,b] [--worlds a,b] [--seeds 0,1,2] [--profiles fresh,none,stale]
         [--fleet-shape fixed|autoscaled|fluid] [--replicas 3xK4+1xnospec] [--fleet N] [--json]
     python3 bench/bench_matrix.py --render bench/results/matrix-fixed.json  # the docs' markdown
+    python3 bench/bench_matrix.py --render bench/results/matrix-fixed.json --into docs/benchmarks.md
 
 ``--quick``: two scenarios (shortened to 150 s) in two worlds, seed 0 (what the test runs).
 ``--json`` prints every run and the summary; the release's run of each fleet shape is kept in
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -342,6 +344,15 @@ def render(result: dict) -> dict[str, str]:
     }
 
 
+def fill(doc: str, name: str, pieces: dict[str, str]) -> str:
+    """``doc`` with each ``<!-- matrix:NAME:PIECE -->`` ... ``<!-- /matrix -->`` block holding its
+    piece of ``--render`` (the blocks that are there; a piece without a block is left out)."""
+    for piece, text in pieces.items():
+        block = re.compile(rf"(<!-- matrix:{re.escape(name)}:{piece} -->\n).*?(<!-- /matrix -->)", re.S)
+        doc = block.sub(lambda m, t=text: f"{m.group(1)}\n{t}\n\n{m.group(2)}", doc)
+    return doc
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the test's subset")
@@ -356,7 +367,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fleet", type=int, default=None, help="engines: fluid fleet or autoscaled budget")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--render", metavar="FILE", help="print the docs' markdown for a --json result")
+    parser.add_argument("--into", metavar="DOC", help="with --render: write it into DOC's matrix blocks")
     args = parser.parse_args(argv)
+    if args.render and args.into:
+        doc = Path(args.into)
+        pieces = render(json.loads(Path(args.render).read_text()))
+        doc.write_text(fill(doc.read_text(), Path(args.render).stem, pieces))
+        return 0
     if args.render:
         for text in render(json.loads(Path(args.render).read_text())).values():
             print(text, end="\n\n")

@@ -193,3 +193,16 @@ def test_the_matrix_prose_follows_from_the_kept_runs():
     )
     tiny = [r["vs_oracle"] for r in rows if r["scenario"] == "tiny-classes" and r["world"] == "early-knee"]
     assert f"{spread(tiny)} of the oracle in `early-knee`" in text
+
+
+def test_render_into_fills_the_shapes_blocks_and_nothing_else():
+    """``--render FILE --into DOC`` writes each piece between its markers, leaves other shapes'
+    blocks alone, and writing the same run twice changes nothing."""
+    pieces = bench_matrix.render(kept(SHAPES["fluid"]))
+    doc = (
+        "intro\n<!-- matrix:matrix-fluid:goals -->\nold\n<!-- /matrix -->\n"
+        "<!-- matrix:other:goals -->\nx\n<!-- /matrix -->\n"
+    )
+    once = bench_matrix.fill(doc, "matrix-fluid", pieces)
+    assert pieces["goals"] in once and "old" not in once and "\nx\n" in once
+    assert bench_matrix.fill(once, "matrix-fluid", pieces) == once
