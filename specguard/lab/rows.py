@@ -174,8 +174,9 @@ def rows(
             routing[f"{name}_replicas"] = (again, summary.summarize(replayed(name, again), name))
     for name, (slices, row) in routing.items():
         candidates[name] = _sliced(case, row, slices)
+    if realised:
+        say("replaying each specguard row's own routing request by request")
     for name, choices in (realised or {}).items():
-        say(f"replaying {name}'s own routing request by request")
         row = summary.summarize(
             hindsight.run_choices(case, name, choices), f"{name}'s routing", config=f"{name}'s routing"
         )

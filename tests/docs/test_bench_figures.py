@@ -191,6 +191,12 @@ def test_the_controller_prose_follows_from_the_kept_runs():
     assert all(f"{r['detection_delay_seconds']:.0f} s in seed {r['seed']}" in text for r in late), late
     actions = sorted(r["actions"] for r in rows)
     assert f"most of a run's {actions[0]}–{actions[-1]} plan changes" in text
+    mean = sum(r["throughput_vs_oracle"] for r in rows) / len(rows)
+    assert mean >= 0.95 and min(r["throughput_vs_oracle"] for r in rows) >= 0.90
+    assert min(r["worst_phase_vs_never"] for r in rows) >= 1.0
+    assert "≥ 0.95 of the oracle on average and ≥ 0.90 in every run are met, and every phase" in text
+    beaten = sum(r["throughput_vs_best_single_pool"] > 1 for r in rows)
+    assert f"is beaten in {beaten} of the {len(rows)} runs" in text
     bare = json.loads((ROOT / "bench" / "results" / "controller-no-profile.json").read_text())["rows"]
     below = [r for r in bare if r["throughput_vs_best_single_pool"] < 1.0]
     single = sorted(r["throughput_vs_best_single_pool"] for r in bare)
@@ -200,6 +206,11 @@ def test_the_controller_prose_follows_from_the_kept_runs():
         f'miss "≥ 1.00× the best single pool" in {words[len(below)]} runs ({single[0]:.3f}–{single[-1]:.3f}) '
         f"and TPOT p99 in {words[len(slow)]} (up to {max(r['tpot_p99_vs_oracle'] for r in bare):.2f}×)"
     ) in text
+    harm = [r for r in bare if r["worst_phase_vs_never"] < 1]
+    lowest = min(r["worst_phase_vs_never"] for r in harm)
+    named = " and ".join(f"`{r['scenario']}`" for r in harm)
+    said = f"in {named} a phase falls below never-speculate on all four engines (down to {lowest:.2f}×)"
+    assert said in text, said
 
 
 def test_the_matrix_prose_follows_from_the_kept_runs():
