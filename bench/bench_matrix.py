@@ -1,4 +1,4 @@
-"""Robustness matrix: specguard in scenarios and simulator worlds it was not tuned on, at equal capacity.
+"""Robustness matrix: specguard in scenarios and simulator worlds it was not tuned on, per fleet shape.
 
 Every scenario of ``bench/scenarios`` (step loads, a ramp, gradual drift, oscillation faster than
 the guard's timers, a load swinging across the knee, tiny classes, a long stationary tail, a flash
@@ -8,26 +8,30 @@ default guard policy and a calibration profile swept on that world with its own 
 
 Per run: specguard against the oracle (``lab.hindsight``: the best of every hindsight plan, planned
 per time slice on the simulator's truth, replayed), the best single pool, the best static plan per
-class and never-speculate, overall and per phase; TPOT p99 against the oracle's; plan changes per
-class per hour against the policy's cap; and the oracle's plan replayed with another acceptance draw
-(the run-to-run noise). The bound: no row beats the oracle by more than the largest noise measured
-in the matrix. One table, then the mean, the worst run and the worst phase of each figure and the
-targets.
+class, the best in-engine K schedule and never-speculate, overall and per phase, every row on the
+same engines of one fleet shape (``--fleet-shape``, ``lab.shapes``); TPOT p99 against the oracle's;
+plan changes per class per hour against the policy's cap; and the oracle's plan replayed with
+another acceptance draw (the run-to-run noise). The bound: no row beats the oracle by more than
+the largest noise measured in the matrix. One table, then the mean, the worst run and the worst
+phase of each figure and the targets.
 
     flock /tmp/specguard-bench.lock python3 bench/bench_matrix.py [--quick] [--jobs 2]
-        [--scenarios a,b] [--worlds a,b] [--seeds 0,1,2] [--profiles fresh,none,stale] [--fleet 4] [--json]
-    python3 bench/bench_matrix.py --render bench/results/matrix.json   # the docs' tables and README line
+        [--scenarios a,b] [--worlds a,b] [--seeds 0,1,2] [--profiles fresh,none,stale]
+        [--fleet-shape fixed|autoscaled|fluid] [--replicas 3xK4+1xnospec] [--fleet N] [--json]
+    python3 bench/bench_matrix.py --render bench/results/matrix-fixed.json  # the docs' markdown
+    python3 bench/bench_matrix.py --render bench/results/matrix-fixed.json --into docs/benchmarks.md
 
 ``--quick``: two scenarios (shortened to 150 s) in two worlds, seed 0 (what the test runs).
-``--json`` prints every run and the summary; the release's run is kept in ``bench/results/matrix.json``
-and ``--render`` turns it into the markdown that README.md and docs/benchmarks.md carry (a test checks
-they still do).
+``--json`` prints every run and the summary; the release's run of each fleet shape is kept in
+``bench/results/matrix-SHAPE.json`` and ``--render`` turns it into the markdown that
+docs/benchmarks.md (and, for fixed pools, README.md) carry (a test checks they still do).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -38,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_controller  # noqa: E402
 
-from specguard.lab import demo, scenario, summary, worlds  # noqa: E402
+from specguard.lab import demo, scenario, shapes, summary, worlds  # noqa: E402
 
 SCENARIOS = Path(__file__).with_name("scenarios")
 QUICK = {"scenarios": "steps,tiny-classes", "worlds": "default,expensive-draft", "seeds": "0", "seconds": 150}
@@ -48,6 +52,7 @@ TARGETS = {
     "worst_run_vs_oracle": 0.90,
     "worst_phase_vs_never": 1.0,
     "vs_best_single_pool": 1.0,
+    "vs_best_in_engine_schedule": 1.0,
     "tpot_p99_vs_oracle": 1.15,
 }
 
@@ -61,11 +66,16 @@ def load(name: str, seconds: float | None) -> scenario.Scenario:
     return scen.scaled(seconds) if seconds else scen
 
 
-def calibration(spec: tuple[str, int, float]) -> tuple[tuple[str, int], object]:
+def calibration(spec: tuple[str, int, float, str, str | None]) -> tuple[tuple[str, int], object]:
     """The fresh profile of (world, seed): it depends on neither the scenario nor the other worlds."""
-    world, seed, gpu_scale = spec
+    world, seed, gpu_scale, shape, replicas = spec
     setup = bench_controller.setup_for(
-        scenario.stationary_scenario(1, 60.0), seed, world=world, gpu_scale=gpu_scale
+        scenario.stationary_scenario(1, 60.0),
+        seed,
+        world=world,
+        gpu_scale=gpu_scale,
+        shape=shape,
+        replicas=replicas,
     )
     return (world, seed), demo.calibrate(setup)
 
@@ -74,26 +84,39 @@ def run(spec: dict) -> dict:
     t0 = time.perf_counter()
     scen = load(spec["scenario"], spec["seconds"])
     setup = bench_controller.setup_for(
-        scen, spec["seed"], world=spec["world"], gpu_scale=spec["gpu_scale"], fleet=spec.get("fleet", 4)
+        scen,
+        spec["seed"],
+        world=spec["world"],
+        gpu_scale=spec["gpu_scale"],
+        fleet=spec.get("fleet"),
+        shape=spec.get("shape", shapes.FIXED),
+        replicas=spec.get("replicas"),
     )
-    rows = {}
+    rows, realised = {}, {}
     variants = {"fresh": ("specguard", spec["profile"]), "none": ("specguard_no_profile", None)}
     variants["stale"] = ("specguard_stale_profile", spec["stale_profile"])
     for variant in spec["profiles"]:
         key, profile = variants[variant]
         result, guard = demo.run_specguard(setup, profile)
         rows[key] = demo.specguard_row(setup, result, guard, variant)
-    compared = demo.compare(setup, rows, noise_draws=(1,))
+        realised[key] = guard.choices
+    compared = demo.compare(setup, rows, noise_draws=(1,), realised=realised)
     policies, r = compared["policies"], compared["ratios"]
     sg, oracle = policies["specguard"], policies["oracle"]
     out = {
         "scenario": spec["scenario"],
         "world": spec["world"],
         "seed": spec["seed"],
+        "fleet_shape": setup.fleet_shape.kind,
         "engines": setup.fleet,
         "vs_oracle": r["specguard_vs_oracle_throughput"],
         "worst_phase_vs_oracle": min(x for x in summary.phase_ratios(sg, oracle) if x is not None),
         "vs_best_single_pool": r["specguard_vs_best_single_pool_throughput"],
+        "vs_best_in_engine_schedule": r["specguard_vs_best_in_engine_schedule_throughput"],
+        "worst_phase_vs_best_in_engine_schedule": r[
+            "specguard_vs_best_in_engine_schedule_worst_phase_throughput"
+        ],
+        "best_in_engine_schedule": policies["best_in_engine_schedule"]["label"].split(": ", 1)[-1],
         "vs_best_per_class_static": r["specguard_vs_best_per_class_static_throughput"],
         "vs_never": r["specguard_vs_never_speculate_throughput"],
         "worst_phase_vs_never": r["specguard_vs_never_worst_phase_throughput"],
@@ -104,6 +127,8 @@ def run(spec: dict) -> dict:
         "actions": sg["actions"],
         "actions_in_stationary_phases": sg["actions_in_stationary_phases"],
         "oracle_plan_from": oracle["plan_from"],
+        "oracle_routing_vs_oracle": oracle["routing_plan_tokens_per_second"]
+        / oracle["throughput_tokens_per_second"],
         "noise": compared["noise"]["max_abs"],
         "ratios_to_oracle": compared["bound"]["ratios_to_oracle"],
         "wall_seconds": round(time.perf_counter() - t0, 1),
@@ -139,10 +164,13 @@ def aggregate(rows: list[dict]) -> dict:
         }
 
     out = {
+        "fleet_shape": rows[0].get("fleet_shape", "fluid") if rows else None,
         "runs": len(rows),
         "vs_oracle": stats("vs_oracle"),
         "worst_phase_vs_oracle": stats("worst_phase_vs_oracle"),
         "vs_best_single_pool": stats("vs_best_single_pool"),
+        "vs_best_in_engine_schedule": stats("vs_best_in_engine_schedule"),
+        "worst_phase_vs_best_in_engine_schedule": stats("worst_phase_vs_best_in_engine_schedule"),
         "vs_best_per_class_static": stats("vs_best_per_class_static"),
         "worst_phase_vs_never": stats("worst_phase_vs_never"),
         "tpot_p99_vs_oracle": stats("tpot_p99_vs_oracle", max),
@@ -158,6 +186,7 @@ def aggregate(rows: list[dict]) -> dict:
         "worst run vs oracle >= 0.90": out["vs_oracle"]["worst"] >= TARGETS["worst_run_vs_oracle"],
         "every phase >= never-speculate": out["worst_phase_vs_never"]["worst"] >= 1.0,
         "every run >= best single pool": out["vs_best_single_pool"]["worst"] >= 1.0,
+        "every run >= best in-engine schedule": out["vs_best_in_engine_schedule"]["worst"] >= 1.0,
         "TPOT p99 <= 1.15 x oracle": out["tpot_p99_vs_oracle"]["worst"] <= TARGETS["tpot_p99_vs_oracle"],
         "changes per class per hour <= cap": all(
             r["max_changes_per_class_hour"] <= r["cap_per_hour"] for r in rows
@@ -166,6 +195,7 @@ def aggregate(rows: list[dict]) -> dict:
             "vs_oracle < 0.90": sum(r["vs_oracle"] < 0.90 for r in rows),
             "worst phase < never": sum(r["worst_phase_vs_never"] < 1.0 for r in rows),
             "< best single pool": sum(r["vs_best_single_pool"] < 1.0 for r in rows),
+            "< best in-engine schedule": sum(r["vs_best_in_engine_schedule"] < 1.0 for r in rows),
             "TPOT p99 > 1.15 x oracle": sum(r["tpot_p99_vs_oracle"] > 1.15 for r in rows),
         },
     }
@@ -174,7 +204,7 @@ def aggregate(rows: list[dict]) -> dict:
 
 def table(rows: list[dict]) -> str:
     head = (
-        f"{'scenario':<13}{'world':<20}{'seed':>4}{'/oracle':>9}{'worst ph':>9}{'/single':>9}"
+        f"{'scenario':<13}{'world':<20}{'seed':>4}{'/oracle':>9}{'worst ph':>9}{'/single':>9}{'/sched':>8}"
         f"{'/class':>8}{'ph/never':>9}{'p99/or':>8}{'chg/h':>6}{'noise':>7}  oracle plan"
     )
     lines = [head]
@@ -182,6 +212,7 @@ def table(rows: list[dict]) -> str:
         lines.append(
             f"{r['scenario']:<13}{r['world']:<20}{r['seed']:>4}{r['vs_oracle']:>9.3f}"
             f"{r['worst_phase_vs_oracle']:>9.3f}{r['vs_best_single_pool']:>9.3f}"
+            f"{r['vs_best_in_engine_schedule']:>8.3f}"
             f"{r['vs_best_per_class_static']:>8.3f}{r['worst_phase_vs_never']:>9.3f}"
             f"{r['tpot_p99_vs_oracle']:>8.2f}{r['max_changes_per_class_hour']:>6}{r['noise']:>7.4f}"
             f"  {r['oracle_plan_from']}"
@@ -193,6 +224,13 @@ GOALS = (  # (summary key, label, target text, runs-below key)
     ("vs_oracle", "throughput / oracle", "≥ 0.95 mean, ≥ 0.90 worst", "vs_oracle < 0.90"),
     ("worst_phase_vs_oracle", "worst phase / oracle", "—", None),
     ("vs_best_single_pool", "throughput / best single pool", "≥ 1.00", "< best single pool"),
+    (
+        "vs_best_in_engine_schedule",
+        "throughput / best in-engine K schedule",
+        "≥ 1.00",
+        "< best in-engine schedule",
+    ),
+    ("worst_phase_vs_best_in_engine_schedule", "worst phase / best in-engine K schedule", "—", None),
     ("vs_best_per_class_static", "throughput / best static plan per class", "—", None),
     ("worst_phase_vs_never", "worst phase / never-speculate", "≥ 1.00 in every phase", "worst phase < never"),
     ("tpot_p99_vs_oracle", "TPOT p99 / oracle's", "≤ 1.15", "TPOT p99 > 1.15 x oracle"),
@@ -201,6 +239,7 @@ GOALS = (  # (summary key, label, target text, runs-below key)
 MET = {
     "vs_oracle": ("mean_vs_oracle >= 0.95", "worst run vs oracle >= 0.90"),
     "vs_best_single_pool": ("every run >= best single pool",),
+    "vs_best_in_engine_schedule": ("every run >= best in-engine schedule",),
     "worst_phase_vs_never": ("every phase >= never-speculate",),
     "tpot_p99_vs_oracle": ("TPOT p99 <= 1.15 x oracle",),
     "max_changes_per_class_hour": ("changes per class per hour <= cap",),
@@ -210,7 +249,8 @@ MET = {
 def render(result: dict) -> dict[str, str]:
     """The markdown the docs carry for one matrix run: ``scenarios`` (throughput / oracle, mean over
     the seeds per scenario and world), ``goals`` (each figure against its target), ``readme`` and
-    ``wall`` (how long it took: the time depends on the machine)."""
+    ``wall`` (how long it took: the time depends on the machine) and ``bound`` (whether any row beat
+    the oracle by more than the noise, and where)."""
     rows, summary = result["rows"], result["summary"]
     names = sorted({r["scenario"] for r in rows})
     world_names = list(dict.fromkeys(r["world"] for r in rows))
@@ -250,19 +290,67 @@ def render(result: dict) -> dict[str, str]:
             f"| {label} | {figure['mean']:.{digits}f} | {figure['worst']:.{digits}f} | "
             f"{figure['worst_run']} | {target} | {met} |"
         )
-    v, ph = summary["vs_oracle"], summary["worst_phase_vs_oracle"]
+    v = summary["vs_oracle"]
+    never, sched = summary["worst_phase_vs_never"], summary["vs_best_in_engine_schedule"]
+    p99 = summary["tpot_p99_vs_oracle"]
+    shape = result.get("fleet_shape", {}).get("label", "a fluid fleet of 4 engines (an idealisation)")
     readme = (
-        f"In the robustness matrix ({summary['runs']} runs: {len(names)} scenarios × {len(world_names)} "
-        f"simulator worlds × seeds {seeds[0]}–{seeds[-1]}, equal capacity) specguard reaches "
+        f"In the robustness matrix on {shape} ({summary['runs']} runs: {len(names)} scenarios × "
+        f"{len(world_names)} simulator worlds × seeds {seeds[0]}–{seeds[-1]}) specguard reaches "
         f"{v['mean']:.3f} of the oracle on average; the worst run is {v['worst']:.3f} "
-        f"({v['worst_run']}) and the worst phase {ph['worst']:.3f} ({ph['worst_run']})."
+        f"({v['worst_run']}), the worst phase {never['worst']:.2f}× never-speculate "
+        f"({never['worst_run']}), {sched['mean']:.3f}× the best in-engine K schedule on average "
+        f"({sched['worst']:.3f} at worst) and TPOT p99 up to {p99['worst']:.2f}× the oracle's."
     )
     per_run = statistics.mean(r["wall_seconds"] for r in rows)
     wall = (
         f"{summary['runs']} runs in {result['wall_seconds'] / 60:.1f} min wall with "
         f"{result.get('jobs', 2)} processes ({per_run:.1f} s per run)"
     )
-    return {"scenarios": scenarios_md, "goals": "\n".join(goal_lines), "readme": readme, "wall": wall}
+    sched_lines = [
+        "| scenario | " + " | ".join(world_names) + " | worst run |",
+        "|" + "---|" * (len(world_names) + 2),
+    ]
+    for name in names:
+        mine = [r for r in rows if r["scenario"] == name]
+        cells = [
+            f"{statistics.mean(r['vs_best_in_engine_schedule'] for r in mine if r['world'] == w):.3f}"
+            for w in world_names
+        ]
+        sched_lines.append(
+            f"| {name} | "
+            + " | ".join(cells)
+            + f" | {min(r['vs_best_in_engine_schedule'] for r in mine):.3f} |"
+        )
+    held = summary["bound"]
+    if held["holds"]:
+        bound = (
+            f"**The bound holds in all {summary['runs']} runs**: no row beats the oracle by more than "
+            f"the largest run-to-run noise measured in the matrix ({held['tolerance']:.2%})."
+        )
+    else:
+        where = "; ".join(f"{v['row']} in {v['run']} ({v['ratio']:.3f})" for v in held["violations"])
+        bound = (
+            f"**The bound does not hold in {len({v['run'] for v in held['violations']})} of "
+            f"{summary['runs']} runs** (noise {held['tolerance']:.2%}): {where}."
+        )
+    return {
+        "scenarios": scenarios_md,
+        "goals": "\n".join(goal_lines),
+        "schedule": "\n".join(sched_lines),
+        "readme": readme,
+        "wall": wall,
+        "bound": bound,
+    }
+
+
+def fill(doc: str, name: str, pieces: dict[str, str]) -> str:
+    """``doc`` with each ``<!-- matrix:NAME:PIECE -->`` ... ``<!-- /matrix -->`` block holding its
+    piece of ``--render`` (the blocks that are there; a piece without a block is left out)."""
+    for piece, text in pieces.items():
+        block = re.compile(rf"(<!-- matrix:{re.escape(name)}:{piece} -->\n).*?(<!-- /matrix -->)", re.S)
+        doc = block.sub(lambda m, t=text: f"{m.group(1)}\n{t}\n\n{m.group(2)}", doc)
+    return doc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -274,10 +362,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profiles", default="fresh", help="specguard with: fresh, none, stale (comma list)")
     parser.add_argument("--gpu-scale", type=float, default=2.0)
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--fleet", type=int, default=4, help="engines every row gets")
+    parser.add_argument("--fleet-shape", choices=shapes.KINDS, default=shapes.FIXED)
+    parser.add_argument("--replicas", default=None, help="fixed: POOL=N,... or a named fleet (lab.shapes)")
+    parser.add_argument("--fleet", type=int, default=None, help="engines: fluid fleet or autoscaled budget")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--render", metavar="FILE", help="print the docs' markdown for a --json result")
+    parser.add_argument("--into", metavar="DOC", help="with --render: write it into DOC's matrix blocks")
     args = parser.parse_args(argv)
+    if args.render and args.into:
+        doc = Path(args.into)
+        pieces = render(json.loads(Path(args.render).read_text()))
+        doc.write_text(fill(doc.read_text(), Path(args.render).stem, pieces))
+        return 0
     if args.render:
         for text in render(json.loads(Path(args.render).read_text())).values():
             print(text, end="\n\n")
@@ -293,10 +389,22 @@ def main(argv: list[str] | None = None) -> int:
         load(name, seconds)
     for world in world_names:
         worlds.load(world)
+    shape = bench_controller.setup_for(
+        load(names[0], seconds),
+        seeds[0],
+        gpu_scale=args.gpu_scale,
+        fleet=args.fleet,
+        shape=args.fleet_shape,
+        replicas=args.replicas,
+    ).fleet_shape  # a bad shape fails here too
     t0 = time.perf_counter()
     stale_worlds = {STALE_WORLD.get(w, "k4-dominates") for w in world_names} if "stale" in profiles else set()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        specs = [(w, s, args.gpu_scale) for w in sorted(set(world_names) | stale_worlds) for s in seeds]
+        specs = [
+            (w, s, args.gpu_scale, args.fleet_shape, args.replicas)
+            for w in sorted(set(world_names) | stale_worlds)
+            for s in seeds
+        ]
         fresh = dict(pool.map(calibration, specs))
         jobs = [
             {
@@ -306,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
                 "seconds": seconds,
                 "gpu_scale": args.gpu_scale,
                 "fleet": args.fleet,
+                "shape": args.fleet_shape,
+                "replicas": args.replicas,
                 "profiles": profiles,
                 "profile": fresh[(world, seed)],
                 "stale_profile": fresh.get((STALE_WORLD.get(world, "k4-dominates"), seed)),
@@ -316,10 +426,17 @@ def main(argv: list[str] | None = None) -> int:
         ]
         rows = list(pool.map(run, jobs))
     wall = round(time.perf_counter() - t0, 1)
-    result = {"rows": rows, "summary": aggregate(rows), "wall_seconds": wall, "jobs": args.jobs}
+    result = {
+        "fleet_shape": shape.to_json(),
+        "rows": rows,
+        "summary": aggregate(rows),
+        "wall_seconds": wall,
+        "jobs": args.jobs,
+    }
     if args.json:
         print(json.dumps(result, indent=2))
     else:
+        print(f"fleet shape: {shape.label()}")
         print(table(rows))
         print(json.dumps(result["summary"], indent=2))
         print(f"{len(rows)} runs in {result['wall_seconds']:.0f} s with {args.jobs} processes")

@@ -11,10 +11,18 @@ def fmt(value, spec: str, dash: str = "-") -> str:
     return dash if value is None else format(value, spec)
 
 
-def capacity_statement(engines: int) -> str:
+def capacity_statement(shape) -> str:
+    """What every row runs on (``lab.shapes.FleetShape``), in a sentence."""
+    if shape.kind == "fixed":
+        return (
+            f"every row runs on the same {shape.size} engines: the routing rows on the fixed pools "
+            f"({shape.label().removeprefix('fixed: ')}, never moved), the one-pool rows on all {shape.size}"
+        )
+    if shape.kind == "autoscaled":
+        return f"every row runs on the same engines, {shape.label()}; the one-pool rows as one pool"
     return (
-        f"every row runs on the same fleet of {engines} engines, whichever pools it uses "
-        "(an engine serves one pool at a time; an empty one can be given to another pool)"
+        f"every row runs on the same fleet of {shape.size} engines, whichever pools it uses "
+        "(fluid, an idealisation: an empty engine is given to another pool at once, no restart)"
     )
 
 
@@ -22,6 +30,7 @@ NAMES = {
     "always_speculate": "always speculate",
     "never_speculate": "never speculate",
     "best_single_pool": "best single pool",
+    "best_in_engine_schedule": "best K schedule",
     "best_per_phase": "best per phase",
     "best_per_class_static": "best per class",
     "oracle": "oracle",
@@ -37,6 +46,8 @@ def _config(name: str, p: dict) -> str:
         return f"{p['actions']} plan changes" + (f" ({warm} from the profile)" if warm else "")
     if name == "best_per_phase":
         return "/".join(p["config"])
+    if name == "best_in_engine_schedule":
+        return p["label"].split(": ", 1)[-1]
     if name in ("best_per_class_static", "oracle"):
         return "hindsight, true model" + (f", plan of {p['plan_from']}" if p.get("plan_from") else "")
     return p.get("config") or ""
@@ -48,6 +59,7 @@ def print_comparison(result: dict) -> None:
 
     names = [n for n in demo.ROWS if n in policies]
     print()
+    print(f"Fleet shape: {result['fleet_shape']['label']}.")
     print(f"Same scenario, same seed ({result['seed']}); {result['capacity']['statement']}.")
     print(
         f"{'policy':<18}{'tokens/s':>10}{'vs oracle':>11}{'TPOT mean':>11}{'TPOT p99':>10}"
@@ -87,6 +99,7 @@ def summary_lines(result: dict) -> list[str]:
         "",
         f"specguard = {r['specguard_vs_oracle_throughput']:.1%} of the oracle, "
         f"{r['specguard_vs_best_single_pool_throughput']:.1%} of the best single pool, "
+        f"{r['specguard_vs_best_in_engine_schedule_throughput']:.1%} of the best in-engine K schedule, "
         f"{r['specguard_vs_best_per_class_static_throughput']:.1%} of the best static plan per class, "
         f"{r['specguard_vs_always_speculate_throughput']:.2f}x always-speculate, "
         f"{r['specguard_vs_never_speculate_throughput']:.2f}x never-speculate "

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from specguard import schedules
 from specguard.configfile import Section
 from specguard.exporters import addresses, clientguard, promtext
 from specguard.exporters.tapgate import METHODS, ForwardPath
@@ -38,6 +39,9 @@ class PoolConfig:
     replicas: int = 1
     # file holding the engine's --api-key: the tap sends it as a bearer token (requests and scrapes)
     api_key_file: str | None = None
+    # the in-engine K schedule the pool was launched with (vLLM num_speculative_tokens_per_batch_size,
+    # TensorRT-LLM draft_len_schedule / max_concurrency; specguard.schedules): K by batch size
+    k_schedule: schedules.Schedule | None = None
 
     @property
     def speculative(self) -> bool:
@@ -206,7 +210,12 @@ def parse_pools(root: Section) -> tuple[PoolConfig, ...]:
         force_usage = item.get("force_include_usage", bool, False)
         replicas = item.get("replicas", int, 1, minimum=1, maximum=100_000)
         key_file = item.get("api_key_file", str, None, nullable=True)
-        item.reject_unknown()
+        k_schedule = None
+        try:
+            k_schedule = schedules.from_pool_keys(item.data, k or 0)
+        except schedules.ScheduleError as exc:
+            item.error(exc.key, str(exc))
+        item.reject_unknown(also_allowed=schedules.KEYS)
         if key_file is not None and not key_file.strip():
             item.error("api_key_file", "must name a file")
             key_file = None
@@ -239,17 +248,19 @@ def parse_pools(root: Section) -> tuple[PoolConfig, ...]:
                 force_usage is True,
                 replicas or 1,
                 key_file,
+                k_schedule,
             )
         )
     if "pools" in root.data and isinstance(root.data["pools"], list) and not root.data["pools"]:
         root.error("pools", "must list at least one pool")
-    elif pools and all(p.speculative for p in pools):
+    elif pools and all(p.speculative for p in pools) and not (len(pools) == 1 and pools[0].k_schedule):
         names = ", ".join(f"{p.name} (K={p.num_speculative_tokens})" for p in pools)
         root.error(
             "pools",
             f"no pool without speculation: {names}; add one with num_speculative_tokens: 0 "
             "(it measures the baseline every relative cost is taken against, and it is where the "
-            "guard turns speculation off)",
+            "guard turns speculation off), or run one pool with its in-engine K schedule "
+            "(num_speculative_tokens_per_batch_size or draft_len_schedule) and no other",
         )
     return tuple(pools)
 

@@ -9,21 +9,22 @@ Three steps, all on the simulator's engine core in virtual time (model seconds):
 2. specguard: the scripted scenario runs through the tap's router and windowed statistics,
    ``rules.cost.evaluate`` and ``rules.guard.step`` (the shipped default policy, its timers
    scaled by ``timer_scale``), with the fresh profile, with none and with the stale one;
-3. compare: the same scenario and seed replayed under the rows of ``lab.hindsight`` (always and
-   never speculate, the best single pool, the best pool per phase, the best static plan per class
-   and the oracle), every row on the same fleet of ``fleet`` engines (``lab.fleet``); the oracle's
-   plan replayed with other acceptance draws gives the run-to-run noise, and the bound check says
-   whether any row beat the oracle by more than that (``summary.bound``).
+3. compare: the same scenario and seed replayed under the rows of ``lab.rows`` (always and never
+   speculate, the best single pool, the best in-engine K schedule, the best static plan per class,
+   the best pool per phase on a fluid fleet, and the oracle), every row on the same engines: the
+   fleet shape (``lab.shapes``: fixed replicas per pool by default, autoscaled, or fluid); the
+   oracle's plan replayed with other acceptance draws gives the run-to-run noise, and the bound
+   check says whether any row beat the oracle by more than that (``summary.bound``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from specguard.exporters.config import ExporterConfig
-from specguard.lab import hindsight, replay, summary, sweep, sweep_drivers
+from specguard.lab import hindsight, replay, rows, shapes, summary, sweep, sweep_drivers
 from specguard.lab import replay_policies as rp
 from specguard.lab import scenario as scenario_mod
 from specguard.rules import policy as policy_mod
@@ -41,6 +42,7 @@ ROWS = (  # the comparison's rows, in the order they are printed (keys of the JS
     "always_speculate",
     "never_speculate",
     "best_single_pool",
+    "best_in_engine_schedule",
     "best_per_phase",
     "best_per_class_static",
     "oracle",
@@ -69,6 +71,11 @@ class DemoSetup:
     settings: CostSettings = field(default_factory=CostSettings)
     stale_sim: SimConfig | None = None  # the world the stale profile is swept on
     stale_world: str = ""
+    shape: shapes.FleetShape | None = None  # None: a fluid fleet of ``fleet`` engines
+
+    @property
+    def fleet_shape(self) -> shapes.FleetShape:
+        return self.case().fleet_shape
 
     @property
     def buckets(self) -> replay.Buckets:
@@ -103,7 +110,29 @@ class DemoSetup:
             fleet=self.fleet,
             seed=self.seed,
             interval=self.timed_policy().interval_seconds,
+            shape=self.shape,
         )
+
+
+def for_shape(exporter: ExporterConfig, shape: shapes.FleetShape) -> ExporterConfig:
+    """The exporter's pools on ``shape``: only the pools it runs, each with its replicas (what the
+    guard reads to bucket load per replica and size the holdout)."""
+    if shape.kind == shapes.FLUID:
+        return exporter
+    missing = [p for p in shape.pools if p not in {q.name for q in exporter.pools}]
+    if missing:
+        raise ValueError(f"fleet shape pools {missing} are not configured")
+    pools = tuple(
+        replace(p, replicas=shape.replicas[p.name]) for p in exporter.pools if p.name in shape.pools
+    )
+    tap = exporter.tap
+    for field_name in ("default_pool", "nospec_pool"):
+        named = getattr(tap, field_name)
+        if named and named not in shape.pools:
+            raise ValueError(f"the fleet shape has no {named!r} ({field_name}): add it to the replicas")
+    if not any(p.num_speculative_tokens == 0 for p in pools):
+        raise ValueError("the fleet shape needs a no-speculation pool (never-speculate and the baseline)")
+    return replace(exporter, pools=pools)
 
 
 def cost_settings(exporter: ExporterConfig, base: CostSettings | None = None) -> CostSettings:
@@ -196,20 +225,26 @@ def run_specguard(
     profile: profile_mod.Profile | None,
     on_tick: Callable | None = None,
     policy: policy_mod.Policy | None = None,
+    on_start: Callable[[rp.SpecguardPolicy], None] | None = None,
 ) -> tuple[replay.ReplayResult, rp.SpecguardPolicy]:
-    """specguard on the scenario; ``profile`` None runs it with ``guard.prior: none`` as well."""
+    """specguard on the scenario; ``profile`` None runs it with ``guard.prior: none`` as well.
+    ``on_start(guard)`` before the run (a live display reads the guard's states on each tick)."""
     policy = policy or setup.timed_policy()
     if profile is None:
         policy = replace(policy, prior="none")
     guard = rp.SpecguardPolicy(setup.exporter, policy, setup.settings, profile=profile, seed=setup.seed)
     guard.on_tick = on_tick
+    if on_start is not None:
+        on_start(guard)
     result = replay.Replay(
         setup.sim,
         setup.scenario,
         guard,
         setup.buckets,
         seed=setup.seed,
+        pools=setup.pools,
         fleet=setup.fleet,
+        shape=setup.shape,
     ).run()
     return result, guard
 
@@ -239,15 +274,18 @@ def compare(
     specguard: dict[str, dict],
     progress: Callable[[str], None] | None = None,
     noise_draws: tuple[int, ...] = (1, 2),
+    realised: Mapping[str, rp.Choices] | None = None,
 ) -> dict:
-    """Every row, the run-to-run noise and the bound check; ``specguard``: its rows by JSON key."""
+    """Every row, the run-to-run noise and the bound check; ``specguard``: its rows by JSON key;
+    ``realised``: their routing by the same key (``SpecguardPolicy.choices``), which the oracle
+    replays as candidates so that it bounds them by construction."""
     case = setup.case()
-    policies, oracle_slices = hindsight.rows(case, progress)
+    policies, oracle_plan = rows.rows(case, progress, realised)
     policies.update(specguard)
     if progress:
         progress("replaying the oracle's plan with other acceptance draws (run-to-run noise)")
     oracle = policies["oracle"]["throughput_tokens_per_second"]
-    noise = hindsight.noise(case, oracle_slices, oracle, noise_draws)
+    noise = hindsight.noise(case, oracle_plan.rerun, oracle, noise_draws)
     return {
         "policies": policies,
         "noise": noise,
@@ -264,14 +302,21 @@ def ratios(policies: dict[str, dict]) -> dict[str, float | None]:
         for name in (
             "oracle",
             "best_single_pool",
+            "best_in_engine_schedule",
             "best_per_phase",
             "best_per_class_static",
             "always_speculate",
             "never_speculate",
         )
+        if name in policies
     }
     never = [r for r in summary.phase_ratios(sg, policies["never_speculate"]) if r is not None]
     out["specguard_vs_never_worst_phase_throughput"] = min(never) if never else None
+    if "best_in_engine_schedule" in policies:
+        sched = summary.phase_ratios(sg, policies["best_in_engine_schedule"])
+        out["specguard_vs_best_in_engine_schedule_worst_phase_throughput"] = min(
+            (r for r in sched if r is not None), default=None
+        )
     out["specguard_vs_oracle_tpot_p99"] = summary.ratio(sg, policies["oracle"], "tpot_p99_ms")
     for name in ("specguard_no_profile", "specguard_stale_profile"):
         if name in policies:

@@ -15,17 +15,24 @@ last request finishes (a quarter-engine of hysteresis keeps demand that swings b
 from moving engines). A pool with no engine at all waits for one; its waiting requests then move
 over, spread over the engines on their way. Deterministic: ties go to the lowest index.
 
-A *fixed* fleet (``fixed={pool: engines}``) has exactly that many engines per pool for the whole
-run, never moved (a Deployment of fixed replicas behind a Service): a request joins the least
-loaded engine of its pool.
+A *fixed* fleet (``fixed={pool: engines}``, or a ``fixed`` shape) has exactly that many engines per
+pool for the whole run, never moved (a Deployment of fixed replicas behind a Service): a request
+joins the least loaded engine of its pool.
+
+An *autoscaled* fleet (an ``autoscaled`` shape, ``lab.shapes``) starts each pool at one replica and
+scales it on its requests in flight at every sync (``autoscale``, called by the replay every
+``sync_s``): the HPA rule of ``lab.autoscale``, within the engine budget. A new replica starts
+serving ``start_delay_s`` later (``activate``); one leaving takes no new request and goes once its
+last one finished. Every pool keeps a ready replica, so no request waits for an engine.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from specguard.lab import autoscale, shapes
 from specguard.sim.config import SimConfig
 from specguard.sim.engine import EngineCore, SimRequest
 
@@ -62,6 +69,9 @@ class Slot:
     load: int = 0  # requests placed on this engine and not finished
     draining_for: str | None = None  # the pool it goes to once empty
     busy: bool = False  # a step is in flight
+    starting: bool = False  # autoscaled: started, not serving yet (loading the model)
+    ready_at: float = 0.0
+    leaving: bool = False  # autoscaled: scaled down, goes once empty
 
     @property
     def draining(self) -> bool:
@@ -77,8 +87,14 @@ class FleetStats:
     drains: int = 0
     waited_requests: int = 0
     max_busy: int = 0
+    engine_seconds: float = 0.0  # engines allocated (serving, starting or leaving) over time
+    replica_seconds: dict[str, float] = field(default_factory=dict)  # serving replicas per pool
+    scale_ups: int = 0
+    scale_downs: int = 0
+    timeline: list[tuple[float, dict[str, int]]] = field(default_factory=list)  # serving replicas
     _busy: int = 0
     _since: float = 0.0
+    _alloc_since: float = 0.0
 
 
 class Fleet:
@@ -92,7 +108,22 @@ class Fleet:
         *,
         seed: int,
         fixed: Mapping[str, int] | None = None,
+        shape: shapes.FleetShape | None = None,
     ):
+        self.shape = shape
+        self.autoscaled = shape is not None and shape.kind == shapes.AUTOSCALED
+        if shape is not None and shape.kind == shapes.FIXED:
+            fixed = shape.replicas
+        elif shape is not None:
+            size = shape.engines
+        if self.autoscaled:
+            assert shape is not None
+            missing = sorted(set(pools) - set(shape.replicas))
+            if missing:
+                raise ValueError(f"an autoscaled fleet needs a replica for every pool: {', '.join(missing)}")
+            self.recommender = autoscale.Recommender(
+                shape.target_in_flight, shape.stabilization_s, dict(shape.replicas)
+            )
         if fixed is not None:
             missing = sorted(set(pools) - {p for p, n in fixed.items() if n >= 1})
             if missing:
@@ -110,15 +141,28 @@ class Fleet:
         self.waiting: dict[str, list[SimRequest]] = {}
         self.stats = FleetStats()
         self._cores: dict[tuple[int, str], EngineCore] = {}  # (slot index or -1, pool)
-        if fixed is not None:
+        start = fixed if fixed is not None else (shape.replicas if self.autoscaled and shape else None)
+        if start is not None:
             slots = iter(self.slots)
             for pool in self.pools:
-                for _ in range(fixed[pool]):
+                for _ in range(start[pool]):
                     self._assign(next(slots), pool)
+        self._mark(0.0)
 
     # ---- queries --------------------------------------------------------------------------------
     def engines_of(self, pool: str) -> list[Slot]:
-        return [s for s in self.slots if s.pool == pool and not s.draining]
+        """The engines of ``pool`` a request may join (serving; not draining, starting or leaving)."""
+        return [
+            s for s in self.slots if s.pool == pool and not s.draining and not s.starting and not s.leaving
+        ]
+
+    def replicas(self) -> dict[str, int]:
+        """Serving replicas per pool."""
+        out: dict[str, int] = {}
+        for s in self.slots:
+            if s.pool is not None and not s.starting and not s.leaving and not s.draining:
+                out[s.pool] = out.get(s.pool, 0) + 1
+        return out
 
     def demand(self, extra: str | None = None) -> dict[str, int]:
         """Requests in flight per pool (on its engines, draining ones included, and waiting)."""
@@ -147,7 +191,7 @@ class Fleet:
     def place(self, pool: str, request: SimRequest, now: float) -> Slot | None:
         """Put ``request`` on an engine of ``pool`` (returned), or queue it (None) until one is free."""
         self.in_flight += 1
-        if self.fixed:
+        if self.fixed or self.autoscaled:
             slot = min(self.engines_of(pool), key=lambda s: (s.load, s.index))
             self._add(slot, request, now)
             return slot
@@ -176,6 +220,13 @@ class Fleet:
         if slot.load:
             return []
         self._count_busy(now, -1)
+        if slot.leaving:  # scaled down: the engine goes now that it is empty
+            self._mark(now)
+            slot.pool, slot.engine, slot.leaving = None, None, False
+            self._mark(now)
+            return []
+        if self.fixed or self.autoscaled:
+            return []
         target = slot.draining_for
         slot.draining_for = None
         if target is None:
@@ -199,6 +250,70 @@ class Fleet:
 
     def close(self, now: float) -> None:
         self._count_busy(now, 0)
+        self._mark(now)
+        if not self.autoscaled:  # every engine belongs to the fleet for the whole run
+            self.stats.engine_seconds = self.size * now
+
+    # ---- autoscaling ----------------------------------------------------------------------------
+    def autoscale(self, now: float) -> list[float]:
+        """One HPA sync: scale every pool toward its desired replicas within the budget; returns the
+        times the replicas started now begin serving (call ``activate`` then)."""
+        assert self.shape is not None
+        demand = self.demand()
+        wants = {}
+        for pool in self.pools:
+            mine = [s for s in self.slots if s.pool == pool and not s.leaving]
+            wants[pool] = (self.recommender.desired(pool, demand.get(pool, 0), len(mine), now), mine)
+        ready_times = []
+        self._mark(now)
+        for pool, (desired, mine) in sorted(wants.items(), key=lambda kv: (len(kv[1][1]) - kv[1][0], kv[0])):
+            if desired < len(mine):
+                self._scale_down(mine, len(mine) - desired, now)
+            for _ in range(desired - len(mine)):
+                free = next((s for s in self.slots if s.pool is None), None)
+                if free is None:  # the budget is spent
+                    break
+                self._assign(free, pool)
+                free.starting, free.ready_at = True, now + self.shape.start_delay_s
+                self.stats.scale_ups += 1
+                ready_times.append(free.ready_at)
+        self._mark(now)
+        return ready_times
+
+    def activate(self, now: float) -> None:
+        """Replicas whose start delay has passed begin to serve."""
+        self._mark(now)
+        for s in self.slots:
+            if s.starting and s.ready_at <= now + 1e-9:
+                s.starting = False
+        self._mark(now)
+
+    def _scale_down(self, mine: list[Slot], count: int, now: float) -> None:
+        """Remove ``count`` replicas: starting ones first (newest first), then the least loaded."""
+        order = sorted(mine, key=lambda s: (not s.starting, s.load, -s.index))
+        for slot in order[:count]:
+            self.stats.scale_downs += 1
+            if slot.load == 0:
+                slot.pool, slot.engine, slot.starting = None, None, False
+            else:
+                slot.leaving = True
+
+    def _mark(self, now: float) -> None:
+        """Integrate allocated engines and serving replicas up to ``now``; record a changed count."""
+        s = self.stats
+        dt = now - s._alloc_since
+        if dt > 0:
+            allocated = sum(1 for x in self.slots if x.pool is not None)
+            s.engine_seconds += allocated * dt
+            for pool, n in (s.timeline[-1][1] if s.timeline else {}).items():
+                s.replica_seconds[pool] = s.replica_seconds.get(pool, 0.0) + n * dt
+        s._alloc_since = max(s._alloc_since, now)
+        current = self.replicas()
+        if not s.timeline or s.timeline[-1][1] != current:
+            if s.timeline and s.timeline[-1][0] == now:
+                s.timeline[-1] = (now, current)
+            else:
+                s.timeline.append((now, current))
 
     # ---- internals ------------------------------------------------------------------------------
     def _rebalance(self, pool: str, demand: Mapping[str, int], target: Mapping[str, int]) -> None:

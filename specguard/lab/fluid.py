@@ -1,4 +1,4 @@
-"""Steady-state throughput of a routing plan on the equal-capacity fleet, from the simulator's truth.
+"""Steady-state throughput of a routing plan on a fleet shape's engines, from the simulator's truth.
 
 The hindsight policies (``lab.hindsight``) search plans with this model and then replay the best
 ones through the engine core itself, so the model only proposes: every number a row reports comes
@@ -13,8 +13,10 @@ simulator's ``CostModel.step_seconds`` averaged over a binomial number of decodi
 padding and the knee make it non-linear). Class ``c`` gets ``m_c E[L_c] / S_c`` tokens per step.
 Co-location is in it (every class on an engine shares its steps), and so is prefill.
 
-Engines are split between pools as ``lab.fleet`` balances them at steady state: in proportion to
-each pool's clients, at least one each, the clients spread evenly over a pool's engines.
+Engines are split between pools as the fleet shape (``lab.shapes``) splits them at steady state:
+a fluid fleet in proportion to each pool's clients, at least one each (``lab.fleet``); a fixed one
+by its replicas; an autoscaled one by what the HPA rule wants for each pool's clients
+(``lab.autoscale``), within the budget. The clients spread evenly over a pool's engines.
 """
 
 from __future__ import annotations
@@ -26,10 +28,26 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from specguard.lab import fleet as fleet_mod
+from specguard.lab import shapes
 from specguard.sim.config import LengthDist, SimConfig
 
 ClassKey = tuple[str, str]  # (task_type, temperature_bucket)
-Plan = Mapping[ClassKey, str]
+Assignment = str | tuple[tuple[str, float], ...]  # a pool, or (pool, share) pairs summing to 1
+Plan = Mapping[ClassKey, Assignment]
+EPS = 1e-9
+
+
+def shares(assignment: Assignment) -> dict[str, float]:
+    """``{pool: share}`` of a class's assignment."""
+    return {assignment: 1.0} if isinstance(assignment, str) else dict(assignment)
+
+
+def assignment(split: Mapping[str, float]) -> Assignment:
+    """A split as a plan value: one pool's name when it holds the class whole."""
+    kept = {p: s for p, s in split.items() if s > EPS}
+    if len(kept) == 1:
+        return next(iter(kept))
+    return tuple(sorted((p, round(s, 6)) for p, s in kept.items()))
 
 
 @dataclass(frozen=True)
@@ -57,9 +75,10 @@ def clipped_mean(dist: LengthDist, points: int = 400) -> float:
 class Model:
     """The fluid model for one simulator world and fleet size."""
 
-    def __init__(self, sim: SimConfig, fleet: int):
+    def __init__(self, sim: SimConfig, fleet: int, shape: shapes.FleetShape | None = None):
         self.sim = sim
         self.fleet = fleet
+        self.shape = shape
         self.ks = {p.name: p.num_speculative_tokens for p in sim.pools}
         self._lengths: dict[str, tuple[float, float]] = {}
         self._cycles = lru_cache(maxsize=4096)(self._cycle)
@@ -119,23 +138,53 @@ class Model:
         out = {key: (tokens / mean_step, decode_step / accept) for key, tokens, accept in rows}
         return mean_step, out
 
-    def layout(self, loads: Mapping[str, float]) -> dict[str, list[float]]:
-        """Clients per engine of every pool with traffic, as ``lab.fleet`` balances them at steady
-        state: engines in proportion to the pools' clients (``fleet.allocation``), spread evenly."""
-        return {
-            pool: [loads[pool] / engines] * engines
-            for pool, engines in fleet_mod.allocation(loads, self.fleet).items()
-            if engines
-        }
+    def replicas_for(self, loads: Mapping[str, float]) -> dict[str, int]:
+        """Engines per pool at steady state for the pools' clients ``loads`` (see the module doc)."""
+        shape = self.shape
+        if shape is None or shape.kind == shapes.FLUID:
+            return fleet_mod.allocation(loads, self.fleet)
+        if shape.kind == shapes.FIXED:
+            return dict(shape.replicas)
+        floor = shape.replicas
+        want = {p: max(floor[p], math.ceil(loads.get(p, 0.0) / shape.target_in_flight)) for p in shape.pools}
+        while sum(want.values()) > shape.engines and any(want[p] > floor[p] for p in want):
+            top = max((p for p in want if want[p] > floor[p]), key=lambda p: (want[p], p))
+            want[top] -= 1
+        return want
 
-    def evaluate(self, traffic: Sequence[ClassTraffic], plan: Plan, default: str) -> Evaluation:
-        """Throughput (tokens/s) and per-class numbers of ``plan`` for ``traffic``."""
+    def layout(
+        self, loads: Mapping[str, float], replicas: Mapping[str, int] | None = None
+    ) -> dict[str, list[float]]:
+        """Clients per engine of every pool with traffic: the pool's clients spread evenly over its
+        engines (``replicas``, default ``replicas_for(loads)``)."""
+        counts = self.replicas_for(loads) if replicas is None else replicas
+        return {pool: [loads[pool] / n] * n for pool, n in counts.items() if n and loads.get(pool, 0.0) > 0}
+
+    def evaluate_k(self, traffic: Sequence[ClassTraffic], k: int, engines: int) -> float:
+        """Throughput of every class on one pool of ``engines`` engines that all run K = ``k``."""
+        if engines < 1:
+            return 0.0
+        _, rows = self.engine(k, [(t, t.clients / engines) for t in traffic])
+        return engines * sum(tokens for tokens, _ in rows.values())
+
+    def evaluate(
+        self,
+        traffic: Sequence[ClassTraffic],
+        plan: Plan,
+        default: str,
+        replicas: Mapping[str, int] | None = None,
+    ) -> Evaluation:
+        """Throughput (tokens/s) and per-class numbers of ``plan`` for ``traffic`` (``replicas``:
+        engines per pool, default the shape's steady state). A split class puts its share of
+        clients on each of its pools."""
         by_pool: dict[str, list[ClassTraffic]] = {}
         for t in traffic:
-            by_pool.setdefault(plan.get(t.key, default), []).append(t)
+            for pool, share in shares(plan.get(t.key, default)).items():
+                scaled = t if share >= 1.0 else ClassTraffic(t.key, t.clients * share, t.temperatures)
+                by_pool.setdefault(pool, []).append(scaled)
         loads = {pool: sum(t.clients for t in ts) for pool, ts in by_pool.items()}
         per_class: dict[ClassKey, list[float]] = {}
-        for pool, engines in self.layout(loads).items():
+        for pool, engines in self.layout(loads, replicas).items():
             ts = by_pool[pool]
             share = loads[pool]
             m = engines[0]  # every engine of the pool holds the same clients: one stands for all
@@ -153,37 +202,67 @@ class Model:
         pools: Sequence[str],
         default: str,
         starts: Sequence[Plan] = (),
-    ) -> tuple[dict[ClassKey, str], float]:
-        """The plan with the highest modelled throughput: coordinate ascent from several starts."""
+        replicas: Mapping[str, int] | None = None,
+        quantum: float | None = None,
+    ) -> tuple[dict[ClassKey, Assignment], float]:
+        """The plan with the highest modelled throughput: coordinate ascent from several starts
+        (``quantum``: a class may also be split over pools in steps of this share)."""
         keys = sorted(t.key for t in traffic)
         candidates = [dict.fromkeys(keys, pool) for pool in pools] + [dict(s) for s in starts]
-        best_plan: dict[ClassKey, str] = {}
+        best_plan: dict[ClassKey, Assignment] = {}
         best = -1.0
         for start in candidates:
-            plan, value = self.climb(traffic, {k: start.get(k, default) for k in keys}, pools, default)
+            plan, value = self.climb(
+                traffic, {k: start.get(k, default) for k in keys}, pools, default, replicas, quantum
+            )
             if value > best + 1e-9:
                 best_plan, best = plan, value
         return best_plan, best
 
     def climb(
-        self, traffic: Sequence[ClassTraffic], plan: dict[ClassKey, str], pools: Sequence[str], default: str
-    ) -> tuple[dict[ClassKey, str], float]:
-        """Greedy: move one class at a time to the pool that raises modelled throughput most."""
-        value = self.evaluate(traffic, plan, default).throughput
+        self,
+        traffic: Sequence[ClassTraffic],
+        plan: dict[ClassKey, Assignment],
+        pools: Sequence[str],
+        default: str,
+        replicas: Mapping[str, int] | None = None,
+        quantum: float | None = None,
+    ) -> tuple[dict[ClassKey, Assignment], float]:
+        """Greedy: move one class at a time to the pool that raises modelled throughput most, or
+        (with ``quantum``) a ``quantum`` share of it from one of its pools to another."""
+        value = self.evaluate(traffic, plan, default, replicas).throughput
         while True:
             best_move = None
             for key in sorted(plan):
-                for pool in pools:
-                    if pool == plan[key]:
-                        continue
-                    trial = {**plan, key: pool}
-                    v = self.evaluate(traffic, trial, default).throughput
+                for target in self.moves(plan[key], pools, quantum):
+                    trial = {**plan, key: target}
+                    v = self.evaluate(traffic, trial, default, replicas).throughput
                     if v > value * (1 + 1e-6) and (best_move is None or v > best_move[0]):
-                        best_move = (v, key, pool)
+                        best_move = (v, key, target)
             if best_move is None:
                 return plan, value
-            value, key, pool = best_move
-            plan = {**plan, key: pool}
+            value, key, target = best_move
+            plan = {**plan, key: target}
+
+    @staticmethod
+    def moves(current: Assignment, pools: Sequence[str], quantum: float | None) -> list[Assignment]:
+        """Every assignment one step from ``current``: the whole class on another pool, or a
+        ``quantum`` share of it moved from one of its pools to another."""
+        now = shares(current)
+        out: list[Assignment] = [pool for pool in pools if now != {pool: 1.0}]
+        if quantum:
+            for source, share in sorted(now.items()):
+                if share < quantum - EPS:
+                    continue
+                for pool in pools:
+                    if pool != source:
+                        moved = dict(now)
+                        moved[source] -= quantum
+                        moved[pool] = moved.get(pool, 0.0) + quantum
+                        step = assignment(moved)
+                        if step not in out and step != current:
+                            out.append(step)
+        return out
 
 
 @dataclass(frozen=True)

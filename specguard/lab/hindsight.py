@@ -1,21 +1,20 @@
-"""The rows specguard is compared with: fixed plans, the plans chosen in hindsight, and the oracle.
+"""Hindsight plans and their replays: the pieces the comparison's rows (``lab.rows``) are made of.
 
-Every row is a replay of the same scenario and seed on the same fleet of N engines (``lab.fleet``),
-through the simulator's engine core (``sim.engine``): the same engine model that serves the
-requests, co-location and prefill included. Each row states what it knows that specguard does not:
+Every row is a replay of the same scenario and seed on the same engines (a fleet shape,
+``lab.shapes``), through the simulator's engine core (``sim.engine``): the same engine model that
+serves the requests, co-location and prefill included. Plans are searched on the true model
+(``lab.fluid``), which knows the shape's engines per pool, and only proposed there: every figure a
+row reports comes from a replay.
 
-- always / never speculate: nothing (one pool for everything, chosen in advance);
-- best single pool: which one pool serves the whole run best (every pool replayed, the best kept);
-- best per phase: when each phase starts and which single pool serves it best;
-- best per-class static plan: the best fixed pool per class over the whole run (a greedy search on
-  the true model, ``lab.fluid``, from the best single pool; replayed);
-- oracle: the traffic of every time slice in advance and the simulator's true acceptance and step
-  costs. Per slice (no longer than the guard's evaluation interval) it plans every class, at every
-  load bucket, with the fluid model's best plan for that slice's traffic (co-location, prefill and
-  the fleet's packing included); a second plan changes only where that gains more than 2% (every
-  change drains engines). Its row is the best of those plans and every other hindsight plan, each
-  replayed: so no hindsight row can beat it, by construction; that specguard does not beat it by
-  more than the run-to-run noise is checked (``summary.bound``).
+- ``per_class_static``: the best fixed pool per class over the whole run (greedy on the model);
+- ``oracle_slices``: per time slice (no longer than the guard's evaluation interval) the model's
+  best plan for every class for that slice's traffic (co-location, prefill and the engines each
+  pool has included); on fixed or autoscaled pools a class may be spread over several pools in
+  shares of one engine's worth (``Case.quantum``: their engines cannot move to it); a second plan
+  changes only where that gains more than 2% (every change costs); an autoscaled fleet is planned
+  twice, the second time with the replicas the first plan's replay actually had in each slice (the
+  start delay and stabilisation included);
+- ``noise``: a plan replayed with other acceptance draws, the run-to-run noise the bound allows.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from specguard.lab import fluid, replay, summary
+from specguard.lab import fluid, replay, shapes
 from specguard.lab import replay_policies as rp
 from specguard.lab.scenario import Phase, Scenario
 from specguard.sim.config import SimConfig
@@ -32,17 +31,6 @@ from specguard.sim.config import SimConfig
 Slices = list[tuple[float, rp.ClassPlan]]
 STICKY = 0.02  # the oracle's second plan keeps the previous phase's plan unless 2% better (modelled)
 Progress = Callable[[str], None] | None
-
-KNOWS = {
-    "always_speculate": "nothing: every class on the default pool",
-    "never_speculate": "nothing: every class on the no-spec pool",
-    "best_single_pool": "which single pool serves the whole run best (each one replayed)",
-    "best_per_phase": "when each phase starts, and which single pool serves it best",
-    "best_per_class_static": "every class's traffic over the whole run and its best fixed pool "
-    "(greedy search on the true model, replayed)",
-    "oracle": "every time slice's traffic in advance and the simulator's true acceptance and step "
-    "costs; plans each class per slice; the best of every hindsight plan, replayed",
-}
 
 
 @dataclass(frozen=True)
@@ -58,6 +46,25 @@ class Case:
     fleet: int = 3
     seed: int = 0
     interval: float = 10.0  # time slice: the guard's evaluation interval
+    shape: shapes.FleetShape | None = None  # None: a fluid fleet of ``fleet`` engines
+
+    @property
+    def quantum(self) -> float | None:
+        """The share of a class the oracle may move at a time: one engine's worth of the fixed or
+        autoscaled fleet (its engines are not moved, so a class may be spread over them); none on a
+        fluid fleet (engines follow the traffic there)."""
+        shape = self.fleet_shape
+        return None if shape.kind == shapes.FLUID else 1.0 / max(1, shape.size)
+
+    @property
+    def fleet_shape(self) -> shapes.FleetShape:
+        if self.shape is not None:
+            return self.shape
+        return shapes.FleetShape(shapes.FLUID, dict.fromkeys(self.pools, 1), self.fleet)
+
+    def model(self) -> fluid.Model:
+        """The true model of this case's world and engines."""
+        return fluid.Model(self.sim, self.fleet_shape.size, self.fleet_shape)
 
 
 def traffic(phase: Phase, buckets: replay.Buckets) -> list[fluid.ClassTraffic]:
@@ -86,68 +93,146 @@ def per_phase(case: Case, plans: Sequence[rp.ClassPlan]) -> Slices:
 
 
 def run(case: Case, name: str, slices: Slices, **kwargs) -> replay.ReplayResult:
-    """Replay ``slices`` (a plan per slice) on the case's fleet."""
-    policy = rp.SlicedPolicy(name, case.default_pool, slices, case.interval)
+    """Replay ``slices`` (a plan per slice) on the case's engines and pools."""
+    return run_policy(case, rp.SlicedPolicy(name, case.default_pool, slices, case.interval), **kwargs)
+
+
+def run_choices(case: Case, name: str, choices: rp.Choices, **kwargs) -> replay.ReplayResult:
+    """Replay a run's routing request by request (``rp.ReplayedChoices``) on the case's engines."""
+    return run_policy(case, rp.ReplayedChoices(name, case.default_pool, choices, case.interval), **kwargs)
+
+
+def run_policy(case: Case, policy, **kwargs) -> replay.ReplayResult:
     return replay.Replay(
-        case.sim, case.scenario, policy, case.buckets, seed=case.seed, fleet=case.fleet, **kwargs
+        case.sim,
+        case.scenario,
+        policy,
+        case.buckets,
+        seed=case.seed,
+        pools=list(case.pools),
+        fleet=case.fleet,
+        shape=case.shape,
+        **kwargs,
     ).run()
 
 
-def single(case: Case, pool: str) -> replay.ReplayResult:
+def single(case: Case, pool: str, sim: SimConfig | None = None, **kwargs) -> replay.ReplayResult:
+    """Every class on ``pool``, one pool of all the case's engines (``sim``: a world with that pool)."""
     policy = rp.StaticPolicy(f"static-{pool}", pool)
     return replay.Replay(
-        case.sim, case.scenario, policy, case.buckets, seed=case.seed, pools=[pool], fleet=case.fleet
+        sim or case.sim,
+        case.scenario,
+        policy,
+        case.buckets,
+        seed=case.seed,
+        pools=[pool],
+        fleet=case.fleet,
+        shape=case.fleet_shape.single(pool),
+        **kwargs,
     ).run()
 
 
-def per_class_static(case: Case, model: fluid.Model, start_pool: str) -> rp.ClassPlan:
-    """Greedy search for the best fixed pool per class over the whole run (modelled throughput)."""
+def classes(case: Case) -> list[fluid.ClassKey]:
+    return sorted({t.key for phase in case.scenario.phases for t in traffic(phase, case.buckets)})
+
+
+def per_class_static(
+    case: Case,
+    model: fluid.Model,
+    start_pool: str,
+    quantum: float | None = None,
+    start: rp.ClassPlan | None = None,
+) -> rp.ClassPlan:
+    """Greedy search for the best fixed pool per class over the whole run (modelled throughput);
+    with ``quantum`` the best fixed split per class, from ``start``."""
     phases = [(phase.duration_s, traffic(phase, case.buckets)) for phase in case.scenario.phases]
-    keys = sorted({t.key for _, ts in phases for t in ts})
 
     def value(plan: rp.ClassPlan) -> float:
         return sum(d * model.evaluate(ts, plan, case.default_pool).throughput for d, ts in phases)
 
-    plan = dict.fromkeys(keys, start_pool)
+    plan = dict(start) if start else dict.fromkeys(classes(case), start_pool)
     best = value(plan)
     while True:
-        moves = [(value({**plan, k: p}), k, p) for k in keys for p in case.pools if p != plan[k]]
-        top = max(moves, default=None)
+        moves = [
+            (value({**plan, k: target}), k, target)
+            for k in sorted(plan)
+            for target in fluid.Model.moves(plan[k], case.pools, quantum)
+        ]
+        top = max(moves, default=None, key=lambda m: m[0])
         if top is None or top[0] <= best * (1 + 1e-6):
             return plan
-        best, key, pool = top
-        plan = {**plan, key: pool}
+        best, key, target = top
+        plan = {**plan, key: target}
+
+
+def spread(case: Case) -> rp.ClassPlan:
+    """Every class over every pool in proportion to its engines: the shape's engines all used."""
+    counts = {p: n for p, n in case.fleet_shape.replicas.items() if p in case.pools and n > 0}
+    total = sum(counts.values())
+    split = fluid.assignment({p: n / total for p, n in counts.items()})
+    return dict.fromkeys(classes(case), split)
 
 
 def oracle_slices(
-    case: Case, model: fluid.Model, sticky: float = 0.0, seeds: Sequence[rp.ClassPlan] = ()
+    case: Case,
+    model: fluid.Model,
+    sticky: float = 0.0,
+    seeds: Sequence[rp.ClassPlan] = (),
+    replicas: Sequence[dict[str, int]] | None = None,
 ) -> Slices:
     """Per slice, the modelled best plan for that slice's traffic.
 
     The search starts from every single pool, the previous slice's plan and ``seeds``. With
     ``sticky`` > 0 a new phase keeps the plan nearest the previous one (greedy from it) unless the
     best plan is modelled more than ``sticky`` better: the model has no cost for changing plans,
-    and every change drains and reconfigures engines.
+    and every change drains and reconfigures engines. ``replicas``: each slice's engines per pool
+    (default: the shape's steady state for the plan).
     """
     out: Slices = []
     previous: rp.ClassPlan = {}
-    cache: dict[int, rp.ClassPlan] = {}
-    for start in slice_starts(case.scenario, case.interval):
+    cache: dict[tuple, rp.ClassPlan] = {}
+    for slot, start in enumerate(slice_starts(case.scenario, case.interval)):
         index = case.scenario.phase_at(start)
-        if index not in cache:
+        counts = replicas[slot] if replicas is not None else None
+        key = (index, tuple(sorted(counts.items())) if counts else None)
+        if key not in cache:
             ts = traffic(case.scenario.phases[index], case.buckets)
             starts = ([previous] if previous else []) + list(seeds)
-            best, value = model.best_plan(ts, case.pools, case.default_pool, starts)
+            best, value = model.best_plan(ts, case.pools, case.default_pool, starts, counts, case.quantum)
             if sticky and previous:
                 keys = sorted(t.key for t in ts)
                 near, near_value = model.climb(
-                    ts, {k: previous.get(k, case.default_pool) for k in keys}, case.pools, case.default_pool
+                    ts,
+                    {k: previous.get(k, case.default_pool) for k in keys},
+                    case.pools,
+                    case.default_pool,
+                    counts,
+                    case.quantum,
                 )
                 if value <= near_value * (1 + sticky):
                     best = near
-            cache[index] = best
-        previous = cache[index]
+            cache[key] = best
+        previous = cache[key]
         out.append((start, previous))
+    return out
+
+
+def replicas_per_slice(case: Case, result: replay.ReplayResult) -> list[dict[str, int]]:
+    """The serving replicas per pool an autoscaled replay had in each slice (time-weighted, rounded)."""
+    timeline = getattr(result.fleet_stats, "timeline", None) or [(0.0, dict(case.fleet_shape.replicas))]
+    starts = slice_starts(case.scenario, case.interval)
+    ends = [*starts[1:], case.scenario.duration_s]
+    out = []
+    for start, end in zip(starts, ends, strict=True):
+        weights: dict[str, float] = {}
+        for i, (at, counts) in enumerate(timeline):
+            until = timeline[i + 1][0] if i + 1 < len(timeline) else math.inf
+            overlap = min(end, until) - max(start, at)
+            if overlap > 0:
+                for pool, n in counts.items():
+                    weights[pool] = weights.get(pool, 0.0) + n * overlap
+        span = max(end - start, 1e-9)
+        out.append({p: max(1, round(w / span)) for p, w in weights.items()})
     return out
 
 
@@ -160,92 +245,17 @@ def plan_json(slices: Slices, scenario: Scenario) -> list[dict]:
                 {
                     "from_seconds": start,
                     "phase": scenario.phases[scenario.phase_at(start)].name,
-                    "plan": {f"{t}/{b}": pool for (t, b), pool in sorted(plan.items())},
+                    "plan": {
+                        f"{t}/{b}": pool if isinstance(pool, str) else dict(pool)
+                        for (t, b), pool in sorted(plan.items())
+                    },
                 }
             )
             last = plan
     return out
 
 
-def rows(case: Case, progress: Progress = None) -> tuple[dict[str, dict], Slices]:
-    """Every non-specguard row (summaries with ``knows``), the oracle last; and the oracle's plan."""
-
-    def say(text: str) -> None:
-        if progress:
-            progress(text)
-
-    k = {p.name: p.num_speculative_tokens for p in case.sim.pools}
-    seen: dict[tuple, replay.ReplayResult] = {}
-
-    def replayed(name: str, slices: Slices) -> replay.ReplayResult:
-        """Each distinct plan is replayed once (rows often find the same plan)."""
-        key = _canonical(slices)
-        if key not in seen:
-            seen[key] = run(case, name, slices)
-        return seen[key]
-
-    statics = {}
-    for pool in case.pools:
-        say(f"replaying every class on {pool} (K={k[pool]})")
-        seen[_canonical([(0.0, _everything(case, pool))])] = result = single(case, pool)
-        statics[pool] = summary.summarize(result, f"every class on {pool} (K={k[pool]})", config=pool)
-    out: dict[str, dict] = {
-        "always_speculate": {**statics[case.default_pool], "knows": KNOWS["always_speculate"]},
-        "never_speculate": {**statics[case.nospec_pool], "knows": KNOWS["never_speculate"]},
-    }
-    best_pool = max(case.pools, key=lambda p: statics[p]["throughput_tokens_per_second"])
-    out["best_single_pool"] = {
-        **statics[best_pool],
-        "label": f"best single pool (hindsight): {best_pool}",
-        "knows": KNOWS["best_single_pool"],
-    }
-    candidates: dict[str, tuple[Slices, dict]] = {
-        "best_single_pool": ([(0.0, _everything(case, best_pool))], statics[best_pool])
-    }
-
-    say("replaying the best single pool per phase (hindsight)")
-    phase_pools = [
-        max(case.pools, key=lambda p, i=i: statics[p]["phases"][i]["throughput_tokens_per_second"])
-        for i in range(len(case.scenario.phases))
-    ]
-    slices = per_phase(case, [_everything(case, p) for p in phase_pools])
-    result = replayed("best-per-phase", slices)
-    out["best_per_phase"] = summary.summarize(
-        result, "best single pool per phase (hindsight)", knows=KNOWS["best_per_phase"], config=phase_pools
-    )
-    candidates["best_per_phase"] = (slices, out["best_per_phase"])
-
-    model = fluid.Model(case.sim, case.fleet)
-    say("searching the best static plan per class (greedy, true model) and replaying it")
-    plan = per_class_static(case, model, best_pool)
-    slices = [(0.0, plan)]
-    result = replayed("best-per-class", slices)
-    out["best_per_class_static"] = summary.summarize(
-        result,
-        "best static plan per class (hindsight, greedy)",
-        knows=KNOWS["best_per_class_static"],
-        plan=plan_json(slices, case.scenario),
-    )
-    candidates["best_per_class_static"] = (slices, out["best_per_class_static"])
-
-    say("planning the oracle per time slice (true model) and replaying it")
-    for name, sticky in (("oracle", 0.0), ("oracle_sticky", STICKY)):
-        slices = oracle_slices(case, model, sticky, seeds=[plan])
-        candidates[name] = (slices, summary.summarize(replayed(name, slices), name))
-    winner = max(candidates, key=lambda n: candidates[n][1]["throughput_tokens_per_second"])
-    slices, best = candidates[winner]
-    out["oracle"] = {
-        **best,
-        "label": "oracle (hindsight, true model, per time slice)",
-        "knows": KNOWS["oracle"],
-        "slice_seconds": case.interval,
-        "plan_from": winner,
-        "plan": plan_json(slices, case.scenario),
-    }
-    return out, slices
-
-
-def _canonical(slices: Slices) -> tuple:
+def canonical(slices: Slices) -> tuple:
     """The plan as a hashable value: slices whose plan repeats the previous one's are dropped."""
     out, last = [], None
     for start, plan in slices:
@@ -256,20 +266,24 @@ def _canonical(slices: Slices) -> tuple:
     return tuple(out)
 
 
-def _everything(case: Case, pool: str) -> rp.ClassPlan:
+def everything(case: Case, pool: str) -> rp.ClassPlan:
     """A plan sending every class of the scenario to ``pool``."""
-    keys = {t.key for phase in case.scenario.phases for t in traffic(phase, case.buckets)}
-    return dict.fromkeys(sorted(keys), pool)
+    return dict.fromkeys(classes(case), pool)
 
 
-def noise(case: Case, slices: Slices, reference: float, draws: Sequence[int] = (1, 2)) -> dict:
-    """Run-to-run noise: the same plan and traffic, other acceptance draws (``engine_seed``).
+def noise(
+    case: Case,
+    rerun: Callable[..., replay.ReplayResult],
+    reference: float,
+    draws: Sequence[int] = (1, 2),
+) -> dict:
+    """Run-to-run noise: the same plan and traffic, other acceptance draws (``rerun(engine_seed=)``).
 
     Returns the relative throughput deviations from ``reference`` and their largest magnitude.
     """
     deviations = []
     for draw in draws:
-        result = run(case, "noise", slices, engine_seed=case.seed + 7919 * draw)
+        result = rerun(engine_seed=case.seed + 7919 * draw)
         tput = sum(result.tokens.values()) / case.scenario.duration_s
         deviations.append(tput / reference - 1.0)
     return {

@@ -24,6 +24,7 @@ from typing import Protocol
 from specguard.exporters.loadmeter import LoadMeter
 from specguard.exporters.records import RequestRecord
 from specguard.lab import fleet as fleet_mod
+from specguard.lab import shapes
 from specguard.lab.scenario import ClassLoad, Scenario
 from specguard.sim.config import SimConfig
 from specguard.sim.engine import SimRequest, StepOutcome
@@ -41,10 +42,13 @@ class Policy(Protocol):
         temperature_bucket: str,
         load_bucket_of: LoadBucketOf,
         load_of: LoadOf | None = None,
+        key: str = "",
     ) -> tuple[str, str]:
         """(pool, route) for one request; route is "plan", "holdout" or "probe".
 
-        ``load_of(pool)``: in-flight requests per replica of the pool if the request joined it."""
+        ``load_of(pool)``: in-flight requests per replica of the pool if the request joined it;
+        ``key``: the request's identity (its client and how many it sent before), the same under
+        every policy and acceptance draw."""
 
     def observe(self, record: RequestRecord) -> None: ...
 
@@ -117,11 +121,16 @@ class ReplayResult:
     plans: list[tuple[float, dict]] = field(default_factory=list)
     engines: int = 0  # the fleet every policy gets (lab.fleet)
     busy_engine_seconds: float = 0.0  # engine-seconds with at least one request
+    engine_seconds: float = 0.0  # engine-seconds allocated (an autoscaled fleet's vary)
     fleet_stats: object = None
 
     @property
     def mean_engines_busy(self) -> float:
         return self.busy_engine_seconds / self.scenario.duration_s if self.scenario.duration_s else 0.0
+
+    @property
+    def mean_engines(self) -> float:
+        return self.engine_seconds / self.scenario.duration_s if self.scenario.duration_s else 0.0
 
 
 def _rng(seed: int, *parts: object) -> random.Random:
@@ -155,6 +164,7 @@ class Replay:
         engine_seed: int | None = None,
         replicas: Mapping[str, int] | None = None,
         fixed: bool = False,
+        shape: shapes.FleetShape | None = None,
     ):
         self.sim = sim
         self.scenario = scenario
@@ -166,13 +176,17 @@ class Replay:
         # uses; an engine runs one pool at a time and an empty one can be given to any pool.
         # ``engine_seed`` (default: ``seed``) draws acceptance; the traffic depends on ``seed`` only.
         # With ``fixed``, each pool has exactly ``replicas[pool]`` engines instead, never moved (a
-        # Deployment of fixed replicas behind a Service; ``fleet`` is then their sum).
+        # Deployment of fixed replicas behind a Service; ``fleet`` is then their sum). ``shape``
+        # (lab.shapes) instead: fixed, autoscaled or fluid, for the pools it names.
+        if shape is not None and pools is None:
+            names = list(shape.pools)
         self.fleet = fleet_mod.Fleet(
             sim,
             names,
             fleet,
             seed=seed if engine_seed is None else engine_seed,
             fixed=(replicas or {}) if fixed else None,
+            shape=shape,
         )
         # each engine's load integral over virtual time (a request's mean load while it decodes,
         # for the model baseline's step-cost fit)
@@ -212,6 +226,13 @@ class Replay:
             while t < end:
                 self._push(t, "tick")
                 t += tick
+        if self.fleet.autoscaled:
+            assert self.fleet.shape is not None
+            sync = self.fleet.shape.sync_s
+            t = sync
+            while t < end:
+                self._push(t, "autoscale")
+                t += sync
         while self._events:
             at, _, kind, payload = heapq.heappop(self._events)
             if at >= end:
@@ -221,6 +242,13 @@ class Replay:
                 self._step_done(payload)  # type: ignore[arg-type]
             elif kind == "phase":
                 self._enter_phase(payload)  # type: ignore[arg-type]
+            elif kind == "autoscale":
+                for ready in self.fleet.autoscale(at):
+                    self._push(ready, "ready")
+                self._replicas_changed()
+            elif kind == "ready":
+                self.fleet.activate(at)
+                self._replicas_changed()
             elif kind == "tick":
                 changes = self.policy.tick(at)
                 for decision in changes:
@@ -229,8 +257,15 @@ class Replay:
         self.fleet.close(end)
         self.result.engines = self.fleet.size
         self.result.busy_engine_seconds = self.fleet.stats.busy_engine_seconds
+        self.result.engine_seconds = self.fleet.stats.engine_seconds
         self.result.fleet_stats = self.fleet.stats
         return self.result
+
+    def _replicas_changed(self) -> None:
+        """Tell a policy that follows replica counts (as the fleet's guard counts the engines up)."""
+        hook = getattr(self.policy, "on_replicas", None)
+        if hook is not None:
+            hook(self.fleet.replicas())
 
     def _enter_phase(self, index: int) -> None:
         self.phase = index
@@ -284,14 +319,15 @@ class Replay:
             # as the tap's router: the load of the replica it joins (the pool's engines now)
             return float(self.fleet.peek_load(pool))
 
-        pool, route = self.policy.choose(client.task, tbucket, load_bucket_of, load_of)
+        key = f"{client.task}/{client.index}/{client.sent}"
+        pool, route = self.policy.choose(client.task, tbucket, load_bucket_of, load_of, key)
         template = self.fleet.engine_for(pool)
         request = template.new_request(
             task=client.task,
             temperature=temperature,
             prompt_tokens=prompt,
             max_tokens=length,
-            key=f"{client.task}/{client.index}/{client.sent}",
+            key=key,
             ignore_eos=True,  # the length drawn above, identical under every policy
         )
         request.times["arrival"] = self.now
@@ -310,7 +346,9 @@ class Replay:
         request.meta["load_bucket"] = self.buckets.load_bucket(slot.load)
 
     def _start_step(self, slot: fleet_mod.Slot) -> None:
-        assert slot.engine is not None
+        if slot.engine is None:  # scaled down: it left when its last request finished
+            slot.busy = False
+            return
         outcome = slot.engine.step()
         if outcome is None:
             slot.busy = False

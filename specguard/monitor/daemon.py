@@ -117,6 +117,7 @@ class Guard(FleetRoles):
         self.replicas: dict[str, int] = {}
         self.baseline_report: Callable[[], dict[str, Any]] | None = None  # per load bucket, for /status
         self.holdout_report: Callable[[], dict[str, Any]] | None = None  # the router's holdout, for /status
+        self.schedule_report: Callable[[], dict[str, Any]] | None = None  # one scheduled pool, for /status
         self.cost_view: Callable[[], Sequence[Any]] | None = None  # the latest RCs, for /status
         self.states: dict[ClassKey, guard.ClassState] = {}
         self.last_decisions: dict[ClassKey, guard.Decision] = {}

@@ -32,6 +32,7 @@ class StatusSource(Protocol):
     routing_status: Any
     baseline_report: Any
     holdout_report: Any
+    schedule_report: Any
     cost_view: Any
     probes: Mapping[ClassKey, Any]
     elector: Any
@@ -167,4 +168,5 @@ def document(g: StatusSource, decisions: int = 50) -> dict[str, Any]:
         "policy_reload_error": g.reload_error,
         "baselines": g.baseline_report() if g.baseline_report is not None else None,
         "holdout": g.holdout_report() if g.holdout_report is not None else None,
+        "schedule": g.schedule_report() if g.schedule_report is not None else None,
     }

@@ -27,8 +27,9 @@ from specguard.monitor import state as state_mod
 from specguard.monitor.cost_metrics import CostCollector
 from specguard.monitor.guard_metrics import GuardCollector
 from specguard.monitor.promql import PromQL
+from specguard.monitor.schedule_metrics import ScheduleCollector
 from specguard.rules import baseline as baseline_mod
-from specguard.rules import holdout
+from specguard.rules import holdout, onepool
 from specguard.rules import policy as policy_mod
 from specguard.rules.evidence import AlertBook
 
@@ -351,6 +352,13 @@ def configure(monitor: Any, cfg: Any) -> daemon.Guard:
     guard, api = build(monitor, cfg, cost_collector)
     guard.baseline_report = cost_collector.baseline_report
     guard.cost_view = lambda: cost_collector.costs
+    scheduled = onepool.of_pools(cfg.exporter.pools)
+    if scheduled:  # one pool, no routing: where its in-engine schedule loses
+        settings = _cost_settings(cfg)
+        bands = [(b.name, *settings.bucket_range(b.name)) for b in cfg.exporter.classes.load_buckets]
+        schedule_collector = ScheduleCollector(scheduled, bands, lambda: cost_collector.costs)
+        monitor.registry.register(schedule_collector)
+        guard.schedule_report = schedule_collector.report
     guard.holdout_report = monitor.router.holdout_report
 
     async def say_where_no_baseline() -> None:

@@ -24,7 +24,7 @@ import numpy as np
 
 from specguard.exporters.records import RequestRecord
 from specguard.rules import baseline as baseline_mod
-from specguard.rules import confidence, likebase, modelbase, whatif
+from specguard.rules import confidence, likebase, modelbase, onepool, whatif
 from specguard.rules import profile as profile_mod
 from specguard.rules.cost_config import CostSettings
 from specguard.rules.stepfit import StepFit, StepObservation
@@ -138,7 +138,10 @@ def evaluate_all(
     records = list(records)
     ks = pool_ks(pools)
     stale = profile_mod.staleness(profile, stack, ks)
-    model = modelbase.Cache(records if model_records is None else model_records, ks, engine_steps)
+    fitted, fit_ks = onepool.baseline_records(  # a scheduled pool's K = 0 steps: its own baseline
+        records if model_records is None else model_records, ks, onepool.of_pools(pools)
+    )
+    model = modelbase.Cache(fitted, fit_ks, engine_steps)
     nospec = sorted(name for name, k in ks.items() if k == 0)
     spec_pools = sorted(name for name, k in ks.items() if k > 0)
     since = now - settings.window_seconds if settings.window_seconds else None

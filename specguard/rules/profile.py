@@ -91,6 +91,7 @@ class Profile:
     created: str | None = None
     stack: dict[str, str] = field(default_factory=dict)
     source: str = "<profile>"
+    schedule: dict[str, Any] | None = None  # the recommended in-engine K schedule (informational)
 
     def pool(self, name: str | None = None, k: int | None = None) -> ProfilePool | None:
         """The pool by name, else the first pool with K == ``k``."""
@@ -246,8 +247,9 @@ def parse_profile(root: configfile.Section, source: str) -> Profile:
             pools.append(ProfilePool(name, k, tuple(sorted(levels, key=lambda lv: lv.concurrency))))
     if isinstance(root.data.get("pools"), list):
         root.check(bool(root.data["pools"]), "pools", "must list at least one pool")
+    schedule = root.get("schedule", dict, None, nullable=True)
     root.reject_unknown()
-    return Profile(tuple(pools), VERSION, created, stack, source)
+    return Profile(tuple(pools), VERSION, created, stack, source, schedule)
 
 
 def _parse_levels(pool: configfile.Section, k: int) -> list[ProfileLevel]:
@@ -317,6 +319,8 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
         }
         for pool in profile.pools
     ]
+    if profile.schedule:
+        out["schedule"] = dict(profile.schedule)
     return out
 
 

@@ -135,7 +135,7 @@ class SimCluster:
 
     def relative_cost(self, task: str, temperature: float, pool: str, concurrency: int) -> float:
         """The model's true RC of one class on ``pool`` at ``concurrency`` (1.0 on a K = 0 pool)."""
-        k = self.config.pool(pool).num_speculative_tokens
+        k = self.config.pool(pool).k_at(concurrency)
         return relative_cost(self.config, task, temperature, k, concurrency)
 
     def truth(self) -> dict[str, Any]:

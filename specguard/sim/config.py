@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from specguard import configfile
+from specguard import configfile, schedules
 
 DEFAULT_FILE = Path(__file__).with_name("default.yaml")
 DIALECTS = ("vllm", "sglang", "llamacpp")
@@ -178,7 +178,12 @@ class CostModel:
 
 @dataclass(frozen=True)
 class PoolConfig:
-    """One engine: its name, K (0 = no speculation), batch capacity and port (0 = ephemeral)."""
+    """One engine: its name, K (0 = no speculation), batch capacity and port (0 = ephemeral).
+
+    ``k_schedule``: an in-engine schedule (vLLM ``num_speculative_tokens_per_batch_size`` or
+    TensorRT-LLM ``draft_len_schedule`` / ``max_concurrency``, ``specguard.schedules``) that picks
+    each step's K by batch size; ``num_speculative_tokens`` is then its largest K.
+    """
 
     name: str
     num_speculative_tokens: int = 0
@@ -186,6 +191,11 @@ class PoolConfig:
     port: int = 0
     per_request_spec_metrics: bool = True  # vLLM --per-request-spec-decode-metrics summary
     method: str = "ngram"
+    k_schedule: schedules.Schedule | None = None
+
+    def k_at(self, batch: int) -> int:
+        """The K of a step whose K was picked at ``batch`` requests (the fixed K without a schedule)."""
+        return self.k_schedule.k_at(batch) if self.k_schedule is not None else self.num_speculative_tokens
 
 
 @dataclass(frozen=True)
@@ -273,6 +283,13 @@ def parse(root: configfile.Section) -> SimConfig:
         "must be a list of positive integers",
     )
     truth.reject_unknown()
+    dialect = root.get("dialect", str, "vllm", choices=DIALECTS)
+    for index, pool in enumerate(pools):
+        root.check(
+            pool.k_schedule is None or dialect == "vllm",
+            f"pools[{index}]",
+            f"an in-engine K schedule is simulated in the vllm dialect only (dialect: {dialect})",
+        )
     labels = tuple(v for _, v in root.values("custom_label_names")) or ("task",)
     config = SimConfig(
         pools=pools,
@@ -281,7 +298,7 @@ def parse(root: configfile.Section) -> SimConfig:
         default_task=default_task,
         default_temperature=root.get("default_temperature", float, 1.0, minimum=0.0, maximum=2.0),
         seed=root.get("seed", int, 0),
-        dialect=root.get("dialect", str, "vllm", choices=DIALECTS),
+        dialect=dialect,
         time_scale=root.get("time_scale", float, 1.0, minimum=0.001, maximum=1000.0),
         host=root.get("host", str, "127.0.0.1"),
         model_name=root.get("model_name", str, MODEL_NAME),
@@ -307,7 +324,11 @@ def _pool(s: configfile.Section) -> PoolConfig:
         per_request_spec_metrics=s.get("per_request_spec_metrics", bool, True),
         method=s.get("method", str, "ngram"),
     )
-    s.reject_unknown()
+    try:
+        pool = replace(pool, k_schedule=schedules.from_pool_keys(s.data, pool.num_speculative_tokens))
+    except schedules.ScheduleError as exc:
+        s.error(exc.key, str(exc))
+    s.reject_unknown(also_allowed=schedules.KEYS)
     return pool
 
 

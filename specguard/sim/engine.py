@@ -8,6 +8,12 @@ Per step, every running request that already has its first token verifies K draf
 number accepted is drawn from the request's per-position conditional probabilities (by task type
 and temperature). Newly admitted requests are prefilled and emit their first token. Like vLLM,
 accepted drafts are counted even when max_tokens or the stop length truncates the emitted tokens.
+
+A pool with an in-engine schedule (``PoolConfig.k_schedule``) picks K per step by batch size, as
+its engine does: vLLM from the number of requests scheduled in the *previous* step (its drafts
+were proposed after that step's forward pass), TensorRT-LLM from the requests active at the start
+of this one. A step at K = 0 verifies no drafts: its requests count no verify round, no drafts
+and no histogram entry, as vLLM counts them (only steps that carried drafts are observed).
 """
 
 from __future__ import annotations
@@ -110,6 +116,7 @@ class StepOutcome:
     padded_tokens: int  # M after graph-tier padding
     emissions: tuple[Emission, ...]
     waiting: int  # queue length after admission
+    k: int = 0  # drafts each decoding request verified in this step
 
     @property
     def batch_size(self) -> int:
@@ -126,7 +133,9 @@ class EngineCore:
     def __init__(self, config: SimConfig, pool: PoolConfig, *, seed: int | None = None):
         self.config = config
         self.pool = pool
-        self.k = pool.num_speculative_tokens
+        self.k = pool.num_speculative_tokens  # the largest K (vLLM num_speculative_tokens)
+        self.schedule = pool.k_schedule
+        self._next_k = self.k  # vLLM schedule: the K the last step's batch size picked
         self.seed = config.seed if seed is None else seed
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
@@ -204,7 +213,8 @@ class EngineCore:
             request.state = "running"
             self.running.append(request)
             admitted.append(request)
-        emissions: list[Emission] = [self._decode(request) for request in decoding]
+        k = self._step_k(len(decoding) + len(admitted))
+        emissions: list[Emission] = [self._decode(request, k) for request in decoding]
         prefill_tokens = 0
         for request in admitted:
             prefill_tokens += request.prompt_tokens
@@ -215,9 +225,9 @@ class EngineCore:
         for emission in emissions:
             if emission.finished:
                 self._finish(emission.request)
-        m = len(decoding) * (self.k + 1)
+        m = len(decoding) * (k + 1)
         cost = self.config.cost
-        duration = cost.step_seconds(len(decoding), self.k, len(admitted), prefill_tokens)
+        duration = cost.step_seconds(len(decoding), k, len(admitted), prefill_tokens)
         self.steps += 1
         return StepOutcome(
             index=self.steps,
@@ -229,14 +239,24 @@ class EngineCore:
             padded_tokens=cost.padded(m) if m else 0,
             emissions=tuple(emissions),
             waiting=len(self.waiting),
+            k=k if decoding else 0,
         )
 
-    def _decode(self, request: SimRequest) -> Emission:
+    def _step_k(self, batch: int) -> int:
+        """The K this step's decoding requests verify; ``batch``: the requests this step schedules."""
+        schedule = self.schedule
+        if schedule is None:
+            return self.k
+        if schedule.lag:  # vLLM: drafts were proposed after the last step, at its batch size
+            k, self._next_k = self._next_k, schedule.k_at(batch)
+            return k
+        return schedule.k_at(batch)  # TensorRT-LLM: this iteration's active requests
+
+    def _decode(self, request: SimRequest, k: int) -> Emission:
         accepted = 0
-        k = self.k
         if k:
             draw = request.rng.random
-            for q in request.conditional:
+            for q in request.conditional if k == request.k else request.conditional[:k]:
                 if draw() < q:
                     accepted += 1
                 else:

@@ -164,13 +164,15 @@ class TruthRecorder:
         t = dict(self.totals)
         t["finished_reasons"] = dict(t["finished_reasons"])
         t["accepted_per_position"] = list(t["accepted_per_position"])
+        schedule = self.pool.k_schedule
         return {
             "num_speculative_tokens": self.k,
+            "k_schedule": None if schedule is None else {"engine": schedule.engine, **schedule.to_json()},
             "max_num_seqs": self.pool.max_num_seqs,
             "totals": t,
             "classes": {key: counts.to_json() for key, counts in sorted(self.classes.items())},
             "step_times_by_batch_size": {
-                str(b): {**s.to_json(), "model_seconds": self.config.cost.step_seconds(b, self.k)}
+                str(b): {**s.to_json(), "model_seconds": self.config.cost.step_seconds(b, self.pool.k_at(b))}
                 for b, s in sorted(self.by_batch.items())
             },
         }
@@ -203,8 +205,8 @@ def model_table(config: SimConfig) -> dict[str, Any]:
                     "strict_accept_rate": sum(per_pos) / k,
                     "per_position_rate": list(per_pos),
                     "full_rollback_round_ratio": 1 - per_pos[0],
-                    "relative_cost": {
-                        str(b): relative_cost(config, name, point.temperature, k, b)
+                    "relative_cost": {  # a schedule's K at B for a steady batch of B requests
+                        str(b): relative_cost(config, name, point.temperature, pool.k_at(b), b)
                         for b in config.truth_concurrency
                     },
                 }
@@ -213,9 +215,7 @@ def model_table(config: SimConfig) -> dict[str, Any]:
     return {
         "classes": classes,
         "step_seconds": {
-            pool.name: {
-                str(b): cost.step_seconds(b, pool.num_speculative_tokens) for b in config.truth_concurrency
-            }
+            pool.name: {str(b): cost.step_seconds(b, pool.k_at(b)) for b in config.truth_concurrency}
             for pool in config.pools
         },
         "nospec_step_seconds": {str(b): cost.step_seconds(b, 0) for b in config.truth_concurrency},

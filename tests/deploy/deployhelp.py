@@ -35,6 +35,7 @@ EXPORTED = frozenset(
     specguard_relative_cost_per_token_ratio specguard_relative_cost_per_token_lower_ratio
     specguard_relative_cost_per_token_upper_ratio specguard_relative_cost_samples
     specguard_relative_cost_baseline_info specguard_predicted_relative_cost_per_token_ratio
+    specguard_schedule_speculative_tokens specguard_schedule_class_loses
     specguard_speculation_enabled specguard_num_speculative_tokens specguard_plan_info
     specguard_actions_total specguard_evaluations_total specguard_last_evaluation_timestamp_seconds
     specguard_guard_frozen specguard_consecutive_errors specguard_webhook_alerts_total

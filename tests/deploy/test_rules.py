@@ -94,6 +94,7 @@ def runbook_anchors() -> set[str]:
 ALERTS = alerting_rules()
 EXPECTED_ALERTS = {
     "SpecGuardRelativeCostAboveOne",
+    "SpecGuardScheduledClassLoses",
     "SpecGuardFullRollbackRatioHigh",
     "SpecGuardAcceptanceCollapseAfterReenable",
     "SpecGuardEngineScrapeFailing",

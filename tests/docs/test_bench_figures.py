@@ -1,10 +1,11 @@
 """The controller benchmark's and the robustness matrix's figures in the docs are the kept runs'.
 
-``bench/results/matrix.json`` is the release's ``bench/bench_matrix.py --json`` output and
+``bench/results/matrix-<shape>.json`` are the release's ``bench/bench_matrix.py --fleet-shape
+SHAPE --json`` outputs (fixed, autoscaled, fluid; and two other fixed fleets on a subset),
 ``bench/results/controller*.json`` its ``bench/bench_controller.py --json`` outputs, and
-``bench/results/hostile.json`` its ``bench/bench_hostile.py --json`` output; the matrix's
-summary must follow from its rows, and the markdown ``--render`` makes of each must stand in
-README.md and docs/benchmarks.md as is.
+``bench/results/hostile.json`` its ``bench/bench_hostile.py --json`` output; each matrix's
+summary must follow from its rows, its bound must hold, and the markdown ``--render`` makes of
+each must stand in README.md and docs/benchmarks.md as is.
 """
 
 from __future__ import annotations
@@ -23,34 +24,131 @@ import bench_controller  # noqa: E402
 import bench_hostile  # noqa: E402
 import bench_matrix  # noqa: E402
 
-RESULT = json.loads((ROOT / "bench" / "results" / "matrix.json").read_text())
-FIX = "render them again: python3 bench/bench_matrix.py --render bench/results/matrix.json"
+RESULTS = ROOT / "bench" / "results"
+SHAPES = {"fixed": "matrix-fixed.json", "autoscaled": "matrix-autoscaled.json", "fluid": "matrix-fluid.json"}
+SUBSETS = {  # other fixed fleets, on a subset of the matrix: (file, replicas)
+    "matrix-fixed8.json": {"spec-k4": 4, "spec-k2": 2, "nospec": 2},
+    "matrix-fixed-3k4.json": {"spec-k4": 3, "nospec": 1},
+}
+
+
+def kept(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
 
 
 def flat(text: str) -> str:
     return re.sub(r"\s+", " ", text)
 
 
-def test_the_kept_summary_follows_from_its_rows():
-    assert bench_matrix.aggregate(RESULT["rows"]) == RESULT["summary"]
-    assert (
-        len(RESULT["rows"]) == RESULT["summary"]["runs"] >= 8 * 3 * 3
-    )  # issue 16: ≥ 8 scenarios, 3 worlds, 3 seeds
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_each_shapes_kept_run_is_whole_and_its_bound_holds(shape):
+    """One full matrix per fleet shape; its summary follows from its rows, and in every run no row
+    beats the shape's oracle by more than the matrix's measured noise (fix the oracle, not this)."""
+    result = kept(SHAPES[shape])
+    assert result["fleet_shape"]["kind"] == shape
+    assert {r["fleet_shape"] for r in result["rows"]} == {shape}
+    assert bench_matrix.aggregate(result["rows"]) == result["summary"]
+    assert len(result["rows"]) == result["summary"]["runs"] >= 8 * 3 * 3  # ≥ 8 scenarios, 3 worlds, 3 seeds
+    assert result["summary"]["bound"]["holds"], result["summary"]["bound"]["violations"]
 
 
-@pytest.mark.parametrize(
-    ("piece", "doc"),
-    [
-        ("scenarios", "docs/benchmarks.md"),
-        ("goals", "docs/benchmarks.md"),
-        ("wall", "docs/benchmarks.md"),
-        ("readme", "README.md"),
-        ("readme", "docs/index.md"),
-    ],
-)
-def test_the_docs_carry_the_kept_run(piece, doc):
-    text = bench_matrix.render(RESULT)[piece]
-    assert flat(text) in flat((ROOT / doc).read_text()), f"{doc} does not carry the matrix's {piece}; {FIX}"
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize("piece", ["scenarios", "goals", "schedule", "wall", "readme", "bound"])
+def test_the_benchmarks_page_carries_each_shapes_kept_run(shape, piece):
+    text = bench_matrix.render(kept(SHAPES[shape]))[piece]
+    fix = f"render them again: python3 bench/bench_matrix.py --render bench/results/{SHAPES[shape]}"
+    assert flat(text) in flat((ROOT / "docs" / "benchmarks.md").read_text()), fix
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/index.md"])
+def test_the_headline_is_the_fixed_pools_run_and_names_the_shape(doc):
+    text = bench_matrix.render(kept(SHAPES["fixed"]))["readme"]
+    assert "fixed:" in text
+    fix = "render it again: python3 bench/bench_matrix.py --render bench/results/matrix-fixed.json"
+    assert flat(text) in flat((ROOT / doc).read_text()), fix
+
+
+def listed(names: list[str]) -> str:
+    """``a``, ``b`` and ``c``: how the page names scenarios."""
+    quoted = [f"`{n}`" for n in names]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
+
+
+def schedule_losses(rows: list[dict]) -> tuple[list[str], list[str]]:
+    """The scenarios where specguard is below the best in-engine schedule in every run, and those
+    where some world's mean is at or above it."""
+    scenarios = sorted({r["scenario"] for r in rows})
+    always = [
+        s for s in scenarios if all(r["vs_best_in_engine_schedule"] < 1 for r in rows if r["scenario"] == s)
+    ]
+    cells: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        cells.setdefault((r["scenario"], r["world"]), []).append(r["vs_best_in_engine_schedule"])
+    some = sorted({s for (s, _), v in cells.items() if sum(v) / len(v) >= 1})
+    return always, some
+
+
+ONE_POOL = {"best_in_engine_schedule", "spec-k4", "spec-k2", "nospec"}
+CROWDED = ["knee-edge", "tiny-classes", "flash-crowd"]
+LOSSES = {  # shape: (scenarios below the schedule in every run as the page orders them, one-pool oracles)
+    "fixed": (["knee-edge", "tiny-classes", "flash-crowd", "steps"], CROWDED),
+    "autoscaled": (["drift", "flash-crowd", "knee-edge", "tiny-classes"], CROWDED),
+    "fluid": (["flash-crowd", "knee-edge", "tiny-classes"], CROWDED[:2]),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(LOSSES))
+def test_where_specguard_loses_to_the_in_engine_schedule_is_what_the_page_says(shape):
+    """Per shape, docs/benchmarks.md names the scenarios where specguard is below the best in-engine
+    K schedule in every run, those where it is at or above it in some world, and those whose
+    oracle plan is the schedule or one pool in every run."""
+    rows = kept(SHAPES[shape])["rows"]
+    text = flat((ROOT / "docs" / "benchmarks.md").read_text())
+    always, some = schedule_losses(rows)
+    named, one_pool = LOSSES[shape]
+    assert sorted(always) == sorted(named)
+    said = f"below it in every world of {listed(named)}, and at or above it only in some worlds of "
+    said += listed(some)
+    assert said in text, said
+    assert all(r["oracle_plan_from"] in ONE_POOL for r in rows if r["scenario"] in one_pool)
+    assert f"in every run of {listed(one_pool)} the oracle's plan is the schedule" in text.lower()
+    if shape == "fixed":  # whole classes do worse than specguard's, which its holdout and probes spread
+        assert all(r["vs_best_per_class_static"] > 1 for r in rows if r["scenario"] == "knee-edge")
+
+
+def test_autoscaled_specguards_own_routing_is_the_oracles_plan_where_the_page_says():
+    rows = kept(SHAPES["autoscaled"])["rows"]
+    won = {(r["scenario"], r["world"]) for r in rows if r["oracle_plan_from"] == "specguard_routing"}
+    assert won == {("oscillation", "default")}
+    assert len([r for r in rows if r["oracle_plan_from"] == "specguard_routing"]) == 3  # every seed
+    assert "In `oscillation` of the default world specguard's own routing is the best plan" in flat(
+        (ROOT / "docs" / "benchmarks.md").read_text()
+    )
+    crowd = {p.name: p.duration_s for p in bench_matrix.load("flash-crowd", None).phases}["crowd"]
+    assert crowd < kept(SHAPES["autoscaled"])["fleet_shape"]["start_delay_seconds"]  # over before one serves
+
+
+@pytest.mark.parametrize("name", sorted(SUBSETS))
+def test_the_other_fixed_fleets_are_their_kept_runs(name):
+    """The issue's fixed fleets beside the default one: 3x K4 + 1x no-spec, and one of 8 engines."""
+    result = kept(name)
+    assert result["fleet_shape"]["kind"] == "fixed" and result["fleet_shape"]["replicas"] == SUBSETS[name]
+    assert bench_matrix.aggregate(result["rows"]) == result["summary"]
+    assert result["summary"]["bound"]["holds"], result["summary"]["bound"]["violations"]
+    for piece in ("scenarios", "goals"):
+        text = bench_matrix.render(result)[piece]
+        fix = f"render it again: python3 bench/bench_matrix.py --render bench/results/{name}"
+        assert flat(text) in flat((ROOT / "docs" / "benchmarks.md").read_text()), fix
+
+
+def test_the_previous_releases_figures_are_its_kept_run():
+    """The fluid matrix of the release before fleet shapes and the in-engine schedule row, as the
+    benchmarks page quotes it."""
+    rows = kept("matrix-fluid-previous.json")["rows"]
+    mean = sum(r["vs_oracle"] for r in rows) / len(rows)
+    text = flat((ROOT / "docs" / "benchmarks.md").read_text())
+    worst = min(r["vs_oracle"] for r in rows)
+    assert f"{len(rows)} runs: {mean:.3f} of its oracle on average, {worst:.3f} at worst" in text
 
 
 @pytest.mark.parametrize("name", ["controller.json", "controller-no-profile.json"])
@@ -58,14 +156,6 @@ def test_the_controller_tables_are_the_kept_runs(name):
     result = json.loads((ROOT / "bench" / "results" / name).read_text())
     text = bench_controller.render(result)
     fix = f"render it again: python3 bench/bench_controller.py --render bench/results/{name}"
-    assert flat(text) in flat((ROOT / "docs" / "benchmarks.md").read_text()), fix
-
-
-def test_the_eight_engine_table_is_the_kept_run():
-    result = json.loads((ROOT / "bench" / "results" / "matrix-fleet8.json").read_text())
-    assert {r["engines"] for r in result["rows"]} == {8}
-    text = bench_matrix.render(result)["scenarios"]
-    fix = "render it again: python3 bench/bench_matrix.py --render bench/results/matrix-fleet8.json"
     assert flat(text) in flat((ROOT / "docs" / "benchmarks.md").read_text()), fix
 
 
@@ -101,6 +191,12 @@ def test_the_controller_prose_follows_from_the_kept_runs():
     assert all(f"{r['detection_delay_seconds']:.0f} s in seed {r['seed']}" in text for r in late), late
     actions = sorted(r["actions"] for r in rows)
     assert f"most of a run's {actions[0]}–{actions[-1]} plan changes" in text
+    mean = sum(r["throughput_vs_oracle"] for r in rows) / len(rows)
+    assert mean >= 0.95 and min(r["throughput_vs_oracle"] for r in rows) >= 0.90
+    assert min(r["worst_phase_vs_never"] for r in rows) >= 1.0
+    assert "≥ 0.95 of the oracle on average and ≥ 0.90 in every run are met, and every phase" in text
+    beaten = sum(r["throughput_vs_best_single_pool"] > 1 for r in rows)
+    assert f"is beaten in {beaten} of the {len(rows)} runs" in text
     bare = json.loads((ROOT / "bench" / "results" / "controller-no-profile.json").read_text())["rows"]
     below = [r for r in bare if r["throughput_vs_best_single_pool"] < 1.0]
     single = sorted(r["throughput_vs_best_single_pool"] for r in bare)
@@ -110,27 +206,29 @@ def test_the_controller_prose_follows_from_the_kept_runs():
         f'miss "≥ 1.00× the best single pool" in {words[len(below)]} runs ({single[0]:.3f}–{single[-1]:.3f}) '
         f"and TPOT p99 in {words[len(slow)]} (up to {max(r['tpot_p99_vs_oracle'] for r in bare):.2f}×)"
     ) in text
+    harm = [r for r in bare if r["worst_phase_vs_never"] < 1]
+    lowest = min(r["worst_phase_vs_never"] for r in harm)
+    named = " and ".join(f"`{r['scenario']}`" for r in harm)
+    said = f"in {named} a phase falls below never-speculate on all four engines (down to {lowest:.2f}×)"
+    assert said in text, said
 
 
 def test_the_matrix_prose_follows_from_the_kept_runs():
-    """The figures typed in the sentences around the matrix tables, from the kept runs."""
+    """The figures typed in the sentences about the release before fleet shapes (its fluid matrix),
+    from its kept run."""
     text = flat((ROOT / "docs" / "benchmarks.md").read_text())
-    rows = RESULT["rows"]
-    eight = json.loads((ROOT / "bench" / "results" / "matrix-fleet8.json").read_text())
+    rows = kept("matrix-fluid-previous.json")["rows"]
 
     def spread(values) -> str:
         values = list(values)
         return f"{min(values):.2f}–{max(values):.2f}"
 
-    for name in ("tiny-classes", "knee-edge", "flash-crowd", "oscillation"):
-        four = spread(r["vs_oracle"] for r in rows if r["scenario"] == name and r["seed"] == 0)
-        more = spread(r["vs_oracle"] for r in eight["rows"] if r["scenario"] == name)
-        assert (
-            f"`{name}` goes from {four} of the oracle to {more}" in text
-            or f"`{name}` from {four} to {more}" in text
-        )
-    mean, worst = eight["summary"]["vs_oracle"]["mean"], eight["summary"]["vs_oracle"]["worst"]
-    assert f"the mean ({mean:.3f}) and the worst run ({worst:.3f})" in text
+    below = sum(r["worst_phase_vs_never"] < 1 for r in rows)
+    slow = sum(r["tpot_p99_vs_oracle"] > 1.15 for r in rows)
+    assert (
+        f"{below} runs with a phase below never-speculate, TPOT p99 above 1.15× the oracle's in {slow})"
+        in text
+    )
     knee = [r for r in rows if r["scenario"] == "knee-edge"]
     assert (
         f"`knee-edge`: {sum(r['tpot_p99_vs_oracle'] > 1.15 for r in knee)} of {len(knee)} runs above 1.15×"
@@ -138,5 +236,16 @@ def test_the_matrix_prose_follows_from_the_kept_runs():
     )
     tiny = [r["vs_oracle"] for r in rows if r["scenario"] == "tiny-classes" and r["world"] == "early-knee"]
     assert f"{spread(tiny)} of the oracle in `early-knee`" in text
-    slow = sum(r["tpot_p99_vs_oracle"] > 1.15 for r in rows)
-    assert f"more TPOT p99 misses ({slow})" in text
+
+
+def test_render_into_fills_the_shapes_blocks_and_nothing_else():
+    """``--render FILE --into DOC`` writes each piece between its markers, leaves other shapes'
+    blocks alone, and writing the same run twice changes nothing."""
+    pieces = bench_matrix.render(kept(SHAPES["fluid"]))
+    doc = (
+        "intro\n<!-- matrix:matrix-fluid:goals -->\nold\n<!-- /matrix -->\n"
+        "<!-- matrix:other:goals -->\nx\n<!-- /matrix -->\n"
+    )
+    once = bench_matrix.fill(doc, "matrix-fluid", pieces)
+    assert pieces["goals"] in once and "old" not in once and "\nx\n" in once
+    assert bench_matrix.fill(once, "matrix-fluid", pieces) == once

@@ -1,5 +1,6 @@
-"""``specguard demo --json``: the fields, equal capacity, the oracle as a checked upper bound, a
-calibration profile that cannot see the scenario, and specguard beating always- and never-speculate."""
+"""``specguard demo --json``: the fields, every row on the same engines (fixed pools by default), the
+oracle as a checked upper bound, a calibration profile that cannot see the scenario, and specguard
+beating always- and never-speculate."""
 
 from __future__ import annotations
 
@@ -95,7 +96,7 @@ def live(tmp_path_factory):
 
 
 def test_json_has_every_policy_and_field(result):
-    assert set(result["policies"]) == ROWS
+    assert set(result["policies"]) == ROWS - {"best_per_phase"}  # fixed pools cannot change K per phase
     for name, policy in result["policies"].items():
         assert POLICY_KEYS <= set(policy), name
         assert [p["name"] for p in policy["phases"]] == ["low", "saturated"]
@@ -105,6 +106,7 @@ def test_json_has_every_policy_and_field(result):
     assert set(result["ratios"]) >= {
         "specguard_vs_oracle_throughput",
         "specguard_vs_best_single_pool_throughput",
+        "specguard_vs_best_in_engine_schedule_throughput",
         "specguard_vs_best_per_class_static_throughput",
         "specguard_vs_never_worst_phase_throughput",
         "specguard_vs_oracle_tpot_p99",
@@ -123,10 +125,14 @@ def test_json_has_every_policy_and_field(result):
 
 def test_every_row_gets_the_same_engines_and_says_so(result):
     engines = result["capacity"]["engines"]
-    assert engines == 4 and f"same fleet of {engines} engines" in result["capacity"]["statement"]
+    shape = result["fleet_shape"]
+    assert shape["kind"] == "fixed" and shape["replicas"] == {"spec-k4": 2, "spec-k2": 1, "nospec": 1}
+    assert engines == 4 and "the same 4 engines" in result["capacity"]["statement"]
     for name, policy in result["policies"].items():
         assert policy["engines"] == engines, name
         assert 0 < policy["mean_engines_busy"] <= engines, name
+    schedule = result["policies"]["best_in_engine_schedule"]
+    assert schedule["label"].startswith("best in-engine schedule") and "K" in schedule["label"]
 
 
 def test_no_row_beats_the_oracle_by_more_than_the_measured_noise(result):
@@ -136,7 +142,7 @@ def test_no_row_beats_the_oracle_by_more_than_the_measured_noise(result):
     oracle = result["policies"]["oracle"]["throughput_tokens_per_second"]
     for name, policy in result["policies"].items():
         assert policy["throughput_tokens_per_second"] <= oracle * (1 + noise["max_abs"]), name
-    for name in ("best_single_pool", "best_per_phase", "best_per_class_static"):
+    for name in ("best_single_pool", "best_in_engine_schedule", "best_per_class_static", "never_speculate"):
         assert result["policies"][name]["throughput_tokens_per_second"] <= oracle  # by construction
     assert bound["holds"] and bound["tolerance"] == noise["max_abs"]
 
@@ -196,9 +202,13 @@ def test_bad_flags_and_files_are_clear_errors(tmp_path, capsys):
     assert "bad.yaml:2" in err and "duration_seconds" in err
     assert cli.main(["demo", "--scenario", "nope"]) == 2
     capsys.readouterr()
-    assert cli.main(["demo", "--fleet", "2"]) == 2
+    assert cli.main(["demo", "--fleet-shape", "fluid", "--fleet", "2"]) == 2
     err = capsys.readouterr().err
     assert "--fleet" in err and "every pool needs an engine" in err
+    assert cli.main(["demo", "--replicas", "spec-k8=3"]) == 2
+    assert "--replicas" in capsys.readouterr().err
+    assert cli.main(["demo", "--fleet", "6"]) == 2  # a fixed fleet's engines are its replicas
+    assert "--replicas" in capsys.readouterr().err
     assert cli.main(["demo", "--stale-world", "nowhere"]) == 2
     assert "nowhere" in capsys.readouterr().err
 

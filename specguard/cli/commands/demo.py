@@ -37,9 +37,9 @@ def register(subparsers) -> None:
             "Calibrate the simulated pools with a sweep of their own mix, run a scripted scenario (mixed "
             "classes, load rising into saturation and back, a temperature shift) through specguard's "
             "router, statistics, cost model and guard, then replay the same scenario and seed under "
-            "always- and never-speculate, the best single pool, the best pool per phase, the best static "
-            "plan per class and the hindsight oracle, every one on the same fleet of engines, and "
-            "compare throughput and TPOT."
+            "always- and never-speculate, the best single pool, the best in-engine K schedule, the best "
+            "static plan per class and the hindsight oracle, every one on the same engines (the fleet "
+            "shape: fixed replicas per pool by default), and compare throughput and TPOT."
         ),
     )
     parser.add_argument(
@@ -62,10 +62,37 @@ def register(subparsers) -> None:
         "--timer-scale", type=float, default=1 / 3, help="multiply the guard policy's timers (default 1/3)"
     )
     parser.add_argument(
+        "--fleet-shape",
+        choices=("fixed", "autoscaled", "fluid"),
+        default="fixed",
+        help="fixed: replicas per pool, never moved (what deploy/kubernetes ships; the default); "
+        "autoscaled: each pool scaled on its requests in flight by an HPA-like rule, with a start delay; "
+        "fluid: N engines moved between pools at once (an idealisation no engine offers)",
+    )
+    parser.add_argument(
+        "--replicas",
+        default=None,
+        help="fixed: replicas per pool, POOL=N,... or 2xK4+1xK2+1xnospec (the default), 3xK4+1xnospec, "
+        "4xK4+2xK2+2xnospec; autoscaled: the pools it runs (each from one replica)",
+    )
+    parser.add_argument(
         "--fleet",
         type=int,
-        default=4,
-        help="engines every policy gets, whichever pools it uses (default 4; at least the number of pools)",
+        default=None,
+        help="engines: the fluid fleet (default 4; at least the number of pools) or the autoscaled "
+        "budget (default 8)",
+    )
+    parser.add_argument(
+        "--start-delay",
+        type=float,
+        default=120.0,
+        help="autoscaled: seconds before a new replica serves (default 120)",
+    )
+    parser.add_argument(
+        "--scale-down-stabilisation",
+        type=float,
+        default=300.0,
+        help="autoscaled: the HPA's scale-down stabilisation window in seconds (default 300)",
     )
     parser.add_argument(
         "--gpu-scale",
@@ -95,7 +122,7 @@ def register(subparsers) -> None:
 
 
 def _setup(args: argparse.Namespace):
-    from specguard.lab import demo, scenario, worlds
+    from specguard.lab import demo, scenario, shapes, worlds
     from specguard.monitor import config as monitor_config
     from specguard.rules import policy as policy_mod
     from specguard.sim import config as sim_config
@@ -104,7 +131,7 @@ def _setup(args: argparse.Namespace):
         raise flag_error(f"--duration ({args.duration}) must be >= 0")
     if not 0 < args.timer_scale <= 10:
         raise flag_error(f"--timer-scale ({args.timer_scale}) must be in (0, 10]")
-    if args.fleet < 1:
+    if args.fleet is not None and args.fleet < 1:
         raise flag_error(f"--fleet ({args.fleet}) must be >= 1")
     if not 1 <= args.gpu_scale <= 64:
         raise flag_error(f"--gpu-scale ({args.gpu_scale}) must be in [1, 64]")
@@ -114,11 +141,28 @@ def _setup(args: argparse.Namespace):
     missing = [p.name for p in cfg.exporter.pools if p.name not in sim_pools]
     if missing:
         raise ConfigError(f"config pools {missing} are not simulator pools ({sorted(sim_pools)})")
-    if args.fleet < len(cfg.exporter.pools):
+    names = [p.name for p in cfg.exporter.pools]
+    if args.fleet_shape == "fluid" and args.fleet is not None and args.fleet < len(names):
         raise flag_error(
-            f"--fleet ({args.fleet}) must be >= the number of pools ({len(cfg.exporter.pools)}): "
+            f"--fleet ({args.fleet}) must be >= the number of pools ({len(names)}): "
             "every pool needs an engine of its own"
         )
+    if args.fleet_shape == "fixed" and args.fleet is not None:
+        raise flag_error("--fleet: a fixed fleet's engines are its --replicas")
+    if args.replicas and args.fleet_shape == "fluid":
+        raise flag_error("--replicas: a fluid fleet moves engines between pools; give --fleet N")
+    try:
+        shape = shapes.build(
+            args.fleet_shape,
+            names,
+            replicas=args.replicas,
+            engines=args.fleet,
+            start_delay_s=args.start_delay,
+            stabilization_s=args.scale_down_stabilisation,
+        ).scaled(args.gpu_scale)
+        exporter = demo.for_shape(demo.smaller_buckets(cfg.exporter, args.gpu_scale), shape)
+    except ValueError as exc:
+        raise flag_error(f"--replicas: {exc}") from exc
     stale = worlds.load(args.stale_world)
     stale_missing = [p.name for p in cfg.exporter.pools if p.name not in {q.name for q in stale.pools}]
     if stale_missing:
@@ -132,11 +176,12 @@ def _setup(args: argparse.Namespace):
         scen = scen.with_clients_scaled(1 / args.gpu_scale)
     setup = demo.DemoSetup(
         sim=demo.smaller_gpu(sim, args.gpu_scale),
-        exporter=demo.smaller_buckets(cfg.exporter, args.gpu_scale),
+        exporter=exporter,
         policy=policy,
         scenario=scen,
         seed=args.seed,
-        fleet=args.fleet,
+        fleet=shape.size,
+        shape=shape,
         timer_scale=args.timer_scale,
         gpu_scale=args.gpu_scale,
         policy_source=f"{args.config} guard:" if guard_section is not None else "rules/default-policy.yaml",
@@ -348,7 +393,7 @@ def _run(args: argparse.Namespace, done: list[str]) -> int:
         f"pools: {', '.join(f'{p} (K={k})' for p, k in ks.items())}; seed {setup.seed}; "
         f"guard timers x{setup.timer_scale:.2f}"
     )
-    out.line(f"capacity: {demo_table.capacity_statement(setup.fleet)}")
+    out.line(f"engines: {demo_table.capacity_statement(setup.fleet_shape)}")
     out.line(
         f"1/3 calibrating: quick sweep of every pool at concurrency 1..{128 / setup.gpu_scale:.0f} "
         "(virtual time) with the sweep's own mix and seed; a stale one on world "
@@ -360,9 +405,6 @@ def _run(args: argparse.Namespace, done: list[str]) -> int:
     if args.profile_out:
         profile_mod.write_profile(profile, Path(args.profile_out))
         out.line(f"    calibration profile written to {args.profile_out}")
-
-    from specguard.lab import replay
-    from specguard.lab import replay_policies as rp
 
     order = [b.name for b in setup.exporter.classes.load_buckets]
     narrator = Narrator(out, order)
@@ -429,14 +471,12 @@ def _run(args: argparse.Namespace, done: list[str]) -> int:
 
     if args.live:
         out.line("3/3 replaying the same scenario and seed in virtual time: specguard and the baselines")
-    guard = rp.SpecguardPolicy(
-        setup.exporter, setup.timed_policy(), setup.settings, profile=profile, seed=setup.seed
+    result, guard = demo.run_specguard(
+        setup, profile, on_tick=on_tick, on_start=lambda g: guard_ref.update(policy=g)
     )
-    guard_ref["policy"] = guard
-    guard.on_tick = on_tick
-    result = replay.Replay(setup.sim, scen, guard, setup.buckets, seed=setup.seed, fleet=setup.fleet).run()
     out.done()
     rows = {"specguard": demo.specguard_row(setup, result, guard, "fresh")}
+    realised = {"specguard": guard.choices}
     out.line(f"    specguard replay: {len(result.decisions)} plan changes in {guard.evaluations} evaluations")
     done.append(f"the specguard replay ({len(result.decisions)} plan changes)")
     for key, variant, prof in (
@@ -448,6 +488,7 @@ def _run(args: argparse.Namespace, done: list[str]) -> int:
         out.line(f"    replaying specguard with {'no' if prof is None else 'the stale'} profile")
         other, other_guard = demo.run_specguard(setup, prof)
         rows[key] = demo.specguard_row(setup, other, other_guard, variant)
+        realised[key] = other_guard.choices
         done.append(f"the replay with {'no' if prof is None else 'the stale'} profile")
     if not args.live:
         out.line("3/3 replaying the same scenario and seed under the baselines")
@@ -460,12 +501,16 @@ def _run(args: argparse.Namespace, done: list[str]) -> int:
         started_replay.append(text)
         out.line(f"    {text}")
 
-    compared = demo.compare(setup, rows, progress=progress)
+    compared = demo.compare(setup, rows, progress=progress, realised=realised)
     result_json = {
         "scenario": demo.scenario_json(scen),
         "seed": setup.seed,
-        "capacity": {"engines": setup.fleet, "statement": demo_table.capacity_statement(setup.fleet)},
-        "fleet_engines": setup.fleet,
+        "capacity": {
+            "engines": setup.fleet_shape.size,
+            "statement": demo_table.capacity_statement(setup.fleet_shape),
+        },
+        "fleet_shape": setup.fleet_shape.to_json(),
+        "fleet_engines": setup.fleet_shape.size,
         "pools": ks,
         "guard_policy": {"source": setup.policy_source, "timer_scale": setup.timer_scale},
         "calibration": {

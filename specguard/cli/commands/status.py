@@ -290,6 +290,22 @@ def _baselines(report: Any, width: int = 100) -> list[str]:
     return lines
 
 
+def _schedule(report: Any) -> list[str]:
+    """One pool, no routing: each scheduled pool's K per load bucket and the classes that lose."""
+    if not isinstance(report, dict):
+        return []
+    lines = ["", "in-engine K schedule (one pool, no routing):"]
+    for pool, info in (report.get("pools") or {}).items():
+        ks = ", ".join(
+            f"{bucket} K={lo}" if lo == hi else f"{bucket} K={lo}-{hi}"
+            for bucket, (lo, hi) in (info.get("k_by_load_bucket") or {}).items()
+        )
+        lines.append(f"  {pool}: {info.get('schedule')} ({ks})")
+    losing = report.get("lines") or []
+    lines += [f"  LOSES: {line}" for line in losing] or ["  no class loses where the schedule speculates"]
+    return lines
+
+
 def _holdout(report: Any) -> list[str]:
     """The router's holdout: its mode, shares per load bucket, and the buckets being refilled."""
     if not isinstance(report, dict):
@@ -355,6 +371,7 @@ def render(status: dict[str, Any], columns: int | None = None) -> str:
         )
     lines += _baselines(status.get("baselines"), columns)
     lines += _holdout(status.get("holdout"))
+    lines += _schedule(status.get("schedule"))
     decisions = status.get("decisions", [])
     lines.append("")
     lines.append("last decisions:" if decisions else "no decisions yet")

@@ -49,7 +49,13 @@ def register(subparsers) -> None:
         default=None,
         help="command that starts the engine without speculation (K = 0); {port} is filled in",
     )
-    launch.add_argument("--ks", default="0,2,4", help="K values to launch in turn (comma list, with 0)")
+    launch.add_argument(
+        "--ks",
+        default=None,
+        help="K values (comma list, with 0): with --launch the engines to start in turn (default 0,2,4); "
+        "on the simulator, one pool per K (its largest-K pool's engine at each K) instead of the "
+        "configured pools",
+    )
     launch.add_argument("--ready-path", default="/health", help="GET path that answers 200 when ready")
     launch.add_argument(
         "--ready-timeout", type=float, default=600.0, help="seconds to wait for an engine to be ready"
@@ -91,6 +97,11 @@ def register(subparsers) -> None:
         "--output-dir", "-o", default="sweep-out", help="directory for sweep.csv, plots, profile.yaml"
     )
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument(
+        "--spec-method",
+        default="ngram",
+        help="the speculative method the printed vLLM / TensorRT-LLM configs name (default ngram)",
+    )
     parser.add_argument("--json", action="store_true", help="print a JSON summary")
     parser.set_defaults(func=run)
 
@@ -166,6 +177,10 @@ def run(args: argparse.Namespace) -> int:
         raise flag_error("--launch-nospec: only with --launch")
     if args.launch and args.pools:
         raise flag_error("--pools: not with --launch (it launches the pools of --ks)")
+    if args.ks and args.http:
+        raise flag_error("--ks: with --launch or on the simulator (with --http the configured pools run)")
+    if args.ks and args.pools:
+        raise flag_error("--ks: not with --pools (--ks makes the pools)")
     per_cell = (lambda c: args.requests) if args.requests else (lambda c: max(64, 8 * c))
     progress = Progress(sys.stderr if args.json else sys.stdout, quiet=False)
     grid = {"geometries": geometries, "requests_per_level": per_cell, "progress": progress}
@@ -174,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
         samples, pools, stack, engines = _launched(args, levels, mix, grid)
     else:
         pools = _configured_pools(cfg, args.pools)
-        driver, stack = _driver(args, cfg, pools)
+        driver, stack, pools = _driver(args, cfg, pools)
         samples = sweep.run_grid(pools, levels, mix, driver, **grid)
     buckets = replay.Buckets.from_classes(cfg.exporter.classes)
     frame = sweep.to_frame(samples, pools, buckets.temperature_bucket)
@@ -195,6 +210,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {line}")
         print("where RC crosses 1.0:")
         for line in summary["crossovers"]:
+            print(f"  {line}")
+        print("one pool, no routing: the in-engine K schedule that costs this mix least per token:")
+        for line in summary["schedule_lines"]:
             print(f"  {line}")
         print(f"use it: set cost.calibration_profile: {summary['profile']} in your config")
         print(f"done in {summary['wall_seconds']:.0f} s")
@@ -230,10 +248,12 @@ def _driver(args: argparse.Namespace, cfg, pools):
         engines = sorted({p.engine for p in cfg.exporter.pools})
         stack = {"engine": ",".join(engines), "source": "specguard sweep --http"}
         stack.update(asyncio.run(sweep.http_stack(pools, engines[0] if len(engines) == 1 else "auto")))
-        return driver, stack
+        return driver, stack, pools
     from specguard.sim import config as sim_config
 
     sim = sim_config.load(args.sim_config)
+    if args.ks:
+        sim, pools = _pools_per_k(sim, _ks(args.ks))
     names = {p.name for p in sim.pools}
     missing = [p.name for p in pools if p.name not in names]
     if missing:
@@ -241,14 +261,37 @@ def _driver(args: argparse.Namespace, cfg, pools):
             f"pools {missing} are not simulator pools ({sorted(names)}); use --http for real engines"
         )
     driver = sweep_drivers.virtual_driver(sim, seed=args.seed)
-    return driver, sweep.simulator_stack(sim, "specguard sweep (virtual time)")
+    return driver, sweep.simulator_stack(sim, "specguard sweep (virtual time)"), pools
+
+
+def _ks(text: str) -> tuple[int, ...]:
+    try:
+        ks = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError as exc:
+        raise flag_error(f"--ks {text!r}: expected integers separated by commas") from exc
+    if 0 not in ks or any(k < 0 or k > 16 for k in ks):
+        raise flag_error(f"--ks {text!r}: needs K = 0 (the baseline) and every K in 0..16")
+    return tuple(sorted(set(ks)))
+
+
+def _pools_per_k(sim, ks: tuple[int, ...]):
+    """The simulator with one pool per K: its largest-K pool's engine at each K (k0 without drafts)."""
+    from specguard.lab import sweep
+
+    reference = max(sim.pools, key=lambda p: p.num_speculative_tokens)
+    made = tuple(
+        dataclasses.replace(reference, name=f"k{k}", num_speculative_tokens=k, k_schedule=None, port=0)
+        for k in ks
+    )
+    specs = [sweep.PoolSpec(p.name, p.num_speculative_tokens) for p in made]
+    return dataclasses.replace(sim, pools=made), specs
 
 
 def _launched(args: argparse.Namespace, levels, mix, grid: dict):
     from specguard.lab import sweep_drivers, sweep_launch
 
     try:
-        ks = tuple(int(x) for x in args.ks.split(",") if x.strip())
+        ks = tuple(int(x) for x in (args.ks or "0,2,4").split(",") if x.strip())
     except ValueError as exc:
         raise flag_error(f"--ks {args.ks!r}: expected integers separated by commas") from exc
     if args.warmup < 0:
@@ -281,6 +324,7 @@ def _launched(args: argparse.Namespace, levels, mix, grid: dict):
 def _write(args: argparse.Namespace, frame, stack: dict, geometries) -> dict:
     """sweep.csv, best_k.csv, rc_crossings.csv, profile.yaml and plots (per geometry when several)."""
     from specguard.lab import sweep, sweep_plots, sweep_tables
+    from specguard.rules import kschedule
     from specguard.rules import profile as profile_mod
 
     out = Path(args.output_dir)
@@ -296,7 +340,11 @@ def _write(args: argparse.Namespace, frame, stack: dict, geometries) -> dict:
     crossings.to_csv(out / "rc_crossings.csv", index=False)
     profile_path = out / "profile.yaml"
     first = geometries[0].name
-    profile_mod.write_profile(sweep.to_profile(frame, stack=stack, geometry=first), profile_path)
+    profile = sweep.to_profile(frame, stack=stack, geometry=first)
+    advice = kschedule.recommend(profile)
+    if advice is not None:
+        profile = dataclasses.replace(profile, schedule=advice.to_dict(args.spec_method))
+    profile_mod.write_profile(profile, profile_path)
     plots = []
     if not args.no_plots:
         for geometry in geometries:
@@ -313,4 +361,8 @@ def _write(args: argparse.Namespace, frame, stack: dict, geometries) -> dict:
         "cells": int(len(frame)),
         "best_k": sweep_tables.best_k_lines(best),
         "crossovers": sweep_tables.crossing_lines(crossings),
+        "schedule": profile.schedule,
+        "schedule_lines": advice.lines(args.spec_method)
+        if advice is not None
+        else ["needs a no-speculation pool and a speculative one in the sweep"],
     }
