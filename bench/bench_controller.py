@@ -118,7 +118,11 @@ def one(name: str, seed: int, args: argparse.Namespace) -> dict:
     profile = None if args.no_profile else demo.calibrate(setup)
     result, guard = demo.run_specguard(setup, profile)
     variant = "none" if profile is None else "fresh"
-    compared = demo.compare(setup, {"specguard": demo.specguard_row(setup, result, guard, variant)})
+    compared = demo.compare(
+        setup,
+        {"specguard": demo.specguard_row(setup, result, guard, variant)},
+        realised={"specguard": guard.choices},
+    )
     r, policies = compared["ratios"], compared["policies"]
     out = {
         "scenario": name,

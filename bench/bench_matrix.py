@@ -20,6 +20,7 @@ phase of each figure and the targets.
         [--fleet-shape fixed|autoscaled|fluid] [--replicas 3xK4+1xnospec] [--fleet N]
         [--decider per-class|planner] [--json]
     python3 bench/bench_matrix.py --render bench/results/matrix-fixed.json  # the docs' markdown
+    python3 bench/bench_matrix.py --render bench/results/matrix-fixed.json --into docs/benchmarks.md
 
 ``--quick``: two scenarios (shortened to 150 s) in two worlds, seed 0 (what the test runs).
 ``--json`` prints every run and the summary; the release's run of each fleet shape is kept in
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import statistics
 import sys
 import time
@@ -94,14 +96,15 @@ def run(spec: dict) -> dict:
     )
     if spec.get("decider", "per-class") != "per-class":  # the fleet planner, not the default yet
         setup = dataclasses.replace(setup, policy=dataclasses.replace(setup.policy, decider=spec["decider"]))
-    rows = {}
+    rows, realised = {}, {}
     variants = {"fresh": ("specguard", spec["profile"]), "none": ("specguard_no_profile", None)}
     variants["stale"] = ("specguard_stale_profile", spec["stale_profile"])
     for variant in spec["profiles"]:
         key, profile = variants[variant]
         result, guard = demo.run_specguard(setup, profile)
         rows[key] = demo.specguard_row(setup, result, guard, variant)
-    compared = demo.compare(setup, rows, noise_draws=(1,))
+        realised[key] = guard.choices
+    compared = demo.compare(setup, rows, noise_draws=(1,), realised=realised)
     policies, r = compared["policies"], compared["ratios"]
     sg, oracle = policies["specguard"], policies["oracle"]
     out = {
@@ -346,6 +349,15 @@ def render(result: dict) -> dict[str, str]:
     }
 
 
+def fill(doc: str, name: str, pieces: dict[str, str]) -> str:
+    """``doc`` with each ``<!-- matrix:NAME:PIECE -->`` ... ``<!-- /matrix -->`` block holding its
+    piece of ``--render`` (the blocks that are there; a piece without a block is left out)."""
+    for piece, text in pieces.items():
+        block = re.compile(rf"(<!-- matrix:{re.escape(name)}:{piece} -->\n).*?(<!-- /matrix -->)", re.S)
+        doc = block.sub(lambda m, t=text: f"{m.group(1)}\n{t}\n\n{m.group(2)}", doc)
+    return doc
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the test's subset")
@@ -361,7 +373,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decider", choices=("per-class", "planner"), default="per-class")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--render", metavar="FILE", help="print the docs' markdown for a --json result")
+    parser.add_argument("--into", metavar="DOC", help="with --render: write it into DOC's matrix blocks")
     args = parser.parse_args(argv)
+    if args.render and args.into:
+        doc = Path(args.into)
+        pieces = render(json.loads(Path(args.render).read_text()))
+        doc.write_text(fill(doc.read_text(), Path(args.render).stem, pieces))
+        return 0
     if args.render:
         for text in render(json.loads(Path(args.render).read_text())).values():
             print(text, end="\n\n")

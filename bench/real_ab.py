@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import statistics
 import sys
 from pathlib import Path
+from statistics import NormalDist
 
 RUN = re.compile(r"^=== run (\d+) (\S+) load (\S+) (\S+) (\S+)(?: commit (\S+))?")
 SEED = re.compile(r"^default baseline scope (\w+); (\d+) prompts per class, seed (\d+)")
@@ -27,6 +29,9 @@ CLASS = re.compile(
     r"guard RC ([\d.]+) \[([\d.]+), ([\d.]+)\] \(TPOT ([\d.]+) / ([\d.]+) ms; .*?by scope: (.*)$"
 )
 VERDICT = re.compile(r"^attempt (\d+): strict (.*); gross (.*)$")
+LEVEL = 0.95
+"""Both intervals' confidence level (the A/B's is set to the guard's own)."""
+Z = NormalDist().inv_cdf(0.5 + LEVEL / 2)
 
 
 def parse(lines: list[str]) -> list[dict]:
@@ -77,6 +82,45 @@ def scope_errors(result: list[dict]) -> dict[str, float]:
     return {scope: statistics.fmean(e) for scope, e in errors.items()}
 
 
+def log_sd(interval: list[float]) -> float:
+    """The standard deviation of log RC that a LEVEL interval of this width implies."""
+    _, lo, hi = interval
+    return (math.log(hi) - math.log(lo)) / (2 * Z)
+
+
+def calibration(result: list[dict]) -> dict[str, float]:
+    """Is the guard's RC the A/B's, up to the noise both intervals state?
+
+    ``bias`` is the geometric mean of guard/A/B over every class measurement, with a 90% interval
+    over the measurements; ``z`` are the log differences in units of their joint standard deviation
+    (unbiased measurements with honest intervals give a standard deviation near 1); ``expected``
+    is how many class measurements two unbiased measurements would cover each other's point in,
+    given the intervals' own widths (a point falls inside the narrower interval with probability
+    P(|N(0, 1)| < Z sd_narrow / sd_joint)), against ``covered``, how many did."""
+    logs, zs, expected, covered = [], [], 0.0, 0
+    for m in result:
+        for c in m["classes"].values():
+            (g, gl, gu), (a, al, au) = c["guard"], c["ab"]
+            sg, sa = log_sd(c["guard"]), log_sd(c["ab"])
+            joint = math.hypot(sg, sa)
+            logs.append(math.log(g / a))
+            zs.append(logs[-1] / joint)
+            expected += 2 * NormalDist().cdf(Z * min(sg, sa) / joint) - 1
+            covered += gl <= a <= gu and al <= g <= au
+    mean = statistics.fmean(logs)
+    half = NormalDist().inv_cdf(0.95) * statistics.stdev(logs) / len(logs) ** 0.5
+    return {
+        "bias": math.exp(mean),
+        "bias_lo": math.exp(mean - half),
+        "bias_hi": math.exp(mean + half),
+        "z_sd": statistics.pstdev(zs),
+        "z_max": max(abs(z) for z in zs),
+        "expected": expected,
+        "covered": covered,
+        "n": len(logs),
+    }
+
+
 def render(result: list[dict]) -> str:
     runs = [
         "| run | class | A/B RC [95%] | guard RC [95%] | apart | strict | gross |",
@@ -112,6 +156,26 @@ def render(result: list[dict]) -> str:
         f"class measurements); the guard's RC was {apart:.1%} "
         f"from the A/B's on average. Mean distance from the A/B by baseline scope: {ranked}. "
         f"The default is `{default}`: {verdict}."
+    )
+    cal = calibration(result)
+    unbiased = cal["bias_lo"] <= 1.0 <= cal["bias_hi"]
+    noise = unbiased and cal["z_sd"] <= 1.5
+    text += (
+        f"\n\nIs the guard's number the A/B's, up to the noise? Over the {cal['n']} class measurements "
+        f"the guard's RC is the A/B's × {cal['bias']:.3f} (90% interval over the measurements "
+        f"[{cal['bias_lo']:.3f}, {cal['bias_hi']:.3f}]): "
+        + ("no bias shows" if unbiased else "a bias")
+        + f". Their differences, each in units of its joint standard deviation (from the two "
+        f"{LEVEL:.0%} intervals), have a standard deviation of {cal['z_sd']:.2f} (1 for unbiased "
+        f"measurements with honest intervals), the largest {cal['z_max']:.2f}. Two unbiased "
+        f"measurements with these intervals' widths cover each other's point in "
+        f"{cal['expected']:.1f} of the {cal['n']} class measurements on average; these covered in "
+        f"{cal['covered']}. "
+        + (
+            "So a strict miss is what two noisy measurements of the same number give now and then."
+            if noise
+            else "So the misses are more than two noisy measurements of the same number give."
+        )
     )
     return "\n".join(runs) + "\n\n" + "\n".join(table) + "\n\n" + text
 

@@ -20,7 +20,7 @@ Three steps, all on the simulator's engine core in virtual time (model seconds):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from specguard.exporters.config import ExporterConfig
@@ -274,10 +274,13 @@ def compare(
     specguard: dict[str, dict],
     progress: Callable[[str], None] | None = None,
     noise_draws: tuple[int, ...] = (1, 2),
+    realised: Mapping[str, rp.Choices] | None = None,
 ) -> dict:
-    """Every row, the run-to-run noise and the bound check; ``specguard``: its rows by JSON key."""
+    """Every row, the run-to-run noise and the bound check; ``specguard``: its rows by JSON key;
+    ``realised``: their routing by the same key (``SpecguardPolicy.choices``), which the oracle
+    replays as candidates so that it bounds them by construction."""
     case = setup.case()
-    policies, oracle_plan = rows.rows(case, progress)
+    policies, oracle_plan = rows.rows(case, progress, realised)
     policies.update(specguard)
     if progress:
         progress("replaying the oracle's plan with other acceptance draws (run-to-run noise)")

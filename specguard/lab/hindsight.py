@@ -94,7 +94,15 @@ def per_phase(case: Case, plans: Sequence[rp.ClassPlan]) -> Slices:
 
 def run(case: Case, name: str, slices: Slices, **kwargs) -> replay.ReplayResult:
     """Replay ``slices`` (a plan per slice) on the case's engines and pools."""
-    policy = rp.SlicedPolicy(name, case.default_pool, slices, case.interval)
+    return run_policy(case, rp.SlicedPolicy(name, case.default_pool, slices, case.interval), **kwargs)
+
+
+def run_choices(case: Case, name: str, choices: rp.Choices, **kwargs) -> replay.ReplayResult:
+    """Replay a run's routing request by request (``rp.ReplayedChoices``) on the case's engines."""
+    return run_policy(case, rp.ReplayedChoices(name, case.default_pool, choices, case.interval), **kwargs)
+
+
+def run_policy(case: Case, policy, **kwargs) -> replay.ReplayResult:
     return replay.Replay(
         case.sim,
         case.scenario,

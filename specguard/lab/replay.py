@@ -42,10 +42,13 @@ class Policy(Protocol):
         temperature_bucket: str,
         load_bucket_of: LoadBucketOf,
         load_of: LoadOf | None = None,
+        key: str = "",
     ) -> tuple[str, str]:
         """(pool, route) for one request; route is "plan", "holdout" or "probe".
 
-        ``load_of(pool)``: in-flight requests per replica of the pool if the request joined it."""
+        ``load_of(pool)``: in-flight requests per replica of the pool if the request joined it;
+        ``key``: the request's identity (its client and how many it sent before), the same under
+        every policy and acceptance draw."""
 
     def observe(self, record: RequestRecord) -> None: ...
 
@@ -316,14 +319,15 @@ class Replay:
             # as the tap's router: the load of the replica it joins (the pool's engines now)
             return float(self.fleet.peek_load(pool))
 
-        pool, route = self.policy.choose(client.task, tbucket, load_bucket_of, load_of)
+        key = f"{client.task}/{client.index}/{client.sent}"
+        pool, route = self.policy.choose(client.task, tbucket, load_bucket_of, load_of, key)
         template = self.fleet.engine_for(pool)
         request = template.new_request(
             task=client.task,
             temperature=temperature,
             prompt_tokens=prompt,
             max_tokens=length,
-            key=f"{client.task}/{client.index}/{client.sent}",
+            key=key,
             ignore_eos=True,  # the length drawn above, identical under every policy
         )
         request.times["arrival"] = self.now

@@ -32,6 +32,7 @@ from specguard.rules.cost_config import CostSettings
 
 Split = tuple[tuple[str, float], ...]  # (pool, share) pairs, shares summing to 1
 ClassPlan = dict[tuple[str, str], str | Split]  # (task_type, temperature_bucket) -> pool, or a split
+Choices = dict[str, tuple[str, str]]  # request key -> (pool, route)
 
 
 class StaticPolicy:
@@ -52,12 +53,13 @@ class StaticPolicy:
         temperature_bucket: str,
         load_bucket_of: LoadBucketOf,
         load_of: LoadOf | None = None,
+        key: str = "",
     ) -> tuple[str, str]:
-        key = (task_type, temperature_bucket)
-        target = self.plan.get(key, self.pool)
+        target_key = (task_type, temperature_bucket)
+        target = self.plan.get(target_key, self.pool)
         if isinstance(target, str):
             return target, "plan"
-        credit = self._credit.setdefault(key, {})
+        credit = self._credit.setdefault(target_key, {})
         for pool, share in target:
             credit[pool] = credit.get(pool, 0.0) + share
         pool = max(target, key=lambda ps: (credit[ps[0]], ps[0]))[0]
@@ -103,6 +105,29 @@ class SlicedPolicy(StaticPolicy):
 
 
 # ---- specguard itself ---------------------------------------------------------------------------
+
+
+class ReplayedChoices(StaticPolicy):
+    """A run's own routing, request by request, replayed: every request gets the pool and route the
+    run gave the request of the same key (the same client's same request); one the run did not send
+    (other acceptance draws pace the clients differently) gets the default pool. The oracle replays
+    each specguard row's routing this way, so it bounds them by construction."""
+
+    def __init__(self, name: str, default_pool: str, choices: Choices, tick_seconds: float | None):
+        super().__init__(name, default_pool)
+        self.choices = choices
+        self.tick_seconds = tick_seconds  # the same ticks, so the same order of events
+
+    def choose(
+        self,
+        task_type: str,
+        temperature_bucket: str,
+        load_bucket_of: LoadBucketOf,
+        load_of: LoadOf | None = None,
+        key: str = "",
+    ) -> tuple[str, str]:
+        found = self.choices.get(key)
+        return found or super().choose(task_type, temperature_bucket, load_bucket_of, load_of, key)
 
 
 class VirtualClock:
@@ -155,6 +180,7 @@ class SpecguardPolicy:
         self.states: dict[tuple[str, str, str], guard_mod.ClassState] = {}
         self.evaluations = 0
         self.last_costs: list[cost_mod.ClassCost] = []
+        self.choices: Choices = {}  # every request's route by its key (the oracle replays them)
         self.on_tick = None  # optional callback(now, costs, changed decisions) for live display
         self.last_plan: planner.Plan | str | None = None  # guard.decider: planner
 
@@ -168,8 +194,10 @@ class SpecguardPolicy:
         temperature_bucket: str,
         load_bucket_of: LoadBucketOf,
         load_of: LoadOf | None = None,
+        key: str = "",
     ) -> tuple[str, str]:
         choice = self.router.choose(task_type, temperature_bucket, load_bucket_of, load_of)
+        self.choices[key] = (choice.pool, choice.route)
         return choice.pool, choice.route
 
     def observe(self, record: RequestRecord) -> None:

@@ -16,16 +16,20 @@ routing rows run on the shape's pools. Each says what it knows that specguard do
   the per-slice plan on the shape's pools (``hindsight.oracle_slices``, planned with the engines
   each pool has, the start delay and stabilisation of an autoscaled fleet included), on fixed or
   autoscaled pools also every class spread over their engines and the best static split per
-  class, and every row above. So no row can beat it; that specguard does not beat it by more
-  than the run-to-run noise is checked in every run (``summary.bound``).
+  class, every row above, and each specguard run's own routing replayed request by request
+  (``realised``): a plan the hindsight search may miss (an autoscaled fleet's replicas follow the
+  plan, and the search does not look ahead to them) is still a plan the oracle knows. So no row
+  can beat it; that none does by more than the run-to-run noise is checked in every run
+  (``summary.bound``), and ``plan_from`` says which plan it was.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from specguard.lab import hindsight, replay, schedule_search, shapes, summary
+from specguard.lab import replay_policies as rp
 
 Progress = Callable[[str], None] | None
 
@@ -42,7 +46,7 @@ KNOWS = {
     "(greedy search on the true model, replayed)",
     "oracle": "every time slice's traffic in advance and the simulator's true acceptance and step "
     "costs; plans each class per slice on the same pools with the same engines and delays; the best "
-    "replay of that plan and of every row above",
+    "replay of that plan, of every row above and of specguard's own routing",
 }
 
 
@@ -54,8 +58,11 @@ class Candidate:
     rerun: Callable[..., replay.ReplayResult]
 
 
-def rows(case: hindsight.Case, progress: Progress = None) -> tuple[dict[str, dict], Candidate]:
-    """Every non-specguard row (summaries with ``knows``), the oracle last; and the oracle's plan."""
+def rows(
+    case: hindsight.Case, progress: Progress = None, realised: Mapping[str, rp.Choices] | None = None
+) -> tuple[dict[str, dict], Candidate]:
+    """Every non-specguard row (summaries with ``knows``), the oracle last; and the oracle's plan.
+    ``realised``: each specguard row's routing (``SpecguardPolicy.choices``), candidates of the oracle."""
 
     def say(text: str) -> None:
         if progress:
@@ -167,6 +174,15 @@ def rows(case: hindsight.Case, progress: Progress = None) -> tuple[dict[str, dic
             routing[f"{name}_replicas"] = (again, summary.summarize(replayed(name, again), name))
     for name, (slices, row) in routing.items():
         candidates[name] = _sliced(case, row, slices)
+    if realised:
+        say("replaying each specguard row's own routing request by request")
+    for name, choices in (realised or {}).items():
+        row = summary.summarize(
+            hindsight.run_choices(case, name, choices), f"{name}'s routing", config=f"{name}'s routing"
+        )
+        candidates[f"{name}_routing"] = Candidate(
+            row, lambda c=choices, n=name, **kw: hindsight.run_choices(case, n, c, **kw)
+        )
     best_routing = max(routing, key=lambda n: routing[n][1]["throughput_tokens_per_second"])
     winner = max(candidates, key=lambda n: candidates[n].summary["throughput_tokens_per_second"])
     best = candidates[winner].summary

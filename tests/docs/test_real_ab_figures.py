@@ -43,3 +43,15 @@ attempt 1: strict met; gross met"""
     assert m["run"] == 1 and m["seed"] == 400 and m["commit"] == "abc1234" and m["strict"] == "met"
     assert m["classes"]["extraction/greedy"]["scopes"] == {"class_then_geometry": 0.710, "load": 0.696}
     assert real_ab.scope_errors([m])["load"] > real_ab.scope_errors([m])["class_then_geometry"]
+
+
+def test_the_calibration_tells_a_bias_from_noise():
+    """The same kept runs with the guard's RC made 15% high: the summary finds the bias."""
+    assert real_ab.calibration(RESULT)["bias_lo"] <= 1.0 <= real_ab.calibration(RESULT)["bias_hi"]
+    biased = json.loads(json.dumps(RESULT))
+    for m in biased:
+        for c in m["classes"].values():
+            c["guard"] = [round(v * 1.15, 3) for v in c["guard"]]
+    cal = real_ab.calibration(biased)
+    assert cal["bias_lo"] > 1.05 and cal["covered"] < real_ab.calibration(RESULT)["covered"]
+    assert "a bias" in real_ab.render(biased) and "more than two noisy measurements" in real_ab.render(biased)

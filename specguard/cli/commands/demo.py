@@ -476,6 +476,7 @@ def _run(args: argparse.Namespace, done: list[str]) -> int:
     )
     out.done()
     rows = {"specguard": demo.specguard_row(setup, result, guard, "fresh")}
+    realised = {"specguard": guard.choices}
     out.line(f"    specguard replay: {len(result.decisions)} plan changes in {guard.evaluations} evaluations")
     done.append(f"the specguard replay ({len(result.decisions)} plan changes)")
     for key, variant, prof in (
@@ -487,6 +488,7 @@ def _run(args: argparse.Namespace, done: list[str]) -> int:
         out.line(f"    replaying specguard with {'no' if prof is None else 'the stale'} profile")
         other, other_guard = demo.run_specguard(setup, prof)
         rows[key] = demo.specguard_row(setup, other, other_guard, variant)
+        realised[key] = other_guard.choices
         done.append(f"the replay with {'no' if prof is None else 'the stale'} profile")
     if not args.live:
         out.line("3/3 replaying the same scenario and seed under the baselines")
@@ -499,7 +501,7 @@ def _run(args: argparse.Namespace, done: list[str]) -> int:
         started_replay.append(text)
         out.line(f"    {text}")
 
-    compared = demo.compare(setup, rows, progress=progress)
+    compared = demo.compare(setup, rows, progress=progress, realised=realised)
     result_json = {
         "scenario": demo.scenario_json(scen),
         "seed": setup.seed,
