@@ -57,6 +57,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         items.sort(key=start_order)  # passes --no-loadscope-reorder); one process keeps its order
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, in the controller
+def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
+    """Fail the run, loudly, when xdist did not apply the groups: each worker's node ids carry
+    ``@group``. Without them the real tiers and the fixed-port tests run at once and fail at random
+    (pytest 9.2 with pytest-xdist 3.8 drops them silently; pyproject.toml keeps pytest below it)."""
+    lost = [i for i in ids if "@" not in i]
+    if node.config.getvalue("dist") == "loadgroup" and lost:
+        pytest.exit(
+            f"pytest-xdist did not apply the test groups on {node.gateway.id} ({len(lost)} of {len(ids)} "
+            f"tests, e.g. {lost[0]}): this pytest and pytest-xdist do not work together with --dist "
+            "loadgroup; install the versions pyproject.toml asks for (pip install -e '.[dev]')",
+            returncode=3,
+        )
+
+
 def tier(nodeid: str) -> str:
     """``tests/<dir>`` of a node id (``tests`` for top-level modules)."""
     parts = nodeid.split("::", 1)[0].split("/")

@@ -102,7 +102,8 @@ def run_choices(case: Case, name: str, choices: rp.Choices, **kwargs) -> replay.
     return run_policy(case, rp.ReplayedChoices(name, case.default_pool, choices, case.interval), **kwargs)
 
 
-def run_policy(case: Case, policy, **kwargs) -> replay.ReplayResult:
+def run_policy(case: Case, policy: replay.Policy, **kwargs) -> replay.ReplayResult:
+    """Replay any routing ``policy`` on the case's engines and pools."""
     return replay.Replay(
         case.sim,
         case.scenario,

@@ -104,9 +104,6 @@ class SlicedPolicy(StaticPolicy):
         return []
 
 
-# ---- specguard itself ---------------------------------------------------------------------------
-
-
 class ReplayedChoices(StaticPolicy):
     """A run's own routing, request by request, replayed: every request gets the pool and route the
     run gave the request of the same key (the same client's same request); one the run did not send
@@ -128,6 +125,9 @@ class ReplayedChoices(StaticPolicy):
     ) -> tuple[str, str]:
         found = self.choices.get(key)
         return found or super().choose(task_type, temperature_bucket, load_bucket_of, load_of, key)
+
+
+# ---- specguard itself ---------------------------------------------------------------------------
 
 
 class VirtualClock:
