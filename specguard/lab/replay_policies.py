@@ -232,6 +232,7 @@ class SpecguardPolicy:
         self.evaluations += 1
         costs, evidence = self.collect(now)
         planned = self.plan_fleet(evidence, now) if self.policy.decider == "planner" else {}
+        self.spread(evidence, now)
         changed = []
         for key in sorted(set(evidence) | set(self.states)):
             state = self.states.get(key) or guard_mod.initial_state(key, self.policy)
@@ -276,6 +277,26 @@ class SpecguardPolicy:
             why = plan.reasons[key]
             out[key[:2]] = (pool, why if why.startswith("move") else f"the class's plan is {pool} ({why})")
         return out
+
+    def spread(self, evidence: Mapping[evidence_mod.ClassKey, evidence_mod.Evidence], now: float) -> None:
+        """EXPERIMENT: each class spread over the pools where its TPOT is lowest at the loads now."""
+        import os
+
+        if os.environ.get("SPREAD", "1") != "1":
+            return
+        records = self.stats.records(since=now - self.policy.window_seconds)
+        measured = [r.decode_load if r.decode_load is not None else r.load for r in records]
+        highest = max((x for x in measured if x is not None), default=0.0)
+        fit = planfeed.step_fit(records, self.policy, self.settings, self.profile, highest)
+        if isinstance(fit, str):
+            self.router.set_spread(None)
+            return
+        units = planfeed.spread_units(
+            self.states, evidence, now, self.policy, fit, planfeed.bucket_loads(records, self.settings)
+        )
+        self.router.set_spread(
+            routing.Spread(units, lambda pool, load: max(1e-9, fit.predict(load, self.pools[pool])))
+        )
 
     def route(
         self, evidence: Mapping[evidence_mod.ClassKey, evidence_mod.Evidence], now: float, changed: bool

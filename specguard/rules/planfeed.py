@@ -168,3 +168,44 @@ def build(
         together=NOW,
         measured_at=measured_at,
     )
+
+
+def spread_units(
+    states: Mapping[ClassKey, ClassState],
+    evidence: Mapping[ClassKey, Evidence],
+    now: float,
+    policy: policy_mod.Policy,
+    fit: stepfit.StepFit,
+    loads: Mapping[str, float],
+) -> dict[ClassKey, dict[str, float]]:
+    """Per class and load bucket, the pools a request of it may join and its TPOT per second of each
+    pool's step there (``rc x T_0(L) / T_p(L)`` at the bucket's load ``L``, point estimates; the
+    no-spec pool 1). Only pools whose cell may carry a move (``planner.usable``) and the class's
+    pool now; a class with one such pool is left out (nothing to spread over)."""
+    needed = bestpool.min_samples(policy)
+    out: dict[ClassKey, dict[str, float]] = {}
+    for key, found in evidence.items():
+        load = loads.get(key[2])
+        state = states.get(key)
+        if (
+            load is None
+            or not load > 0
+            or (state is not None and (state.pin or state.frozen or state.paused))
+        ):
+            continue
+        here = (state.pool if state is not None else "") or policy.default_pool or ""
+        memory = state.memory if state is not None else {}
+        cells = bestpool.estimates(here, found, memory, now, policy, key[2])
+        base = fit.predict(load, 0)
+        units: dict[str, float] = {}
+        for pool, k in policy.pools.items():
+            step = fit.predict(load, k)
+            if not (base > 0 and step > 0):
+                continue
+            if k == 0:
+                units[pool] = 1.0
+            elif planner.usable(cells.get(pool), needed):
+                units[pool] = cells[pool].rc * base / step
+        if len(units) > 1:
+            out[key] = units
+    return out
