@@ -18,7 +18,7 @@ phase of each figure and the targets.
     flock /tmp/specguard-bench.lock python3 bench/bench_matrix.py [--quick] [--jobs 2]
         [--scenarios a,b] [--worlds a,b] [--seeds 0,1,2] [--profiles fresh,none,stale]
         [--fleet-shape fixed|autoscaled|fluid] [--replicas 3xK4+1xnospec] [--fleet N]
-        [--decider per-class|planner] [--json]
+        [--decider per-class|planner] [--spread] [--json]
     python3 bench/bench_matrix.py --render bench/results/matrix-fixed.json  # the docs' markdown
     python3 bench/bench_matrix.py --render bench/results/matrix-fixed.json --into docs/benchmarks.md
 
@@ -94,8 +94,11 @@ def run(spec: dict) -> dict:
         shape=spec.get("shape", shapes.FIXED),
         replicas=spec.get("replicas"),
     )
-    if spec.get("decider", "per-class") != "per-class":  # the fleet planner, not the default yet
-        setup = dataclasses.replace(setup, policy=dataclasses.replace(setup.policy, decider=spec["decider"]))
+    if spec.get("decider", "per-class") != "per-class" or spec.get("spread"):  # not the defaults yet
+        policy = dataclasses.replace(
+            setup.policy, decider=spec.get("decider", "per-class"), spread=spec.get("spread", False)
+        )
+        setup = dataclasses.replace(setup, policy=policy)
     rows, realised = {}, {}
     variants = {"fresh": ("specguard", spec["profile"]), "none": ("specguard_no_profile", None)}
     variants["stale"] = ("specguard_stale_profile", spec["stale_profile"])
@@ -113,6 +116,7 @@ def run(spec: dict) -> dict:
         "seed": spec["seed"],
         "fleet_shape": setup.fleet_shape.kind,
         "decider": setup.policy.decider,
+        "spread": setup.policy.spread,
         "engines": setup.fleet,
         "vs_oracle": r["specguard_vs_oracle_throughput"],
         "worst_phase_vs_oracle": min(x for x in summary.phase_ratios(sg, oracle) if x is not None),
@@ -371,6 +375,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replicas", default=None, help="fixed: POOL=N,... or a named fleet (lab.shapes)")
     parser.add_argument("--fleet", type=int, default=None, help="engines: fluid fleet or autoscaled budget")
     parser.add_argument("--decider", choices=("per-class", "planner"), default="per-class")
+    parser.add_argument(
+        "--spread", action="store_true", help="guard.spread: each request to the pool cheapest for it now"
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--render", metavar="FILE", help="print the docs' markdown for a --json result")
     parser.add_argument("--into", metavar="DOC", help="with --render: write it into DOC's matrix blocks")
@@ -424,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
                 "replicas": args.replicas,
                 "profiles": profiles,
                 "decider": args.decider,
+                "spread": args.spread,
                 "profile": fresh[(world, seed)],
                 "stale_profile": fresh.get((STALE_WORLD.get(world, "k4-dominates"), seed)),
             }

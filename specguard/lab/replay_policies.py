@@ -28,6 +28,7 @@ from specguard.rules import holdout as holdout_mod
 from specguard.rules import planfeed, planner, probes
 from specguard.rules import policy as policy_mod
 from specguard.rules import prior as prior_mod
+from specguard.rules import spread as spread_mod
 from specguard.rules.cost_config import CostSettings
 
 Split = tuple[tuple[str, float], ...]  # (pool, share) pairs, shares summing to 1
@@ -279,24 +280,16 @@ class SpecguardPolicy:
         return out
 
     def spread(self, evidence: Mapping[evidence_mod.ClassKey, evidence_mod.Evidence], now: float) -> None:
-        """EXPERIMENT: each class spread over the pools where its TPOT is lowest at the loads now."""
-        import os
-
-        if os.environ.get("SPREAD", "1") != "1":
+        """``guard.spread``: each class over the pools where its TPOT is lowest at the loads now."""
+        if not self.policy.spread:
             return
         records = self.stats.records(since=now - self.policy.window_seconds)
-        measured = [r.decode_load if r.decode_load is not None else r.load for r in records]
-        highest = max((x for x in measured if x is not None), default=0.0)
-        fit = planfeed.step_fit(records, self.policy, self.settings, self.profile, highest)
-        if isinstance(fit, str):
+        found = spread_mod.model(records, self.policy, self.settings, self.profile)
+        if isinstance(found, str):
             self.router.set_spread(None)
             return
-        units = planfeed.spread_units(
-            self.states, evidence, now, self.policy, fit, planfeed.bucket_loads(records, self.settings)
-        )
-        self.router.set_spread(
-            routing.Spread(units, lambda pool, load: max(1e-9, fit.predict(load, self.pools[pool])))
-        )
+        units = spread_mod.units(self.states, evidence, now, self.policy, found)
+        self.router.set_spread(routing.Spread(units, lambda pool, load: found.step(self.pools[pool], load)))
 
     def route(
         self, evidence: Mapping[evidence_mod.ClassKey, evidence_mod.Evidence], now: float, changed: bool

@@ -22,6 +22,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from specguard.errors import InputError, SourceError
+from specguard.exporters import routing
 from specguard.monitor import audit as audit_mod
 from specguard.monitor import guard_status, persist
 from specguard.monitor import state as state_mod
@@ -31,6 +32,7 @@ from specguard.monitor.guard_metrics import GuardCounters, GuardView
 from specguard.monitor.sources import EvidenceSource, LocalSource, PromQLSource, merge
 from specguard.rules import bestpool, evaluation, guard, probes
 from specguard.rules import policy as policy_mod
+from specguard.rules import spread as spread_mod
 from specguard.rules.evidence import AlertBook, AlertRecord, ClassKey, Evidence, alerts_by_class
 
 log = logging.getLogger("specguard.guard")
@@ -89,6 +91,7 @@ class Guard(FleetRoles):
         replica_counts: Any = None,
         set_probes: Callable[[dict[ClassKey, tuple[str, float]]], None] | None = None,
         probe_share: float = 0.0,
+        set_spread: Callable[[routing.Spread | None], None] | None = None,
     ):
         self.policy = policy
         self.sources = list(sources)
@@ -108,6 +111,8 @@ class Guard(FleetRoles):
         self.preferences = preferences  # the router's failover order per class (cheapest first)
         self.set_probes = set_probes  # the router's probe pool and share per class off speculation
         self.probe_share = probe_share
+        self.set_spread = set_spread  # the router's spread (``guard.spread``), from the local window
+        self.spread: dict[ClassKey, dict[str, float]] = {}  # the latest units, for /status
         self.probes: dict[ClassKey, probes.Probe] = {}  # the latest, for /status
         self.routing_status = routing_status  # pool health and failovers, for /status
         self.restore_alerts = restore_alerts  # Alertmanager's active alerts, read at start-up
@@ -262,11 +267,28 @@ class Guard(FleetRoles):
                 )
                 if self.set_probes is not None:
                     self.set_probes({key: (p.pool, p.share) for key, p in self.probes.items()})
+                if self.set_spread is not None:
+                    self.set_spread(await asyncio.to_thread(self._spread, evidence, now))
             await self._count_replicas()
             await asyncio.shield(self._record(decisions))  # a timeout must not lose a taken decision
             self.last_evaluation = now
             self.last_evaluation_seconds = time.monotonic() - started
             return decisions
+
+    def _spread(self, evidence: dict[ClassKey, Evidence], now: float) -> routing.Spread | None:
+        """The router's spread for ``guard.spread`` (None: off, or no step-cost fit this round)."""
+        local = next((s for s in self.sources if hasattr(s, "spread_model")), None)  # LocalSource
+        if not self.policy.spread or local is None:
+            self.spread = {}
+            return None
+        found = local.spread_model(now)
+        if isinstance(found, str):
+            log.info("spread: none this evaluation (%s)", found)
+            self.spread = {}
+            return None
+        ks = dict(self.policy.pools)
+        self.spread = spread_mod.units(dict(self.states), evidence, now, self.policy, found)
+        return routing.Spread(self.spread, lambda pool, load: found.step(ks.get(pool, 0), load))
 
     def _rankings(
         self, stepped: Sequence[tuple[ClassKey, guard.ClassState, guard.Decision]], evidence, now: float

@@ -52,6 +52,7 @@ def class_row(
     probe: Any = None,
     policy: policy_mod.Policy | None = None,
     load_order: Sequence[str] = (),
+    spread: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """One class: where it routes, why, what holds it there (the hold's kind, what it waits for and
     until when: ``rules.holds``), and its latest RC with the baseline source it used (on its pool,
@@ -83,6 +84,8 @@ def class_row(
         "rc": None if rc is None else _rc(rc, costs, load_order),
         # off speculation: where its probes go and how many (rules.probes, by expected cost)
         "probe": None if probe is None else _probe(probe),
+        # guard.spread: the pools a request of it may join, with its TPOT per second of each one's step
+        "spread": None if not spread else dict(sorted(spread.items())),
     }
 
 
@@ -129,10 +132,20 @@ def document(g: StatusSource, decisions: int = 50) -> dict[str, Any]:
     down = frozenset(p["pool"] for p in health if not p["healthy"])
     costs = g.cost_view() if g.cost_view is not None else ()
     probes = getattr(g, "probes", {})
+    spread = getattr(g, "spread", {})
     order = list(getattr(g, "load_buckets", ()))
     classes = [
         class_row(
-            key, st, g.last_decisions.get(key), g.policy.pools, down, costs, probes.get(key), g.policy, order
+            key,
+            st,
+            g.last_decisions.get(key),
+            g.policy.pools,
+            down,
+            costs,
+            probes.get(key),
+            g.policy,
+            order,
+            spread.get(key),
         )
         for key, st in sorted(g.states.items())
     ]

@@ -113,6 +113,16 @@ class LocalSource:
         found = evidence_from_costs(costs, policy=self.policy, load_order=order)
         return with_prior(found, self._prior_for(self.policy))
 
+    def spread_model(self, now: float) -> Any:
+        """``guard.spread``: the step-cost fit and bucket loads of the window (``rules.spread``), or
+        why there is none."""
+        from specguard.rules import spread
+
+        if self.policy is None:
+            return "no policy"
+        records = self._stats.records(since=now - self._window)
+        return spread.model(records, self.policy, self._settings, self._profile)
+
     @property
     def has_prior(self) -> bool:
         """The policy takes the calibration profile's rc as evidence (``guard.prior: profile``)."""

@@ -160,6 +160,10 @@ class Policy:
     rules; ``planner`` (in progress, not the default): one plan for every class, charged the load
     each move puts on the pool's replicas (``rules.planner``), in place of the best-pool choice and
     the restore rule; the watch rules, error freeze, pins, dry-run, cooldown and cap stay."""
+    spread: bool = False
+    """Each request of a class joins the pool where its TPOT is lowest at the loads now, among its pool
+    and the pools whose cells have evidence enough (``rules.spread``; in progress, not the default),
+    so a class heavier than its pool's replicas spills onto the others."""
     memory_seconds: float = 3600.0
     """A pool a class left keeps its last measured rc as evidence this long (so predictions cannot
     send the class back to a pool whose measurement was worse: no flapping)."""
@@ -368,6 +372,7 @@ def parse(section: configfile.Section) -> Policy:
         best_pool_margin=section.get("best_pool_margin", float, 0.03, minimum=0, maximum=0.5),
         best_pool_consecutive_limit=section.get("best_pool_consecutive_limit", int, 2, minimum=0),
         decider=section.get("decider", str, "per-class", choices=DECIDERS),
+        spread=section.get("spread", bool, False),
         memory_seconds=section.get("memory_seconds", float, 3600.0, minimum=0, maximum=7 * 86400),
         prior=section.get("prior", str, "profile", choices=PRIORS),
         holdout=section.get("holdout", str, "matched_on_demand", choices=HOLDOUT_MODES),

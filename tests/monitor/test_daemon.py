@@ -495,3 +495,39 @@ async def test_a_class_off_speculation_is_probed_by_expected_cost(tmp_path):
     await run_rounds(guard, clock, 12)
     assert router.plan()[CREATIVE] != "nospec" and router.probes() == {}
     assert all(c["probe"] is None for c in guard.status()["classes"])
+
+
+class SpreadSource:
+    """code at low load: K=4 measured at rc 0.6 (an interval, enough samples); and the window's
+    step-cost fit, as ``LocalSource.spread_model`` gives it."""
+
+    async def collect(self, now, keys):
+        k4 = PoolEvidence("spec-k4", {"rc": 0.6, "rc_lower": 0.55, "rc_upper": 0.65}, samples=100)
+        return {CODE: Evidence(pools={"spec-k4": k4})}
+
+    def spread_model(self, now):
+        from specguard.rules import spread
+        from tests.rules.test_planfeed import SETTINGS, window
+
+        return spread.model(window(), POLICY, SETTINGS, None)
+
+
+@pytest.mark.parametrize("on", [True, False])
+async def test_guard_spread_hands_the_router_each_class_pools_and_status_shows_them(on):
+    clock, router = Clock(), Router(POOLS, default_pool="spec-k4", nospec_pool="nospec")
+    guard = daemon.Guard(
+        replace(POLICY, spread=on), sources=[SpreadSource()], clock=clock, set_spread=router.set_spread
+    )
+    await run_rounds(guard, clock, 1)
+    row = next(c for c in guard.status()["classes"] if c["task_type"] == "code")
+    loads = {"spec-k4": 40.0, "spec-k2": 1.0, "nospec": 1.0}  # K=4 crowded, the others idle
+    choice = router.choose("code", "greedy", lambda pool: "low", loads.get)
+    if not on:
+        assert row["spread"] is None and choice.pool == "spec-k4"
+        return
+    assert (
+        set(row["spread"]) == {"spec-k4", "nospec"} and row["spread"]["nospec"] == 1.0
+    )  # no evidence on K=2
+    assert (choice.pool, choice.route, choice.planned) == ("nospec", "spread", "spec-k4")
+    loads["spec-k4"] = 1.0  # idle again: K=4 is cheaper for it
+    assert router.choose("code", "greedy", lambda pool: "low", loads.get).pool == "spec-k4"

@@ -87,7 +87,7 @@ def test_every_error_at_once_with_file_line_col():
         "holdout, holdout_min_share, interval_seconds, local, max_actions_per_hour, memory_seconds, "
         "min_samples, nospec_pool, prior, prometheus, "
         "rc_rises_with_load, restore_on_prediction, rules, safe_state, shorten, shorten_max_rc, "
-        "stabilization_window_seconds, window_seconds"
+        "spread, stabilization_window_seconds, window_seconds"
     )
     measures = ", ".join(repr(m) for m in policy.MEASURES)
     assert [str(i) for i in info.value.issues] == [
