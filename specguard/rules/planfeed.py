@@ -78,6 +78,12 @@ def bucket_loads(records: Sequence[RequestRecord], settings: CostSettings) -> di
     return out
 
 
+def highest_load(records: Sequence[RequestRecord]) -> float:
+    """The highest load per replica a request of the window ran at (0 without any)."""
+    measured = [r.decode_load if r.decode_load is not None else r.load for r in records]
+    return max((x for x in measured if x is not None), default=0.0)
+
+
 def step_fit(
     records: Sequence[RequestRecord],
     policy: policy_mod.Policy,
@@ -117,9 +123,7 @@ def build(
     """The planner's input for the fleet now, one problem for every class with requests in decode,
     keyed ``(task type, temperature bucket, NOW)``; or why there is none."""
     loads = bucket_loads(records, settings)
-    measured = [r.decode_load if r.decode_load is not None else r.load for r in records]
-    highest = max((x for x in measured if x is not None), default=0.0)
-    fit = step_fit(records, policy, settings, profile, highest)
+    fit = step_fit(records, policy, settings, profile, highest_load(records))
     if isinstance(fit, str):
         return fit
     span = max(DEMAND_INTERVALS * policy.interval_seconds, 1e-9)

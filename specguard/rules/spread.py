@@ -49,9 +49,7 @@ def model(
     profile: profile_mod.Profile | None,
 ) -> Model | str:
     """The step-cost fit and bucket loads of the window, or why there is none (no spread then)."""
-    measured = [r.decode_load if r.decode_load is not None else r.load for r in records]
-    highest = max((x for x in measured if x is not None), default=0.0)
-    fit = planfeed.step_fit(records, policy, settings, profile, highest)
+    fit = planfeed.step_fit(records, policy, settings, profile, planfeed.highest_load(records))
     if isinstance(fit, str):
         return fit
     return Model(fit, planfeed.bucket_loads(records, settings))
