@@ -7,7 +7,9 @@ import subprocess
 import time
 from pathlib import Path
 
+import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from reportrun import CONFIG, free_port, start_prometheus
 
 from specguard.lab import loadgen, report
@@ -15,7 +17,21 @@ from specguard.lab.report_data import PromData
 from specguard.monitor import app as monitor_app
 from specguard.monitor import config as monitor_config
 from specguard.monitor import guard_wiring
+from specguard.monitor.cost_metrics import RATIO
 from specguard.sim.cluster import SimCluster
+
+
+async def rc_exported(url: str, tasks: set[str]) -> bool:
+    """Whether the tap's /metrics has an RC point for every task type in ``tasks``."""
+    async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as resp:
+        text = await resp.text()
+    found = {
+        s.labels.get("task_type")
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == RATIO
+    }
+    return tasks <= found
 
 
 async def drive(tmp: Path) -> tuple[str, float, float, subprocess.Popen]:
@@ -32,7 +48,13 @@ async def drive(tmp: Path) -> tuple[str, float, float, subprocess.Popen]:
                 loadgen.RequestClass("code", temperature=0.0, max_tokens=64),
                 loadgen.RequestClass("creative", temperature=1.0, max_tokens=64),
             ]
+            # 20 s of load, then more in 10 s steps until the tap exports RC for both classes (on a
+            # busy machine 20 s may not reach the samples and the baseline RC needs), at most 120 s
             await loadgen.run_load(url, mix, concurrency=6, duration_s=20, stream=True, seed=1)
+            for step in range(10):
+                if await rc_exported(url, {"code", "creative"}):
+                    break
+                await loadgen.run_load(url, mix, concurrency=6, duration_s=10, stream=True, seed=2 + step)
             await asyncio.sleep(3)  # a few more scrapes
         finally:
             await monitor.stop()

@@ -71,10 +71,12 @@ def creative_routes(url: str) -> tuple[float, float]:
 
 
 def adopted_at(prom, version: int) -> dict[str, float]:
-    """When each follower's `version` first reached Prometheus: instance -> sample timestamp."""
+    """When each follower's `version`, or a newer one, first reached Prometheus: instance -> sample
+    timestamp. (A follower that polls after the decider published twice goes from the old version
+    straight to the newer one: seen in a fresh-clone run, 0 -> 2 while the test waited for 1.)"""
     out = {}
     for row in prom.query('specguard_plan_version{job="fleet"}[1m]'):
-        at = [float(t) for t, v in row["values"] if float(v) == version]
+        at = [float(t) for t, v in row["values"] if float(v) >= version]
         if at:
             out[row["metric"]["instance"]] = min(at)
     return out

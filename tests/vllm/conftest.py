@@ -199,7 +199,20 @@ def stop(proc: subprocess.Popen) -> None:
     engineproc.stop(proc, STOP_GRACE_S)
 
 
-def wait_healthy(name: str, proc: subprocess.Popen, url: str, log_path: Path) -> None:
+def _serves(url: str, model: str) -> bool:
+    """Whether the server on ``url`` serves ``model`` (not another server that took the port)."""
+    try:
+        with urllib.request.urlopen(f"{url}/v1/models", timeout=2.0) as resp:
+            return model in {m.get("id") for m in json.loads(resp.read()).get("data", [])}
+    except (urllib.error.URLError, OSError, ValueError, AttributeError):
+        return False
+
+
+def wait_healthy(
+    name: str, proc: subprocess.Popen, url: str, log_path: Path, model: str | None = None
+) -> None:
+    """Until the engine answers /health (and, given ``model``, lists it: a port picked free can be
+    taken by another test's server before vLLM binds it, which then exits)."""
     deadline = time.monotonic() + START_DEADLINE_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -207,7 +220,7 @@ def wait_healthy(name: str, proc: subprocess.Popen, url: str, log_path: Path) ->
                 f"vLLM engine '{name}' exited with code {proc.returncode} before it was healthy; "
                 f"log {log_path}:\n{_tail(log_path, 60)}"
             )
-        if _get(f"{url}/health") == 200:
+        if _get(f"{url}/health") == 200 and (model is None or _serves(url, model)):
             return
         time.sleep(0.5)
     raise RuntimeError(
@@ -235,49 +248,73 @@ def _running_engines() -> Engines | None:
     )
 
 
+PORT_TRIES = 3
+
+
 def start_pair(venv: Path, model: Path, logdir: Path, flags: ModelFlags) -> Iterator[Engines]:
-    """Start the spec (K = 4, first CPU) and nospec (last CPU) engines; always stop them."""
-    procs: dict[str, subprocess.Popen] = {}
-    engines: dict[str, Engine] = {}
+    """Start the spec (K = 4, first CPU) and nospec (last CPU) engines; always stop them. A pair that
+    lost a port to another test's server (picked free, taken before vLLM bound it) starts again on
+    new ports, up to ``PORT_TRIES`` times."""
     prefix = "" if flags is TINY else f"{flags.served_name}-"
-    try:
-        cpus = sorted(os.sched_getaffinity(0))
-        for name, spec, cpu in (("spec", True, cpus[0]), ("nospec", False, cpus[-1])):
-            port = _free_port()
-            log_path = logdir / f"{prefix}{name}.log"
-            with open(log_path, "wb") as log:
-                proc = subprocess.Popen(
-                    server_command(venv, model, port, spec, flags),
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    env=server_env(cpu),
-                    cwd=logdir,
-                    start_new_session=True,
-                )
-            procs[name] = proc
-            _STARTED[prefix + name] = (proc, log_path)
-            engines[name] = Engine(
-                name=name,
-                url=f"http://127.0.0.1:{port}",
-                log_path=log_path,
-                num_speculative_tokens=NUM_SPECULATIVE_TOKENS if spec else 0,
-                pid=proc.pid,
+    for attempt in range(1, PORT_TRIES + 1):
+        procs: dict[str, subprocess.Popen] = {}
+        try:
+            engines = _launch_pair(venv, model, logdir, flags, prefix, procs)
+            errors = _wait_pair(engines, procs, flags.served_name)
+            taken = [e for e in engines.values() if "address already in use" in _tail(e.log_path, 60).lower()]
+            if errors and taken and attempt < PORT_TRIES:
+                continue  # (finally stops this pair first)
+            if errors:
+                pytest.fail("\n\n".join(errors), pytrace=False)
+            for engine in engines.values():
+                warm_up(engine.url, flags.served_name)
+            yield Engines(spec=engines["spec"], nospec=engines["nospec"], model=flags.served_name)
+            return
+        finally:
+            for name, proc in procs.items():
+                stop(proc)
+                _STARTED.pop(prefix + name, None)
+
+
+def _launch_pair(
+    venv: Path, model: Path, logdir: Path, flags: ModelFlags, prefix: str, procs: dict[str, subprocess.Popen]
+) -> dict[str, Engine]:
+    """Start both engines on ports picked free now (``procs`` gets each as it starts)."""
+    engines: dict[str, Engine] = {}
+    cpus = sorted(os.sched_getaffinity(0))
+    for name, spec, cpu in (("spec", True, cpus[0]), ("nospec", False, cpus[-1])):
+        port = _free_port()
+        log_path = logdir / f"{prefix}{name}.log"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                server_command(venv, model, port, spec, flags),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=server_env(cpu),
+                cwd=logdir,
+                start_new_session=True,
             )
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            futures = [
-                pool.submit(wait_healthy, e.name, procs[e.name], e.url, e.log_path) for e in engines.values()
-            ]
-            errors = [str(f.exception()) for f in futures if f.exception() is not None]
-        if errors:
-            pytest.fail("\n\n".join(errors), pytrace=False)
-        for engine in engines.values():
-            warm_up(engine.url, flags.served_name)
-        yield Engines(spec=engines["spec"], nospec=engines["nospec"], model=flags.served_name)
-    finally:
-        for name, proc in procs.items():
-            stop(proc)
-            _STARTED.pop(prefix + name, None)
+        procs[name] = proc
+        _STARTED[prefix + name] = (proc, log_path)
+        engines[name] = Engine(
+            name=name,
+            url=f"http://127.0.0.1:{port}",
+            log_path=log_path,
+            num_speculative_tokens=NUM_SPECULATIVE_TOKENS if spec else 0,
+            pid=proc.pid,
+        )
+    return engines
+
+
+def _wait_pair(engines: dict[str, Engine], procs: dict[str, subprocess.Popen], served: str) -> list[str]:
+    """Both engines healthy and serving ``served``, in parallel; the errors of those that are not."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = [
+            pool.submit(wait_healthy, e.name, procs[e.name], e.url, e.log_path, served)
+            for e in engines.values()
+        ]
+        return [str(f.exception()) for f in futures if f.exception() is not None]
 
 
 @pytest.fixture(scope="session")
