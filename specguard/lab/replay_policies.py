@@ -16,7 +16,6 @@ import random
 from collections.abc import Mapping
 from dataclasses import replace
 
-from specguard.errors import InputError
 from specguard.exporters import routing, stats
 from specguard.exporters.config import ExporterConfig
 from specguard.exporters.records import RequestRecord
@@ -254,7 +253,7 @@ class SpecguardPolicy:
         """``guard.decider: planner``: the fleet plan's pool and reason per class (task type,
         temperature bucket), for every load bucket of it."""
         records = self.stats.records(since=now - self.policy.window_seconds)
-        found = planfeed.build(
+        planned, self.last_plan = planfeed.decide(
             records,
             self.states,
             evidence,
@@ -264,20 +263,7 @@ class SpecguardPolicy:
             self.router.replicas(),
             self.profile,
         )
-        if isinstance(found, str):
-            self.last_plan = found
-            return {}
-        try:
-            plan = planner.plan(found)
-        except InputError as exc:  # fail safe: no plan this evaluation, the guard's gates stand
-            self.last_plan = str(exc)
-            return {}
-        self.last_plan = plan
-        out = {}
-        for key, pool in plan.pools.items():  # a bucket of the class on another pool joins the rest
-            why = plan.reasons[key]
-            out[key[:2]] = (pool, why if why.startswith("move") else f"the class's plan is {pool} ({why})")
-        return out
+        return planned
 
     def spread(self, evidence: Mapping[evidence_mod.ClassKey, evidence_mod.Evidence], now: float) -> None:
         """``guard.spread``: each class over the pools where its TPOT is lowest at the loads now."""

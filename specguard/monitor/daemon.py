@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -30,7 +30,7 @@ from specguard.monitor.actuators import Actuator
 from specguard.monitor.fleet import FleetRoles, NotLeader, Takeover
 from specguard.monitor.guard_metrics import GuardCounters, GuardView
 from specguard.monitor.sources import EvidenceSource, LocalSource, PromQLSource, merge
-from specguard.rules import bestpool, evaluation, guard, probes
+from specguard.rules import bestpool, evaluation, guard, planfeed, probes
 from specguard.rules import policy as policy_mod
 from specguard.rules import spread as spread_mod
 from specguard.rules.evidence import AlertBook, AlertRecord, ClassKey, Evidence, alerts_by_class
@@ -92,6 +92,7 @@ class Guard(FleetRoles):
         set_probes: Callable[[dict[ClassKey, tuple[str, float]]], None] | None = None,
         probe_share: float = 0.0,
         set_spread: Callable[[routing.Spread | None], None] | None = None,
+        pool_replicas: Callable[[], Mapping[str, int]] | None = None,
     ):
         self.policy = policy
         self.sources = list(sources)
@@ -113,6 +114,8 @@ class Guard(FleetRoles):
         self.probe_share = probe_share
         self.set_spread = set_spread  # the router's spread (``guard.spread``), from the local window
         self.spread: dict[ClassKey, dict[str, float]] = {}  # the latest units, for /status
+        self.pool_replicas = pool_replicas  # the router's replicas per pool (the planner's capacity)
+        self.last_plan: Any = None  # guard.decider: planner: the latest plan or why none, for /status
         self.probes: dict[ClassKey, probes.Probe] = {}  # the latest, for /status
         self.routing_status = routing_status  # pool health and failovers, for /status
         self.restore_alerts = restore_alerts  # Alertmanager's active alerts, read at start-up
@@ -248,8 +251,19 @@ class Guard(FleetRoles):
             keys = set(self.states) | set(self.configured_keys if not self.policy.local else ())
             keys |= set(alerted)  # alerts name unseen classes too
             evidence, error = await self._collect(now, sorted(keys))
+            planned = {}
+            if self.policy.decider == "planner" and error is None:
+                planned = await asyncio.to_thread(self._plan, evidence, now)
             stepped = await asyncio.to_thread(
-                evaluation.step_all, self.policy, dict(self.states), keys, evidence, alerts, error, now
+                evaluation.step_all,
+                self.policy,
+                dict(self.states),
+                keys,
+                evidence,
+                alerts,
+                error,
+                now,
+                planned,
             )
             decisions: list[guard.Decision] = []
             for key, new, decision in stepped:
@@ -274,6 +288,19 @@ class Guard(FleetRoles):
             self.last_evaluation = now
             self.last_evaluation_seconds = time.monotonic() - started
             return decisions
+
+    def _plan(self, evidence: dict[ClassKey, Evidence], now: float) -> planfeed.Planned:
+        """``guard.decider: planner``: the fleet plan from the local window (none: no class is
+        planned this round, and the guard's gates stand)."""
+        local = next((s for s in self.sources if hasattr(s, "plan")), None)  # LocalSource
+        if local is None:
+            self.last_plan = "no local window (the planner reads the tap's own requests)"
+            return {}
+        replicas = {**(self.pool_replicas() if self.pool_replicas is not None else {}), **self.replicas}
+        planned, self.last_plan = local.plan(dict(self.states), evidence, now, replicas)
+        if isinstance(self.last_plan, str):
+            log.info("planner: no plan this evaluation (%s)", self.last_plan)
+        return planned
 
     def _spread(self, evidence: dict[ClassKey, Evidence], now: float) -> routing.Spread | None:
         """The router's spread for ``guard.spread`` (None: off, or no step-cost fit this round)."""

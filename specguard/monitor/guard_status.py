@@ -182,4 +182,19 @@ def document(g: StatusSource, decisions: int = 50) -> dict[str, Any]:
         "baselines": g.baseline_report() if g.baseline_report is not None else None,
         "holdout": g.holdout_report() if g.holdout_report is not None else None,
         "schedule": g.schedule_report() if g.schedule_report is not None else None,
+        "planner": _plan(getattr(g, "last_plan", None)) if g.policy.decider == "planner" else None,
+    }
+
+
+def _plan(plan: Any) -> dict[str, Any]:
+    """``guard.decider: planner``: the latest plan's moves and what it is worth, or why there is none."""
+    if plan is None or isinstance(plan, str):
+        return {"plan": None, "reason": plan or "not evaluated yet"}
+    return {
+        "plan": {"/".join(key[:2]): pool for key, pool in sorted(plan.pools.items())},
+        "moves": {"/".join(key[:2]): pool for key, pool in sorted(plan.moves.items())},
+        "tokens_per_second": plan.tokens,
+        "tokens_per_second_now": plan.tokens_now,
+        "benefit_lower": plan.benefit_lower,
+        "proven_optimal": all(plan.exact.values()) if plan.exact else False,
     }

@@ -172,3 +172,33 @@ def build(
         together=NOW,
         measured_at=measured_at,
     )
+
+
+Planned = dict[tuple[str, str], tuple[str, str]]
+"""Per class (task type, temperature bucket): the plan's pool and why, what ``guard.step`` takes."""
+
+
+def decide(
+    records: Sequence[RequestRecord],
+    states: Mapping[ClassKey, ClassState],
+    evidence: Mapping[ClassKey, Evidence],
+    now: float,
+    policy: policy_mod.Policy,
+    settings: CostSettings,
+    replicas: Mapping[str, int],
+    profile: profile_mod.Profile | None = None,
+) -> tuple[Planned, planner.Plan | str]:
+    """The fleet plan for ``guard.decider: planner`` as ``guard.step`` takes it, and the plan (or why
+    there is none: then no class is planned, and the guard's gates stand)."""
+    found = build(records, states, evidence, now, policy, settings, replicas, profile)
+    if isinstance(found, str):
+        return {}, found
+    try:
+        plan = planner.plan(found)
+    except InputError as exc:  # fail safe: no plan this evaluation
+        return {}, str(exc)
+    out: Planned = {}
+    for key, pool in plan.pools.items():  # a bucket of the class on another pool joins the rest
+        why = plan.reasons[key]
+        out[key[:2]] = (pool, why if why.startswith("move") else f"the class's plan is {pool} ({why})")
+    return out, plan

@@ -388,6 +388,11 @@ def parse(section: configfile.Section) -> Policy:
     )
     section.check(policy.max_actions_per_hour != 0, "max_actions_per_hour", "0 would forbid every action")
     section.check(
+        policy.decider != "planner" or policy.local,
+        "decider",
+        "planner plans from the tap's own requests: it needs local: true (a fleet's decider reads PromQL)",
+    )
+    section.check(
         bool(rules) or alerts.enabled or "rules" not in section.data,
         "rules",
         "no rules and alerts disabled: the guard would never act",

@@ -531,3 +531,61 @@ async def test_guard_spread_hands_the_router_each_class_pools_and_status_shows_t
     assert (choice.pool, choice.route, choice.planned) == ("nospec", "spread", "spec-k4")
     loads["spec-k4"] = 1.0  # idle again: K=4 is cheaper for it
     assert router.choose("code", "greedy", lambda pool: "low", loads.get).pool == "spec-k4"
+
+
+class PlanSource:
+    """The window of tests/rules/test_planfeed (three classes on three pools) and code at high load
+    measured at rc 2.5 on K=4 (an interval, enough samples), as ``LocalSource.plan`` reads them."""
+
+    def __init__(self):
+        self.replicas = None
+
+    async def collect(self, now, keys):
+        rc = {"rc": 2.5, "rc_lower": 2.4, "rc_upper": 2.6}
+        return {CODE_HIGH: Evidence(pools={"spec-k4": PoolEvidence("spec-k4", rc, samples=100)})}
+
+    def plan(self, states, evidence, now, replicas):
+        from specguard.rules import planfeed
+        from tests.rules.test_planfeed import SETTINGS, window
+
+        self.replicas = dict(replicas)
+        return planfeed.decide(window(now), states, evidence, now, PLANNER, SETTINGS, replicas)
+
+
+CODE_HIGH = ("code", "greedy", "high")
+PLANNER = replace(POLICY, decider="planner")
+
+
+async def test_guard_planner_moves_what_the_fleet_plan_moves_and_status_shows_the_plan(tmp_path):
+    clock, source = Clock(), PlanSource()
+    router = Router(POOLS, default_pool="spec-k4", nospec_pool="nospec")
+    guard = daemon.Guard(
+        PLANNER,
+        sources=[source],
+        actuators=[RouterActuator(router)],
+        audit=audit_mod.AuditLog(tmp_path / "audit.jsonl"),
+        clock=clock,
+        pool_replicas=router.replicas,
+    )
+    (decision,) = [d for d in await run_rounds(guard, clock, 1) if d.changes_plan]
+    assert (decision.key, decision.to_pool, decision.cause) == (CODE_HIGH, "nospec", "planner")
+    assert router.plan()[CODE_HIGH] == "nospec"
+    assert source.replicas == router.replicas()  # the planner is charged the router's replicas
+    status = guard.status()["planner"]
+    assert status["moves"] == {"code/greedy": "nospec"} and status["plan"]["code/greedy"] == "nospec"
+    assert status["tokens_per_second"] > status["tokens_per_second_now"] and status["benefit_lower"] > 0
+    # the per-class decider never plans, and says nothing of a plan
+    per_class = daemon.Guard(POLICY, sources=[PlanSource()], clock=Clock())
+    await run_rounds(per_class, per_class.clock, 1)
+    assert per_class.status()["planner"] is None and per_class.last_plan is None
+
+
+async def test_guard_planner_without_a_local_window_plans_nothing_and_says_why():
+    guard = daemon.Guard(PLANNER, sources=[ScriptedSource({CODE: 2.5})], clock=Clock())
+    decisions = await run_rounds(guard, guard.clock, 3)
+    # the watch rules still act (rc 2.5 > 1); no plan, and no best-pool choice in planner mode
+    assert [d.cause for d in decisions if d.changes_plan] == ["relative-cost"]
+    assert guard.status()["planner"] == {
+        "plan": None,
+        "reason": "no local window (the planner reads the tap's own requests)",
+    }

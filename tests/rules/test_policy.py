@@ -200,3 +200,9 @@ def test_a_guard_section_without_rules_gets_the_shipped_rules_with_its_own_limit
     assert empty.rules == () and not empty.default_rules
     with pytest.raises(ConfigError, match="no rules and alerts disabled"):
         policy.parse_text("guard:\n  rules: []\n  alerts: {enabled: false}\n")
+
+
+def test_the_planner_needs_the_local_window():
+    assert policy.parse_text("guard:\n  decider: planner\n").decider == "planner"
+    with pytest.raises(ConfigError, match=r"p.yaml:2:3: guard.decider: planner plans from the tap's own"):
+        policy.parse_text("guard:\n  decider: planner\n  local: false\n", "p.yaml")
