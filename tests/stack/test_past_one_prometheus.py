@@ -202,8 +202,12 @@ def test_store_ruler_and_federation_answer_the_decider_alike(tmp_path: Path):
             return second if first == second else None
 
         by_hand, counters = wait_until("the followers' numbers settle", settled, 20, stack.procs)
+        # creative's settled estimate is not asserted above 1.0: the decision on it was asserted
+        # above, on the store's value; since then creative runs on nospec, whose load (and so the
+        # low-load baseline) moved with it (a fresh-clone run settled at 0.81 after the decider
+        # read it above 1.0)
         creative = by_hand[("creative", "high", "low", "spec-k4")]
-        assert creative[0] > 1.0 and creative[1] >= MIN_SAMPLES and creative[2] >= 2, creative
+        assert creative[1] >= MIN_SAMPLES and creative[2] >= 2, creative
         code = by_hand[code_key]
         assert code[0] < 1.0 and code[2] >= 2, code
         want = expected(queries, by_hand)
