@@ -253,7 +253,7 @@ class SpecguardPolicy:
         """``guard.decider: planner``: the fleet plan's pool and reason per class (task type,
         temperature bucket), for every load bucket of it."""
         records = self.stats.records(since=now - self.policy.window_seconds)
-        planned, self.last_plan = planfeed.decide(
+        found = planfeed.decide(
             records,
             self.states,
             evidence,
@@ -263,7 +263,8 @@ class SpecguardPolicy:
             self.router.replicas(),
             self.profile,
         )
-        return planned
+        self.last_plan = found.plan or found.reason
+        return found.planned
 
     def spread(self, evidence: Mapping[evidence_mod.ClassKey, evidence_mod.Evidence], now: float) -> None:
         """``guard.spread``: each class over the pools where its TPOT is lowest at the loads now."""

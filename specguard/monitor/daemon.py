@@ -30,7 +30,7 @@ from specguard.monitor.actuators import Actuator
 from specguard.monitor.fleet import FleetRoles, NotLeader, Takeover
 from specguard.monitor.guard_metrics import GuardCounters, GuardView
 from specguard.monitor.sources import EvidenceSource, LocalSource, PromQLSource, merge
-from specguard.rules import bestpool, evaluation, guard, planfeed, probes
+from specguard.rules import bestpool, desired, evaluation, guard, planfeed, probes
 from specguard.rules import policy as policy_mod
 from specguard.rules import spread as spread_mod
 from specguard.rules.evidence import AlertBook, AlertRecord, ClassKey, Evidence, alerts_by_class
@@ -116,6 +116,8 @@ class Guard(FleetRoles):
         self.spread: dict[ClassKey, dict[str, float]] = {}  # the latest units, for /status
         self.pool_replicas = pool_replicas  # the router's replicas per pool (the planner's capacity)
         self.last_plan: Any = None  # guard.decider: planner: the latest plan or why none, for /status
+        self.sizer: desired.Sizer | None = None  # guard.scaling: desired replicas per pool
+        self.desired_replicas: dict[str, int] = {}
         self.probes: dict[ClassKey, probes.Probe] = {}  # the latest, for /status
         self.routing_status = routing_status  # pool health and failovers, for /status
         self.restore_alerts = restore_alerts  # Alertmanager's active alerts, read at start-up
@@ -297,10 +299,18 @@ class Guard(FleetRoles):
             self.last_plan = "no local window (the planner reads the tap's own requests)"
             return {}
         replicas = {**(self.pool_replicas() if self.pool_replicas is not None else {}), **self.replicas}
-        planned, self.last_plan = local.plan(dict(self.states), evidence, now, replicas)
-        if isinstance(self.last_plan, str):
-            log.info("planner: no plan this evaluation (%s)", self.last_plan)
-        return planned
+        found = local.plan(dict(self.states), evidence, now, replicas)
+        self.last_plan = found.plan or found.reason
+        if found.plan is None:
+            log.info("planner: no plan this evaluation (%s)", found.reason)
+        scaling = self.policy.scaling
+        if scaling is None:
+            self.sizer, self.desired_replicas = None, {}
+        elif found.plan is not None and found.input is not None:  # else the last sizes stand
+            if self.sizer is None or self.sizer.scaling != scaling:
+                self.sizer = desired.Sizer(scaling)
+            self.desired_replicas = self.sizer.desired(found.input, found.plan, now)
+        return found.planned
 
     def _spread(self, evidence: dict[ClassKey, Evidence], now: float) -> routing.Spread | None:
         """The router's spread for ``guard.spread`` (None: off, or no step-cost fit this round)."""
@@ -533,6 +543,7 @@ class Guard(FleetRoles):
             plan_age_seconds=self.plan_age(self.clock()),
             leader=None if self.follow is not None else self.is_leader,
             last_evaluation_seconds=self.last_evaluation_seconds,
+            desired_replicas=self.desired_replicas if self.follow is None and self.is_leader else {},
         )
 
     def status(self, decisions: int = 50) -> dict[str, Any]:

@@ -182,14 +182,18 @@ def document(g: StatusSource, decisions: int = 50) -> dict[str, Any]:
         "baselines": g.baseline_report() if g.baseline_report is not None else None,
         "holdout": g.holdout_report() if g.holdout_report is not None else None,
         "schedule": g.schedule_report() if g.schedule_report is not None else None,
-        "planner": _plan(getattr(g, "last_plan", None)) if g.policy.decider == "planner" else None,
+        "planner": _plan(getattr(g, "last_plan", None), getattr(g, "desired_replicas", {}))
+        if g.policy.decider == "planner"
+        else None,
     }
 
 
-def _plan(plan: Any) -> dict[str, Any]:
-    """``guard.decider: planner``: the latest plan's moves and what it is worth, or why there is none."""
+def _plan(plan: Any, desired: Mapping[str, int]) -> dict[str, Any]:
+    """``guard.decider: planner``: the latest plan's moves and what it is worth, or why there is
+    none; and the desired replicas per pool (``guard.scaling``)."""
+    sizes = dict(desired) or None
     if plan is None or isinstance(plan, str):
-        return {"plan": None, "reason": plan or "not evaluated yet"}
+        return {"plan": None, "reason": plan or "not evaluated yet", "desired_replicas": sizes}
     return {
         "plan": {"/".join(key[:2]): pool for key, pool in sorted(plan.pools.items())},
         "moves": {"/".join(key[:2]): pool for key, pool in sorted(plan.moves.items())},
@@ -197,4 +201,5 @@ def _plan(plan: Any) -> dict[str, Any]:
         "tokens_per_second_now": plan.tokens_now,
         "benefit_lower": plan.benefit_lower,
         "proven_optimal": all(plan.exact.values()) if plan.exact else False,
+        "desired_replicas": sizes,
     }

@@ -118,7 +118,7 @@ class LocalSource:
         from specguard.rules import planfeed
 
         if self.policy is None:
-            return {}, "no policy"
+            return planfeed.Decided({}, reason="no policy")
         records = self._stats.records(since=now - self._window)
         return planfeed.decide(
             records, states, evidence, now, self.policy, self._settings, replicas, self._profile

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from specguard.errors import InputError
 from specguard.exporters.records import RequestRecord
@@ -178,6 +179,17 @@ Planned = dict[tuple[str, str], tuple[str, str]]
 """Per class (task type, temperature bucket): the plan's pool and why, what ``guard.step`` takes."""
 
 
+@dataclass(frozen=True)
+class Decided:
+    """One evaluation's fleet plan: per class as ``guard.step`` takes it, the plan and its input
+    (what ``rules.desired`` sizes the pools from), or why there is none (then nothing is planned)."""
+
+    planned: Planned
+    plan: planner.Plan | None = None
+    input: planner.PlanInput | None = None
+    reason: str = ""
+
+
 def decide(
     records: Sequence[RequestRecord],
     states: Mapping[ClassKey, ClassState],
@@ -187,18 +199,17 @@ def decide(
     settings: CostSettings,
     replicas: Mapping[str, int],
     profile: profile_mod.Profile | None = None,
-) -> tuple[Planned, planner.Plan | str]:
-    """The fleet plan for ``guard.decider: planner`` as ``guard.step`` takes it, and the plan (or why
-    there is none: then no class is planned, and the guard's gates stand)."""
+) -> Decided:
+    """The fleet plan for ``guard.decider: planner`` (fails safe: no plan, and why)."""
     found = build(records, states, evidence, now, policy, settings, replicas, profile)
     if isinstance(found, str):
-        return {}, found
+        return Decided({}, reason=found)
     try:
         plan = planner.plan(found)
-    except InputError as exc:  # fail safe: no plan this evaluation
-        return {}, str(exc)
+    except InputError as exc:
+        return Decided({}, reason=str(exc))
     out: Planned = {}
     for key, pool in plan.pools.items():  # a bucket of the class on another pool joins the rest
         why = plan.reasons[key]
         out[key[:2]] = (pool, why if why.startswith("move") else f"the class's plan is {pool} ({why})")
-    return out, plan
+    return Decided(out, plan, found)

@@ -189,8 +189,8 @@ def _model(inp: PlanInput, bucket: str, keys: list[ClassKey]) -> _Bucket:
     for key in keys:
         i = index[inp.current[key]]
         cells = _cells(inp, key)
-        shift = [_shift(inp, key, pool, load) for pool in inp.pools]
-        point = {j: e.rc * shift[j] for j, e in enumerate(cells.values()) if e and _positive(e.rc)}
+        shifts = [shift(inp, key, pool, load) for pool in inp.pools]
+        point = {j: e.rc * shifts[j] for j, e in enumerate(cells.values()) if e and _positive(e.rc)}
         own = cells[names[i]]
         demand = inp.demand[key].in_flight
         why = ""
@@ -200,7 +200,7 @@ def _model(inp: PlanInput, bucket: str, keys: list[ClassKey]) -> _Bucket:
             why = "stays: no requests in flight at this load"
         elif not usable(own, inp.min_samples):
             why = "stays: the evidence on its own pool is too thin for any move"
-        point.setdefault(i, shift[i])  # nothing known there: charged as its pool's step, its load counted
+        point.setdefault(i, shifts[i])  # nothing known there: charged as its pool's step, its load counted
         stay = (i, point[i], 0.0)
         opts = [stay]
         if not why:
@@ -210,7 +210,7 @@ def _model(inp: PlanInput, bucket: str, keys: list[ClassKey]) -> _Bucket:
                 # any pool with evidence enough, charged its worst case: a move for the fleet's
                 # sake (off a loaded pool, onto idle replicas) is the plan's to make
                 if j != i and usable(e, inp.min_samples):
-                    opts.append((j, e.upper * shift[j], penalty))  # type: ignore[union-attr]
+                    opts.append((j, e.upper * shifts[j], penalty))  # type: ignore[union-attr]
             if len(opts) == 1:
                 why = "stays: no other pool has evidence enough to move it to"
         slo = inp.demand[key].slo_seconds or inp.slo_factor * never
@@ -237,7 +237,7 @@ def _option_on(problem: plansearch.Problem, c: int, pools: set[int]) -> int:
     return next((o for o, (j, _, _) in enumerate(problem.options[c]) if j in pools), 0)
 
 
-def _shift(inp: PlanInput, key: ClassKey, pool: Pool, load: float) -> float:
+def shift(inp: PlanInput, key: ClassKey, pool: Pool, load: float) -> float:
     """``T_0(L) / T_p(L)`` at the load ``L`` the cell was measured at: rc there -> the unit of ``T_p(B)``."""
     at = inp.measured_at.get((key, pool.name), load)
     base, step = inp.step.predict(at, 0), inp.step.predict(at, pool.k)

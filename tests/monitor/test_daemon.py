@@ -588,4 +588,33 @@ async def test_guard_planner_without_a_local_window_plans_nothing_and_says_why()
     assert guard.status()["planner"] == {
         "plan": None,
         "reason": "no local window (the planner reads the tap's own requests)",
+        "desired_replicas": None,
     }
+
+
+@pytest.mark.parametrize("scaling", [None, policy_mod.Scaling(target_in_flight=0.02, start_delay_seconds=0)])
+async def test_guard_scaling_exports_each_pools_desired_replicas(scaling):
+    from specguard.rules import desired, planfeed
+    from tests.rules.test_planfeed import SETTINGS, window
+
+    clock, source = Clock(), PlanSource()
+    router = Router(POOLS, default_pool="spec-k4", nospec_pool="nospec")
+    policy = replace(PLANNER, scaling=scaling)
+    guard = daemon.Guard(policy, sources=[source], clock=clock, pool_replicas=router.replicas)
+    registry = CollectorRegistry()
+    registry.register(GuardCollector(guard.counters, guard.view))
+    now = clock.now
+    await run_rounds(guard, clock, 1)
+    exported = {
+        p.name: registry.get_sample_value("specguard_pool_desired_replicas", {"pool": p.name}) for p in POOLS
+    }
+    if scaling is None:
+        assert set(exported.values()) == {None} and guard.status()["planner"]["desired_replicas"] is None
+        return
+    # what rules.desired makes of the plan the guard made (the same window, evidence and replicas)
+    evidence = {CODE_HIGH: (await source.collect(now, []))[CODE_HIGH]}
+    found = planfeed.decide(window(now), {}, evidence, now, policy, SETTINGS, router.replicas())
+    want = desired.Sizer(scaling).desired(found.input, found.plan, now)
+    assert exported == {pool: float(n) for pool, n in want.items()}
+    assert all(n >= 1 for n in want.values()) and max(want.values()) > 1  # a small target: some pool grows
+    assert guard.status()["planner"]["desired_replicas"] == want
