@@ -46,6 +46,7 @@ class Clock:
 
 
 def make_guard(tmp_path, source, clock, policy=POLICY):
+    """A guard acting on a router (whose replicas the planner reads), with a plan file and audit log."""
     router = Router(POOLS, default_pool="spec-k4", nospec_pool="nospec")
     guard = daemon.Guard(
         policy,
@@ -56,6 +57,7 @@ def make_guard(tmp_path, source, clock, policy=POLICY):
         clock=clock,
         temperature_buckets=["greedy", "high"],
         load_buckets=["low", "high"],
+        pool_replicas=router.replicas,
     )
     return guard, router
 
@@ -558,15 +560,7 @@ PLANNER = replace(POLICY, decider="planner")
 
 async def test_guard_planner_moves_what_the_fleet_plan_moves_and_status_shows_the_plan(tmp_path):
     clock, source = Clock(), PlanSource()
-    router = Router(POOLS, default_pool="spec-k4", nospec_pool="nospec")
-    guard = daemon.Guard(
-        PLANNER,
-        sources=[source],
-        actuators=[RouterActuator(router)],
-        audit=audit_mod.AuditLog(tmp_path / "audit.jsonl"),
-        clock=clock,
-        pool_replicas=router.replicas,
-    )
+    guard, router = make_guard(tmp_path, source, clock, PLANNER)
     (decision,) = [d for d in await run_rounds(guard, clock, 1) if d.changes_plan]
     assert (decision.key, decision.to_pool, decision.cause) == (CODE_HIGH, "nospec", "planner")
     assert router.plan()[CODE_HIGH] == "nospec"
@@ -593,14 +587,13 @@ async def test_guard_planner_without_a_local_window_plans_nothing_and_says_why()
 
 
 @pytest.mark.parametrize("scaling", [None, policy_mod.Scaling(target_in_flight=0.02, start_delay_seconds=0)])
-async def test_guard_scaling_exports_each_pools_desired_replicas(scaling):
+async def test_guard_scaling_exports_each_pools_desired_replicas(tmp_path, scaling):
     from specguard.rules import desired, planfeed
     from tests.rules.test_planfeed import SETTINGS, window
 
     clock, source = Clock(), PlanSource()
-    router = Router(POOLS, default_pool="spec-k4", nospec_pool="nospec")
     policy = replace(PLANNER, scaling=scaling)
-    guard = daemon.Guard(policy, sources=[source], clock=clock, pool_replicas=router.replicas)
+    guard, router = make_guard(tmp_path, source, clock, policy)
     registry = CollectorRegistry()
     registry.register(GuardCollector(guard.counters, guard.view))
     now = clock.now
