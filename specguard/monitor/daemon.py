@@ -299,7 +299,12 @@ class Guard(FleetRoles):
             self.last_plan = "no local window (the planner reads the tap's own requests)"
             return {}
         replicas = {**(self.pool_replicas() if self.pool_replicas is not None else {}), **self.replicas}
-        found = local.plan(dict(self.states), evidence, now, replicas)
+        try:
+            found = local.plan(dict(self.states), evidence, now, replicas)
+        except Exception as exc:  # a bug in planning must not stop the watch rules: no plan this round
+            log.exception("planner: failed")
+            self.last_plan = f"planner failed: {type(exc).__name__}: {exc}"
+            return {}
         self.last_plan = found.plan or found.reason
         if found.plan is None:
             log.info("planner: no plan this evaluation (%s)", found.reason)
@@ -318,13 +323,18 @@ class Guard(FleetRoles):
         if not self.policy.spread or local is None:
             self.spread = {}
             return None
-        found = local.spread_model(now)
-        if isinstance(found, str):
-            log.info("spread: none this evaluation (%s)", found)
+        try:
+            found = local.spread_model(now)
+            if isinstance(found, str):
+                log.info("spread: none this evaluation (%s)", found)
+                self.spread = {}
+                return None
+            self.spread = spread_mod.units(dict(self.states), evidence, now, self.policy, found)
+        except Exception:  # a bug in the spread must not stop the guard: requests follow the plan
+            log.exception("spread: failed")
             self.spread = {}
             return None
         ks = dict(self.policy.pools)
-        self.spread = spread_mod.units(dict(self.states), evidence, now, self.policy, found)
         return routing.Spread(self.spread, lambda pool, load: found.step(ks.get(pool, 0), load))
 
     def _rankings(

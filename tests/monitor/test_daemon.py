@@ -611,3 +611,24 @@ async def test_guard_scaling_exports_each_pools_desired_replicas(tmp_path, scali
     assert exported == {pool: float(n) for pool, n in want.items()}
     assert all(n >= 1 for n in want.values()) and max(want.values()) > 1  # a small target: some pool grows
     assert guard.status()["planner"]["desired_replicas"] == want
+
+
+class BrokenPlanSource(PlanSource):
+    def plan(self, states, evidence, now, replicas):
+        raise ZeroDivisionError("a bug")
+
+    def spread_model(self, now):
+        raise ZeroDivisionError("another bug")
+
+
+async def test_a_failing_planner_or_spread_leaves_the_watch_rules_acting(tmp_path):
+    clock = Clock()
+    guard, router = make_guard(tmp_path, BrokenPlanSource(), clock, replace(PLANNER, spread=True))
+    guard.set_spread = router.set_spread
+    decisions = await run_rounds(guard, clock, 2)
+    # code at rc 2.5: the relative-cost rule moves it off speculation, as without a planner
+    assert [(d.key, d.to_pool, d.cause) for d in decisions if d.changes_plan] == [
+        (CODE_HIGH, "nospec", "relative-cost")
+    ]
+    assert guard.status()["planner"]["reason"] == "planner failed: ZeroDivisionError: a bug"
+    assert guard.spread == {} and router.choose("code", "greedy", lambda pool: "high").pool == "nospec"
