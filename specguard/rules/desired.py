@@ -20,7 +20,7 @@ RC rises with load. So each pool is sized for the classes the plan puts on it:
 
 ``desired_p = clamp(ceil(W_p / t_p), min_replicas, max_replicas)``: exported as
 ``specguard_pool_desired_replicas{pool}`` for an HPA or KEDA to scale each pool's Deployment on
-(``deploy/kubernetes/keda-desired-replicas.yaml``). Values in, numbers out; the history of demand
+(``deploy/kubernetes/autoscaling``). Values in, numbers out; the history of demand
 is the caller's (``Sizer``).
 """
 
@@ -43,11 +43,11 @@ def crossover(unit: float, k: int, step: StepFit, cap: float) -> float:
     def pays(load: float) -> bool:
         return unit * step.predict(load, k) <= step.predict(load, 0)
 
-    if not pays(1.0):
+    low, high = min(1.0, cap), cap  # one request a replica: the lightest load a pool runs at
+    if not pays(low):
         return 0.0
-    if pays(cap):
-        return cap
-    low, high = 1.0, cap
+    if pays(high):
+        return high
     for _ in range(BISECTIONS):
         mid = (low + high) / 2
         low, high = (mid, high) if pays(mid) else (low, mid)
