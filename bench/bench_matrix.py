@@ -17,9 +17,12 @@ phase of each figure and the targets.
 
     flock /tmp/specguard-bench.lock python3 bench/bench_matrix.py [--quick] [--jobs 2]
         [--scenarios a,b] [--worlds a,b] [--seeds 0,1,2] [--profiles fresh,none,stale]
-        [--fleet-shape fixed|autoscaled|fluid] [--replicas 3xK4+1xnospec] [--fleet N] [--json]
+        [--fleet-shape fixed|autoscaled|fluid] [--replicas 3xK4+1xnospec] [--fleet N]
+        [--decider per-class|planner] [--spread] [--json]
     python3 bench/bench_matrix.py --render bench/results/matrix-fixed.json  # the docs' markdown
     python3 bench/bench_matrix.py --render bench/results/matrix-fixed.json --into docs/benchmarks.md
+    cd bench/results && python3 ../bench_matrix.py --compare matrix-fixed.json:matrix-fixed-spread.json \
+        [...] --into ../../docs/planner.md  # the shipped runs against those with guard.spread
 
 ``--quick``: two scenarios (shortened to 150 s) in two worlds, seed 0 (what the test runs).
 ``--json`` prints every run and the summary; the release's run of each fleet shape is kept in
@@ -30,6 +33,7 @@ docs/benchmarks.md (and, for fixed pools, README.md) carry (a test checks they s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import statistics
@@ -92,6 +96,11 @@ def run(spec: dict) -> dict:
         shape=spec.get("shape", shapes.FIXED),
         replicas=spec.get("replicas"),
     )
+    if spec.get("decider", "per-class") != "per-class" or spec.get("spread"):  # not the defaults yet
+        policy = dataclasses.replace(
+            setup.policy, decider=spec.get("decider", "per-class"), spread=spec.get("spread", False)
+        )
+        setup = dataclasses.replace(setup, policy=policy)
     rows, realised = {}, {}
     variants = {"fresh": ("specguard", spec["profile"]), "none": ("specguard_no_profile", None)}
     variants["stale"] = ("specguard_stale_profile", spec["stale_profile"])
@@ -108,6 +117,8 @@ def run(spec: dict) -> dict:
         "world": spec["world"],
         "seed": spec["seed"],
         "fleet_shape": setup.fleet_shape.kind,
+        "decider": setup.policy.decider,
+        "spread": setup.policy.spread,
         "engines": setup.fleet,
         "vs_oracle": r["specguard_vs_oracle_throughput"],
         "worst_phase_vs_oracle": min(x for x in summary.phase_ratios(sg, oracle) if x is not None),
@@ -344,6 +355,37 @@ def render(result: dict) -> dict[str, str]:
     }
 
 
+def compare(pairs: list[tuple[dict, dict]]) -> str:
+    """A table of the same matrix run twice per fleet shape (``(shipped, other)`` results): mean and
+    worst throughput over the oracle, runs with a phase below never-speculate, throughput over the
+    best in-engine K schedule and the worst TPOT p99 over the oracle's."""
+    lines = [
+        "| fleet shape | runs | mean / oracle | worst run / oracle | runs with a phase below never-speculate "
+        "| mean / best in-engine schedule | worst TPOT p99 / oracle's |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for base, other in pairs:
+        a, b = base["summary"], other["summary"]
+        if (a["fleet_shape"], a["runs"]) != (b["fleet_shape"], b["runs"]):
+            raise ValueError(
+                f"not the same matrix: {a['fleet_shape']}/{a['runs']} vs {b['fleet_shape']}/{b['runs']}"
+            )
+        below = (a["targets"]["runs below each goal"], b["targets"]["runs below each goal"])
+        never = "worst phase < never"
+
+        def pair(x: float, y: float, digits: int = 3) -> str:
+            return f"{x:.{digits}f} → **{y:.{digits}f}**"
+
+        lines.append(
+            f"| {a['fleet_shape']} | {a['runs']} | {pair(a['vs_oracle']['mean'], b['vs_oracle']['mean'])} | "
+            f"{pair(a['vs_oracle']['worst'], b['vs_oracle']['worst'])} | "
+            f"{below[0][never]} → **{below[1][never]}** | "
+            f"{pair(a['vs_best_in_engine_schedule']['mean'], b['vs_best_in_engine_schedule']['mean'])} | "
+            f"{pair(a['tpot_p99_vs_oracle']['worst'], b['tpot_p99_vs_oracle']['worst'], 2)} |"
+        )
+    return "\n".join(lines)
+
+
 def fill(doc: str, name: str, pieces: dict[str, str]) -> str:
     """``doc`` with each ``<!-- matrix:NAME:PIECE -->`` ... ``<!-- /matrix -->`` block holding its
     piece of ``--render`` (the blocks that are there; a piece without a block is left out)."""
@@ -365,10 +407,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fleet-shape", choices=shapes.KINDS, default=shapes.FIXED)
     parser.add_argument("--replicas", default=None, help="fixed: POOL=N,... or a named fleet (lab.shapes)")
     parser.add_argument("--fleet", type=int, default=None, help="engines: fluid fleet or autoscaled budget")
+    parser.add_argument("--decider", choices=("per-class", "planner"), default="per-class")
+    parser.add_argument(
+        "--spread", action="store_true", help="guard.spread: each request to the pool cheapest for it now"
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--render", metavar="FILE", help="print the docs' markdown for a --json result")
     parser.add_argument("--into", metavar="DOC", help="with --render: write it into DOC's matrix blocks")
+    parser.add_argument(
+        "--compare",
+        nargs="+",
+        metavar="SHIPPED:OTHER",
+        help="print the table comparing pairs of --json results (with --into DOC: its spread:compare block)",
+    )
     args = parser.parse_args(argv)
+    if args.compare:
+        pairs = [tuple(json.loads(Path(f).read_text()) for f in pair.split(":")) for pair in args.compare]
+        text = compare(pairs)  # type: ignore[arg-type]
+        if args.into:
+            doc = Path(args.into)
+            doc.write_text(fill(doc.read_text(), "spread", {"compare": text}))
+        else:
+            print(text)
+        return 0
     if args.render and args.into:
         doc = Path(args.into)
         pieces = render(json.loads(Path(args.render).read_text()))
@@ -417,6 +478,8 @@ def main(argv: list[str] | None = None) -> int:
                 "shape": args.fleet_shape,
                 "replicas": args.replicas,
                 "profiles": profiles,
+                "decider": args.decider,
+                "spread": args.spread,
                 "profile": fresh[(world, seed)],
                 "stale_profile": fresh.get((STALE_WORLD.get(world, "k4-dominates"), seed)),
             }

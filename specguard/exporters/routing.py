@@ -44,13 +44,26 @@ HOLDOUT_MODES = (HOLDOUT_SHARE, HOLDOUT_CAPACITY_MATCHED, HOLDOUT_MATCHED_ON_DEM
 
 
 ROUTE_FAILOVER = "failover"
+ROUTE_SPREAD = "spread"
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Per class and load bucket (a plan key): the pools a request of it may join, each with its
+    TPOT per second of that pool's step (``unit``: RC carried to the pool's step, measured at that
+    load bucket), and each pool's step time at a load per replica. A request of such a class joins
+    the pool where its TPOT would be lowest at the loads now, each pool read at the load bucket the
+    request would join it in: a class heavier than its pool's replicas spills onto the others."""
+
+    units: Mapping[PlanKey, Mapping[str, float]]
+    step: Callable[[str, float], float]
 
 
 @dataclass(frozen=True)
 class RouteChoice:
     pool: str
-    route: str  # "plan" (plan entry or default pool), "holdout", "probe" or "failover"
-    planned: str = ""  # for "failover": the pool the plan chose (down or failed to connect)
+    route: str  # "plan" (plan entry or default pool), "holdout", "probe", "spread" or "failover"
+    planned: str = ""  # for "failover" and "spread": the pool the plan chose
 
 
 class Router:
@@ -82,6 +95,7 @@ class Router:
         self.health = health  # None: every pool is taken as serving (no failover)
         self._preferences: dict[PlanKey, tuple[str, ...]] = {}
         self._probes: dict[PlanKey, tuple[str, float]] = {}
+        self._spread: Spread | None = None
         self._replicas = {p.name: max(1, int(p.replicas)) for p in pools}
         self.holdout_mode = HOLDOUT_SHARE
         self.set_holdout_mode(holdout_mode)
@@ -147,6 +161,37 @@ class Router:
 
     def probes(self) -> dict[PlanKey, tuple[str, float]]:
         return dict(self._probes)
+
+    def set_spread(self, spread: Spread | None) -> None:
+        """The classes spread over pools by their TPOT at the loads now (None: the plan alone)."""
+        if spread is not None:
+            unknown = sorted({p for units in spread.units.values() for p in units if p not in self._pools})
+            if unknown:
+                raise InputError(f"spread names pools that are not configured: {', '.join(unknown)}")
+        self._spread = spread
+
+    def _spread_to(
+        self, task_type: str, temperature_bucket: str, target: str, load_bucket_of, load_of
+    ) -> str:
+        """The pool where the class's TPOT is lowest at the loads now, each read at the load bucket
+        the request would join it in (``target`` on a tie, or where its own cell is unknown)."""
+        if self._spread is None or load_of is None:
+            return target
+
+        def tpot(pool: str) -> float | None:
+            unit = self._spread.units.get((task_type, temperature_bucket, load_bucket_of(pool)), {}).get(pool)  # type: ignore[union-attr]
+            return None if unit is None else unit * self._spread.step(pool, load_of(pool))  # type: ignore[union-attr]
+
+        cost = tpot(target)
+        if cost is None:
+            return target
+        best = target
+        for pool in self._pools:
+            if pool != target and self.serving(pool):
+                here = tpot(pool)
+                if here is not None and here < cost:
+                    best, cost = pool, here
+        return best
 
     def probe_for(
         self, task_type: str, temperature_bucket: str, load_bucket_of: Callable[[str], str], target: str
@@ -265,7 +310,10 @@ class Router:
         """Pool for one request. ``load_bucket_of(pool)`` gives the pool's live load bucket and
         ``load_of(pool)`` its in-flight requests per replica if the request joined it (needed by
         capacity-matched holdout; without it that mode holds nothing out)."""
-        target = self.planned(task_type, temperature_bucket, load_bucket_of)
+        planned = self.planned(task_type, temperature_bucket, load_bucket_of)
+        target = self._spread_to(task_type, temperature_bucket, planned, load_bucket_of, load_of)
+        if target != planned:
+            return RouteChoice(target, ROUTE_SPREAD, planned)
         if self.holdout_mode == HOLDOUT_CAPACITY_MATCHED or (
             self.holdout_mode == HOLDOUT_MATCHED_ON_DEMAND
             and self._matched_buckets

@@ -24,9 +24,10 @@ from specguard.rules import cost as cost_mod
 from specguard.rules import evidence as evidence_mod
 from specguard.rules import guard as guard_mod
 from specguard.rules import holdout as holdout_mod
+from specguard.rules import planfeed, planner, probes
 from specguard.rules import policy as policy_mod
 from specguard.rules import prior as prior_mod
-from specguard.rules import probes
+from specguard.rules import spread as spread_mod
 from specguard.rules.cost_config import CostSettings
 
 Split = tuple[tuple[str, float], ...]  # (pool, share) pairs, shares summing to 1
@@ -181,6 +182,7 @@ class SpecguardPolicy:
         self.last_costs: list[cost_mod.ClassCost] = []
         self.choices: Choices = {}  # every request's route by its key (the oracle replays them)
         self.on_tick = None  # optional callback(now, costs, changed decisions) for live display
+        self.last_plan: planner.Plan | str | None = None  # guard.decider: planner
 
     @property
     def tick_seconds(self) -> float:
@@ -229,11 +231,13 @@ class SpecguardPolicy:
         self.clock.now = now
         self.evaluations += 1
         costs, evidence = self.collect(now)
+        planned = self.plan_fleet(evidence, now) if self.policy.decider == "planner" else {}
+        self.spread(evidence, now)
         changed = []
         for key in sorted(set(evidence) | set(self.states)):
             state = self.states.get(key) or guard_mod.initial_state(key, self.policy)
             found = evidence.get(key, evidence_mod.Evidence())
-            state, decision = guard_mod.step(state, found, now, self.policy)
+            state, decision = guard_mod.step(state, found, now, self.policy, planned.get(key[:2]))
             self.states[key] = state
             if decision.changes_plan:
                 changed.append(_explained(decision, found))
@@ -242,6 +246,37 @@ class SpecguardPolicy:
         if self.on_tick is not None:
             self.on_tick(now, costs, changed)
         return changed
+
+    def plan_fleet(
+        self, evidence: Mapping[evidence_mod.ClassKey, evidence_mod.Evidence], now: float
+    ) -> dict[tuple[str, str], tuple[str, str]]:
+        """``guard.decider: planner``: the fleet plan's pool and reason per class (task type,
+        temperature bucket), for every load bucket of it."""
+        records = self.stats.records(since=now - self.policy.window_seconds)
+        found = planfeed.decide(
+            records,
+            self.states,
+            evidence,
+            now,
+            self.policy,
+            self.settings,
+            self.router.replicas(),
+            self.profile,
+        )
+        self.last_plan = found.plan or found.reason
+        return found.planned
+
+    def spread(self, evidence: Mapping[evidence_mod.ClassKey, evidence_mod.Evidence], now: float) -> None:
+        """``guard.spread``: each class over the pools where its TPOT is lowest at the loads now."""
+        if not self.policy.spread:
+            return
+        records = self.stats.records(since=now - self.policy.window_seconds)
+        found = spread_mod.model(records, self.policy, self.settings, self.profile)
+        if isinstance(found, str):
+            self.router.set_spread(None)
+            return
+        units = spread_mod.units(self.states, evidence, now, self.policy, found)
+        self.router.set_spread(routing.Spread(units, lambda pool, load: found.step(self.pools[pool], load)))
 
     def route(
         self, evidence: Mapping[evidence_mod.ClassKey, evidence_mod.Evidence], now: float, changed: bool

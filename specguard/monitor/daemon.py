@@ -16,12 +16,13 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from specguard.errors import InputError, SourceError
+from specguard.exporters import routing
 from specguard.monitor import audit as audit_mod
 from specguard.monitor import guard_status, persist
 from specguard.monitor import state as state_mod
@@ -29,8 +30,9 @@ from specguard.monitor.actuators import Actuator
 from specguard.monitor.fleet import FleetRoles, NotLeader, Takeover
 from specguard.monitor.guard_metrics import GuardCounters, GuardView
 from specguard.monitor.sources import EvidenceSource, LocalSource, PromQLSource, merge
-from specguard.rules import bestpool, evaluation, guard, probes
+from specguard.rules import bestpool, desired, evaluation, guard, planfeed, probes
 from specguard.rules import policy as policy_mod
+from specguard.rules import spread as spread_mod
 from specguard.rules.evidence import AlertBook, AlertRecord, ClassKey, Evidence, alerts_by_class
 
 log = logging.getLogger("specguard.guard")
@@ -89,6 +91,8 @@ class Guard(FleetRoles):
         replica_counts: Any = None,
         set_probes: Callable[[dict[ClassKey, tuple[str, float]]], None] | None = None,
         probe_share: float = 0.0,
+        set_spread: Callable[[routing.Spread | None], None] | None = None,
+        pool_replicas: Callable[[], Mapping[str, int]] | None = None,
     ):
         self.policy = policy
         self.sources = list(sources)
@@ -108,6 +112,12 @@ class Guard(FleetRoles):
         self.preferences = preferences  # the router's failover order per class (cheapest first)
         self.set_probes = set_probes  # the router's probe pool and share per class off speculation
         self.probe_share = probe_share
+        self.set_spread = set_spread  # the router's spread (``guard.spread``), from the local window
+        self.spread: dict[ClassKey, dict[str, float]] = {}  # the latest units, for /status
+        self.pool_replicas = pool_replicas  # the router's replicas per pool (the planner's capacity)
+        self.last_plan: Any = None  # guard.decider: planner: the latest plan or why none, for /status
+        self.sizer: desired.Sizer | None = None  # guard.scaling: desired replicas per pool
+        self.desired_replicas: dict[str, int] = {}
         self.probes: dict[ClassKey, probes.Probe] = {}  # the latest, for /status
         self.routing_status = routing_status  # pool health and failovers, for /status
         self.restore_alerts = restore_alerts  # Alertmanager's active alerts, read at start-up
@@ -243,8 +253,19 @@ class Guard(FleetRoles):
             keys = set(self.states) | set(self.configured_keys if not self.policy.local else ())
             keys |= set(alerted)  # alerts name unseen classes too
             evidence, error = await self._collect(now, sorted(keys))
+            planned = {}
+            if self.policy.decider == "planner" and error is None:
+                planned = await asyncio.to_thread(self._plan, evidence, now)
             stepped = await asyncio.to_thread(
-                evaluation.step_all, self.policy, dict(self.states), keys, evidence, alerts, error, now
+                evaluation.step_all,
+                self.policy,
+                dict(self.states),
+                keys,
+                evidence,
+                alerts,
+                error,
+                now,
+                planned,
             )
             decisions: list[guard.Decision] = []
             for key, new, decision in stepped:
@@ -262,11 +283,59 @@ class Guard(FleetRoles):
                 )
                 if self.set_probes is not None:
                     self.set_probes({key: (p.pool, p.share) for key, p in self.probes.items()})
+                if self.set_spread is not None:
+                    self.set_spread(await asyncio.to_thread(self._spread, evidence, now))
             await self._count_replicas()
             await asyncio.shield(self._record(decisions))  # a timeout must not lose a taken decision
             self.last_evaluation = now
             self.last_evaluation_seconds = time.monotonic() - started
             return decisions
+
+    def _plan(self, evidence: dict[ClassKey, Evidence], now: float) -> planfeed.Planned:
+        """``guard.decider: planner``: the fleet plan from the local window (none: no class is
+        planned this round, and the guard's gates stand)."""
+        local = next((s for s in self.sources if hasattr(s, "plan")), None)  # LocalSource
+        if local is None:
+            self.last_plan = "no local window (the planner reads the tap's own requests)"
+            return {}
+        replicas = {**(self.pool_replicas() if self.pool_replicas is not None else {}), **self.replicas}
+        try:
+            found = local.plan(dict(self.states), evidence, now, replicas)
+        except Exception as exc:  # a bug in planning must not stop the watch rules: no plan this round
+            log.exception("planner: failed")
+            self.last_plan = f"planner failed: {type(exc).__name__}: {exc}"
+            return {}
+        self.last_plan = found.plan or found.reason
+        if found.plan is None:
+            log.info("planner: no plan this evaluation (%s)", found.reason)
+        scaling = self.policy.scaling
+        if scaling is None:
+            self.sizer, self.desired_replicas = None, {}
+        elif found.plan is not None and found.input is not None:  # else the last sizes stand
+            if self.sizer is None or self.sizer.scaling != scaling:
+                self.sizer = desired.Sizer(scaling)
+            self.desired_replicas = self.sizer.desired(found.input, found.plan, now)
+        return found.planned
+
+    def _spread(self, evidence: dict[ClassKey, Evidence], now: float) -> routing.Spread | None:
+        """The router's spread for ``guard.spread`` (None: off, or no step-cost fit this round)."""
+        local = next((s for s in self.sources if hasattr(s, "spread_model")), None)  # LocalSource
+        if not self.policy.spread or local is None:
+            self.spread = {}
+            return None
+        try:
+            found = local.spread_model(now)
+            if isinstance(found, str):
+                log.info("spread: none this evaluation (%s)", found)
+                self.spread = {}
+                return None
+            self.spread = spread_mod.units(dict(self.states), evidence, now, self.policy, found)
+        except Exception:  # a bug in the spread must not stop the guard: requests follow the plan
+            log.exception("spread: failed")
+            self.spread = {}
+            return None
+        ks = dict(self.policy.pools)
+        return routing.Spread(self.spread, lambda pool, load: found.step(ks.get(pool, 0), load))
 
     def _rankings(
         self, stepped: Sequence[tuple[ClassKey, guard.ClassState, guard.Decision]], evidence, now: float
@@ -484,6 +553,7 @@ class Guard(FleetRoles):
             plan_age_seconds=self.plan_age(self.clock()),
             leader=None if self.follow is not None else self.is_leader,
             last_evaluation_seconds=self.last_evaluation_seconds,
+            desired_replicas=self.desired_replicas if self.follow is None and self.is_leader else {},
         )
 
     def status(self, decisions: int = 50) -> dict[str, Any]:

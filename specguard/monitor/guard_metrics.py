@@ -69,11 +69,14 @@ class GuardView:
     """A decider's role: True when it decides, False on standby (None: a follower)."""
     last_evaluation_seconds: float | None = None
     """Wall time of the last deciding evaluation (PromQL queries included)."""
+    desired_replicas: Mapping[str, int] = field(default_factory=dict)
+    """``guard.scaling``: replicas each pool should have for the plan's traffic (``rules.desired``)."""
 
 
 PLAN_AGE_HELP = "Follower: seconds since its plan source (decider or ConfigMap) last confirmed its plan"
 LEADER_HELP = "Decider: 1 while it decides (leads, or no election), 0 on standby"
 DURATION_HELP = "Seconds the last deciding evaluation took (evidence queries included)"
+DESIRED_HELP = "Replicas the pool should have for the traffic the fleet plan puts on it (guard.scaling)"
 
 
 def _fleet(view: GuardView) -> Iterator:
@@ -90,6 +93,10 @@ def _fleet(view: GuardView) -> Iterator:
     if view.last_evaluation_seconds is not None:
         duration.add_metric([], view.last_evaluation_seconds)
     yield duration
+    wanted = GaugeMetricFamily("specguard_pool_desired_replicas", DESIRED_HELP, labels=["pool"])
+    for pool, count in sorted(view.desired_replicas.items()):
+        wanted.add_metric([pool], float(count))
+    yield wanted
 
 
 class GuardCollector(Collector):
@@ -127,6 +134,7 @@ class GuardCollector(Collector):
         yield GaugeMetricFamily("specguard_plan_age_seconds", PLAN_AGE_HELP)
         yield GaugeMetricFamily("specguard_guard_leader", LEADER_HELP)
         yield GaugeMetricFamily("specguard_last_evaluation_duration_seconds", DURATION_HELP)
+        yield GaugeMetricFamily("specguard_pool_desired_replicas", DESIRED_HELP)
         yield CounterMetricFamily("specguard_policy_reloads", "Policy reloads from the config file by result")
         yield CounterMetricFamily(
             "specguard_api_auth_failures",

@@ -52,6 +52,7 @@ def class_row(
     probe: Any = None,
     policy: policy_mod.Policy | None = None,
     load_order: Sequence[str] = (),
+    spread: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """One class: where it routes, why, what holds it there (the hold's kind, what it waits for and
     until when: ``rules.holds``), and its latest RC with the baseline source it used (on its pool,
@@ -83,6 +84,8 @@ def class_row(
         "rc": None if rc is None else _rc(rc, costs, load_order),
         # off speculation: where its probes go and how many (rules.probes, by expected cost)
         "probe": None if probe is None else _probe(probe),
+        # guard.spread: the pools a request of it may join, with its TPOT per second of each one's step
+        "spread": None if not spread else dict(sorted(spread.items())),
     }
 
 
@@ -129,10 +132,20 @@ def document(g: StatusSource, decisions: int = 50) -> dict[str, Any]:
     down = frozenset(p["pool"] for p in health if not p["healthy"])
     costs = g.cost_view() if g.cost_view is not None else ()
     probes = getattr(g, "probes", {})
+    spread = getattr(g, "spread", {})
     order = list(getattr(g, "load_buckets", ()))
     classes = [
         class_row(
-            key, st, g.last_decisions.get(key), g.policy.pools, down, costs, probes.get(key), g.policy, order
+            key,
+            st,
+            g.last_decisions.get(key),
+            g.policy.pools,
+            down,
+            costs,
+            probes.get(key),
+            g.policy,
+            order,
+            spread.get(key),
         )
         for key, st in sorted(g.states.items())
     ]
@@ -169,4 +182,24 @@ def document(g: StatusSource, decisions: int = 50) -> dict[str, Any]:
         "baselines": g.baseline_report() if g.baseline_report is not None else None,
         "holdout": g.holdout_report() if g.holdout_report is not None else None,
         "schedule": g.schedule_report() if g.schedule_report is not None else None,
+        "planner": _plan(getattr(g, "last_plan", None), getattr(g, "desired_replicas", {}))
+        if g.policy.decider == "planner"
+        else None,
+    }
+
+
+def _plan(plan: Any, desired: Mapping[str, int]) -> dict[str, Any]:
+    """``guard.decider: planner``: the latest plan's moves and what it is worth, or why there is
+    none; and the desired replicas per pool (``guard.scaling``)."""
+    sizes = dict(desired) or None
+    if plan is None or isinstance(plan, str):
+        return {"plan": None, "reason": plan or "not evaluated yet", "desired_replicas": sizes}
+    return {
+        "plan": {"/".join(key[:2]): pool for key, pool in sorted(plan.pools.items())},
+        "moves": {"/".join(key[:2]): pool for key, pool in sorted(plan.moves.items())},
+        "tokens_per_second": plan.tokens,
+        "tokens_per_second_now": plan.tokens_now,
+        "benefit_lower": plan.benefit_lower,
+        "proven_optimal": all(plan.exact.values()) if plan.exact else False,
+        "desired_replicas": sizes,
     }

@@ -203,6 +203,8 @@ def build(
         else None,
         preferences=monitor.router.set_preferences if acts.router else None,
         set_probes=monitor.router.set_probes if acts.router else None,
+        set_spread=monitor.router.set_spread if acts.router else None,
+        pool_replicas=monitor.router.replicas if acts.router else None,
         probe_share=ex.tap.probe_share,
         routing_status=getattr(getattr(monitor, "health", None), "status", None),
         replica_counts=counts,

@@ -113,6 +113,27 @@ class LocalSource:
         found = evidence_from_costs(costs, policy=self.policy, load_order=order)
         return with_prior(found, self._prior_for(self.policy))
 
+    def plan(self, states: Any, evidence: Any, now: float, replicas: Mapping[str, int]) -> Any:
+        """``guard.decider: planner``: the fleet plan from the window (``planfeed.decide``)."""
+        from specguard.rules import planfeed
+
+        if self.policy is None:
+            return planfeed.Decided({}, reason="no policy")
+        records = self._stats.records(since=now - self._window)
+        return planfeed.decide(
+            records, states, evidence, now, self.policy, self._settings, replicas, self._profile
+        )
+
+    def spread_model(self, now: float) -> Any:
+        """``guard.spread``: the step-cost fit and bucket loads of the window (``rules.spread``), or
+        why there is none."""
+        from specguard.rules import spread
+
+        if self.policy is None:
+            return "no policy"
+        records = self._stats.records(since=now - self._window)
+        return spread.model(records, self.policy, self._settings, self._profile)
+
     @property
     def has_prior(self) -> bool:
         """The policy takes the calibration profile's rc as evidence (``guard.prior: profile``)."""

@@ -7,7 +7,7 @@ function.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from specguard.rules import guard
@@ -23,14 +23,16 @@ def step_all(
     alerts: Sequence[AlertRecord],
     error: str | None,
     now: float,
+    planned: Mapping[tuple[str, str], tuple[str, str]] | None = None,
 ) -> list[tuple[ClassKey, guard.ClassState, guard.Decision]]:
-    """One evaluation of every class (pure: the daemon runs it in a worker thread)."""
+    """One evaluation of every class (pure: the daemon runs it in a worker thread); ``planned``:
+    the fleet plan per class (``guard.decider: planner``, ``planfeed.decide``)."""
     every = sorted(set(keys) | set(evidence))
     alerted = alerts_by_class(alerts, every)
     out = []
     for key in every:
         prior = states.get(key) or guard.initial_state(key, policy)
         found = replace(evidence.get(key, Evidence()), alerts=alerted.get(key, ()), error=error)
-        new, decision = guard.step(prior, found, now, policy)
+        new, decision = guard.step(prior, found, now, policy, (planned or {}).get(key[:2]))
         out.append((key, new, decision))
     return out

@@ -115,9 +115,16 @@ def _reset_counters(state: ClassState) -> ClassState:
 
 
 def step(
-    state: ClassState, evidence: Evidence, now: float, policy: policy_mod.Policy
+    state: ClassState,
+    evidence: Evidence,
+    now: float,
+    policy: policy_mod.Policy,
+    planned: tuple[str, str] | None = None,
 ) -> tuple[ClassState, Decision]:
-    """One evaluation of one class."""
+    """One evaluation of one class; ``planned``: the fleet plan's pool for it and why (``guard.decider:
+    planner``, ``rules.planner``), which then replaces the best-pool choice and the restore rule (a
+    class the plan does not cover, with no requests in decode yet, still gets the profile's warm
+    start)."""
 
     def decide(
         new: ClassState,
@@ -158,8 +165,12 @@ def step(
         if watching and (a := assess(r, state.pool, evidence, policy, restoring=False, load_bucket=lb))
     ]
     came_from = state.pending.from_pool if state.pending is not None else None
-    choice = bestpool.choose(state.pool, evidence, state.memory, now, policy, came_from, load_bucket=lb)
-    candidate = recover_candidate(state, evidence, policy)
+    planning = policy.decider == "planner"
+    choice = None
+    if not planning or planned is None:  # a class the plan does not cover yet: the profile's warm start
+        choice = bestpool.choose(state.pool, evidence, state.memory, now, policy, came_from, load_bucket=lb)
+        choice = choice if not planning or (choice is not None and choice.warm_start) else None
+    candidate = None if planning else recover_candidate(state, evidence, policy)
     if policy.best_pool and candidate and k_of(policy, state.pool) > 0:
         # between speculative pools: restore only towards the pool the best-pool choice favours
         candidate = candidate if choice is not None and choice.best.pool == candidate else None
@@ -280,6 +291,9 @@ def step(
         extra["cause"] = a.rule.name
         return _act(new, action, pool, cause, now, policy, decide, pending, extra)
 
+    if planning and planned is not None and planned[0] != state.pool and planned[0] in policy.pools:
+        return _planned(new, planned, now, policy, decide)
+
     # best pool: a cheaper pool by the margin, for more than the limit of evaluations in a row
     if choice is not None and (choice.warm_start or streak > policy.best_pool_consecutive_limit):
         limit = policy.best_pool_consecutive_limit
@@ -373,6 +387,17 @@ def step(
         a = next(a for a in recover_acting if a.phase is Phase.ACT)
         return decide(new, Phase.OK, f"staying on {state.pool}: {a.rule.name} on {a.pool}: {a.reason}")
     return decide(new, Phase.OK, "; ".join(a.reason for a in watch if not a.rule.dry_run) or "nothing to do")
+
+
+def _planned(new, planned, now, policy, decide):
+    """The fleet plan's move, through the same gates as any other (cooldown, cap, dry-run)."""
+    pool, why = planned
+    gate = timing.rate_gate(new, now, policy)
+    if gate is not None:
+        return decide(new, Phase.HOLD, f"planner: {why}; waiting: {gate}", hold=HOLD_RATE)
+    k, here = k_of(policy, pool), k_of(policy, new.pool)
+    action = "off" if k == 0 else "shorten" if k < here else "lengthen" if k > here else "restore"
+    return _act(new, action, pool, f"planner: {why}", now, policy, decide, None, {"cause": "planner"})
 
 
 def _restore_wait(rules: Mapping[str, RuleState], recover: list[Assessment], now: float) -> str | None:

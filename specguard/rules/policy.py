@@ -48,6 +48,7 @@ DIRECTIONS = ("above", "below")  # which side of the threshold is bad
 SAFE_STATES = ("last", "nospec", "default")
 PRIORS = ("none", "profile")
 HOLDOUT_MODES = ("matched_on_demand", "capacity_matched", "on_demand", "fixed")
+DECIDERS = ("per-class", "planner")
 TEMPLATE_VARIABLES = ("task_type", "temperature_bucket", "load_bucket", "pool", "window")
 _TEMPLATE = re.compile(r"{{\s*([A-Za-z_][A-Za-z0-9_]*)\s*}}")
 
@@ -121,6 +122,20 @@ class AlertsPolicy:
 
 
 @dataclass(frozen=True)
+class Scaling:
+    """``guard.scaling``: desired replicas per pool for an autoscaled fleet (``rules.desired``)."""
+
+    target_in_flight: float = 16.0
+    """Requests in flight per replica a pool is sized at where speculation does not set a lower one
+    (the no-spec pool's, and the HPA target an in-flight autoscaler would use)."""
+    start_delay_seconds: float = 120.0
+    """How long a new replica takes to serve: a pool scales up only for demand that has lasted this long."""
+    min_replicas: int = 1
+    max_replicas: int = 0
+    """0: no cap."""
+
+
+@dataclass(frozen=True)
 class Policy:
     """The whole guard policy (``guard:`` section)."""
 
@@ -154,6 +169,18 @@ class Policy:
     """Relative margin: a pool is cheaper when its rc < the current pool's rc x (1 - margin)."""
     best_pool_consecutive_limit: int = 2
     """Evaluations in a row favouring the same cheaper pool tolerated before moving (act on the next)."""
+    decider: str = "per-class"
+    """``per-class``: each class moves to its cheapest pool (``best_pool``) and is restored by its
+    rules; ``planner`` (in progress, not the default): one plan for every class, charged the load
+    each move puts on the pool's replicas (``rules.planner``), in place of the best-pool choice and
+    the restore rule; the watch rules, error freeze, pins, dry-run, cooldown and cap stay."""
+    spread: bool = False
+    """Each request of a class joins the pool where its TPOT is lowest at the loads now, among its pool
+    and the pools whose cells have evidence enough (``rules.spread``; in progress, not the default),
+    so a class heavier than its pool's replicas spills onto the others."""
+    scaling: Scaling | None = None
+    """Desired replicas per pool from the fleet plan (``guard.decider: planner``), exported for an
+    HPA or KEDA to scale each pool on; None: not computed."""
     memory_seconds: float = 3600.0
     """A pool a class left keeps its last measured rc as evidence this long (so predictions cannot
     send the class back to a pool whose measurement was worse: no flapping)."""
@@ -342,6 +369,8 @@ def parse(section: configfile.Section) -> Policy:
         resolved_ttl_seconds=alerts_section.get("resolved_ttl_seconds", float, 3600.0, minimum=0),
     )
     alerts_section.reject_unknown()
+    scaling_section = section.section("scaling")  # (known whether set or not)
+    scaling = _scaling(scaling_section) if section.data.get("scaling") is not None else None
     policy = Policy(
         rules=rules,
         enabled=section.get("enabled", bool, True),
@@ -361,6 +390,9 @@ def parse(section: configfile.Section) -> Policy:
         best_pool=section.get("best_pool", bool, True),
         best_pool_margin=section.get("best_pool_margin", float, 0.03, minimum=0, maximum=0.5),
         best_pool_consecutive_limit=section.get("best_pool_consecutive_limit", int, 2, minimum=0),
+        decider=section.get("decider", str, "per-class", choices=DECIDERS),
+        spread=section.get("spread", bool, False),
+        scaling=scaling,
         memory_seconds=section.get("memory_seconds", float, 3600.0, minimum=0, maximum=7 * 86400),
         prior=section.get("prior", str, "profile", choices=PRIORS),
         holdout=section.get("holdout", str, "matched_on_demand", choices=HOLDOUT_MODES),
@@ -376,12 +408,38 @@ def parse(section: configfile.Section) -> Policy:
     )
     section.check(policy.max_actions_per_hour != 0, "max_actions_per_hour", "0 would forbid every action")
     section.check(
+        scaling is None or policy.decider == "planner",
+        "scaling",
+        "desired replicas come from the fleet plan: set decider: planner",
+    )
+    section.check(
+        policy.decider != "planner" or policy.local,
+        "decider",
+        "planner plans from the tap's own requests: it needs local: true (a fleet's decider reads PromQL)",
+    )
+    section.check(
         bool(rules) or alerts.enabled or "rules" not in section.data,
         "rules",
         "no rules and alerts disabled: the guard would never act",
     )
     section.reject_unknown()
     return policy
+
+
+def _scaling(sub: configfile.Section) -> Scaling:
+    out = Scaling(
+        target_in_flight=sub.get("target_in_flight", float, 16.0, minimum=0.1),
+        start_delay_seconds=sub.get("start_delay_seconds", float, 120.0, minimum=0, maximum=86400),
+        min_replicas=sub.get("min_replicas", int, 1, minimum=0),
+        max_replicas=sub.get("max_replicas", int, 0, minimum=0),
+    )
+    sub.check(
+        not out.max_replicas or out.max_replicas >= out.min_replicas,
+        "max_replicas",
+        f"({out.max_replicas}) is below min_replicas ({out.min_replicas}); 0 means no cap",
+    )
+    sub.reject_unknown()
+    return out
 
 
 def _default_rule_items() -> list[configfile.Section]:

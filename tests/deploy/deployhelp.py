@@ -45,6 +45,7 @@ EXPORTED = frozenset(
     specguard_audit_write_errors_total specguard_config_info specguard_actuation_errors_total
     specguard_plan_write_errors_total specguard_plan_version specguard_policy_reloads_total
     specguard_plan_age_seconds specguard_guard_leader specguard_last_evaluation_duration_seconds
+    specguard_pool_desired_replicas
     specguard_baseline_available specguard_relative_cost_evidence_info
     """.split()
 )

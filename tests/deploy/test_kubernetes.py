@@ -12,7 +12,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from deployhelp import DASHBOARD, DEPLOY, KUSTOMIZE_DIR, RULES, run_promtool
+from deployhelp import DASHBOARD, DEPLOY, EXPORTED, KUSTOMIZE_DIR, RULES, run_promtool
 
 from specguard.monitor import config as specguard_config
 
@@ -322,3 +322,45 @@ def test_a_shipped_config_without_a_shorter_k_pool_says_it_cannot_shorten_k(name
     assert "cannot shorten K" in path.read_text(), f"{name}: no shorter-K pool, and it does not say so"
     deploy_md = " ".join((KUSTOMIZE_DIR.parents[1] / "docs" / "deploy.md").read_text().split())
     assert "in this deployment the guard cannot shorten K" in deploy_md
+
+
+AUTOSCALING = kustomize(KUSTOMIZE_DIR / "autoscaling")
+
+
+@pytest.mark.parametrize("version", SCHEMA_VERSIONS)
+@pytest.mark.parametrize("doc", AUTOSCALING, ids=ids(AUTOSCALING))
+def test_the_autoscaling_objects_validate_strictly_against_the_api_schema(doc: dict, version: str):
+    kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_each_pool_scales_on_the_replicas_specguard_wants_for_it(tmp_path: Path):
+    """One HPA per engine Deployment, on specguard_pool_desired_replicas of that Deployment's pool
+    with an AverageValue target of 1 (the HPA then scales to exactly the value); the adapter rule
+    serves that gauge and its query is valid PromQL once the adapter fills it in."""
+    hpas = by_kind(AUTOSCALING, "HorizontalPodAutoscaler")
+    pools = {d["metadata"]["name"]: d["metadata"]["labels"]["specguard.io/pool"] for d in engines(BASE)}
+    assert sorted(h["spec"]["scaleTargetRef"]["name"] for h in hpas) == sorted(pools)
+    (adapter,) = by_kind(AUTOSCALING, "ConfigMap")
+    (rule,) = yaml.safe_load(adapter["data"]["config.yaml"])["externalRules"]
+    assert rule["resources"] == {"namespaced": False}  # the gauge carries no namespace of the HPA's
+    exprs = []
+    for hpa in hpas:
+        assert hpa["metadata"]["namespace"] == by_kind(BASE, "Deployment")[0]["metadata"]["namespace"]
+        (metric,) = hpa["spec"]["metrics"]
+        external = metric["external"]
+        name, selector = external["metric"]["name"], external["metric"]["selector"]["matchLabels"]
+        assert name in EXPORTED and name == "specguard_pool_desired_replicas"
+        assert selector == {"pool": pools[hpa["spec"]["scaleTargetRef"]["name"]]}
+        assert external["target"] == {"type": "AverageValue", "averageValue": "1"}
+        assert hpa["spec"]["behavior"]["scaleUp"]["stabilizationWindowSeconds"] == 0  # specguard waited
+        assert rule["seriesQuery"].startswith(name + "{")
+        exprs.append(
+            rule["metricsQuery"]
+            .replace("<<.Series>>", name)
+            .replace("<<.LabelMatchers>>", f'pool="{selector["pool"]}"')
+        )
+    path = tmp_path / "adapter-queries.yaml"
+    records = [{"record": f"adapter:query_{i}", "expr": e} for i, e in enumerate(exprs)]
+    path.write_text(yaml.safe_dump({"groups": [{"name": "adapter", "rules": records}]}))
+    out = run_promtool("check", "rules", str(path))
+    assert out.returncode == 0, out.stdout + out.stderr

@@ -249,3 +249,59 @@ def test_render_into_fills_the_shapes_blocks_and_nothing_else():
     once = bench_matrix.fill(doc, "matrix-fluid", pieces)
     assert pieces["goals"] in once and "old" not in once and "\nx\n" in once
     assert bench_matrix.fill(once, "matrix-fluid", pieces) == once
+
+
+SPREAD = {shape: f"matrix-{shape}-spread.json" for shape in SHAPES}
+
+
+@pytest.mark.parametrize("shape", sorted(SPREAD))
+def test_each_shapes_spread_run_is_the_shipped_matrix_with_the_spread_on(shape):
+    """The same matrix as the shipped run of the shape (scenarios, worlds, seeds), with
+    ``guard.spread`` on and the default decider; whole, and bounded by the oracle."""
+    result, shipped = kept(SPREAD[shape]), kept(SHAPES[shape])
+    assert all(r["spread"] is True and r["decider"] == "per-class" for r in result["rows"])
+    assert all(r.get("spread") is not True for r in shipped["rows"])
+    assert result["fleet_shape"] == shipped["fleet_shape"]
+    key = [(r["scenario"], r["world"], r["seed"]) for r in result["rows"]]
+    assert sorted(key) == sorted((r["scenario"], r["world"], r["seed"]) for r in shipped["rows"])
+    assert bench_matrix.aggregate(result["rows"]) == result["summary"]
+    assert result["summary"]["bound"]["holds"], result["summary"]["bound"]["violations"]
+
+
+def test_the_planner_page_carries_the_spread_against_the_shipped_runs():
+    text = bench_matrix.compare(
+        [(kept(SHAPES[s]), kept(SPREAD[s])) for s in ("fixed", "autoscaled", "fluid")]
+    )
+    fix = (
+        "compare them again: cd bench/results && python3 ../bench_matrix.py --compare "
+        "matrix-fixed.json:matrix-fixed-spread.json matrix-autoscaled.json:matrix-autoscaled-spread.json "
+        "matrix-fluid.json:matrix-fluid-spread.json --into ../../docs/planner.md"
+    )
+    assert flat(text) in flat((ROOT / "docs" / "planner.md").read_text()), fix
+
+
+SPREAD_LOSES = {"fixed": [], "autoscaled": [], "fluid": ["knee-edge"]}  # as docs/planner.md says
+
+
+@pytest.mark.parametrize("shape", sorted(SPREAD))
+def test_with_the_spread_the_scenarios_that_do_worse_are_the_ones_the_page_names(shape):
+    """docs/planner.md: with the spread, each scenario's mean over its worlds and seeds is at least the
+    shipped run's in the fixed and autoscaled shapes, and in the fluid one all but knee-edge's."""
+    shipped, spread = kept(SHAPES[shape])["rows"], kept(SPREAD[shape])["rows"]
+
+    def mean(rows: list[dict], scenario: str) -> float:
+        mine = [r["vs_oracle"] for r in rows if r["scenario"] == scenario]
+        return sum(mine) / len(mine)
+
+    scenarios = sorted({r["scenario"] for r in shipped})
+    assert [s for s in scenarios if mean(spread, s) < mean(shipped, s)] == SPREAD_LOSES[shape]
+    text = flat((ROOT / "docs" / "planner.md").read_text())
+    said = "In the fixed and autoscaled shapes each scenario's mean throughput over the oracle is higher "
+    said += "with the spread; in the fluid one every scenario's but `knee-edge`'s"
+    assert said in text
+    below = [r["scenario"] for r in spread if r["worst_phase_vs_never"] < 1]
+    assert below.count("knee-edge") + below.count("flash-crowd") > len(below) / 2
+    if shape == "fluid":
+        was, now = mean(shipped, "knee-edge"), mean(spread, "knee-edge")
+        assert f"({was:.3f} to {now:.3f} of the oracle)" in text
+    assert "(most of them in `knee-edge` and `flash-crowd`, in every shape)" in text

@@ -265,3 +265,27 @@ def test_replicas_and_holdout_mode_are_validated():
         r.set_replicas({"nospec": 0})
     with pytest.raises(InputError, match="capacity_matched"):
         r.set_holdout_mode("sometimes")
+
+
+def test_a_spread_class_joins_the_pool_where_its_tpot_is_lowest_at_the_loads_now():
+    from specguard.exporters.routing import Spread
+
+    r = router()
+    step = {
+        "spec-k4": lambda b: 0.020 + 0.002 * b,
+        "spec-k2": lambda b: 0.018 + 0.001 * b,
+        "nospec": lambda b: 0.015 + 0.0005 * b,
+    }
+    units = {("code", "greedy", "low"): {"spec-k4": 0.4, "nospec": 1.0}}  # K=2 has no usable cell
+    r.set_spread(Spread(units, lambda pool, load: step[pool](load)))
+    in_flight = {"spec-k4": 1.0, "spec-k2": 1.0, "nospec": 1.0}
+    assert r.choose("code", "greedy", low, in_flight.get) == RouteChoice("spec-k4", "plan")
+    in_flight["spec-k4"] = 40.0  # 0.4 x 0.100 = 40 ms there, 15.5 ms on nospec
+    assert r.choose("code", "greedy", low, in_flight.get) == RouteChoice("nospec", "spread", "spec-k4")
+    in_flight["spec-k2"] = 0.0  # idle, but no evidence there: never spilled onto
+    assert r.choose("code", "greedy", low, in_flight.get).pool == "nospec"
+    # a class without units, or a pool read at a load bucket without them, keeps the plan
+    assert r.choose("chat", "medium", low, in_flight.get).pool == "spec-k4"
+    assert r.choose("code", "greedy", lambda pool: "high", in_flight.get).pool == "spec-k4"
+    with pytest.raises(InputError, match="ghost"):
+        r.set_spread(Spread({("code", "greedy", "low"): {"ghost": 1.0}}, lambda pool, load: 0.01))

@@ -46,6 +46,7 @@ class Clock:
 
 
 def make_guard(tmp_path, source, clock, policy=POLICY):
+    """A guard acting on a router (whose replicas the planner reads), with a plan file and audit log."""
     router = Router(POOLS, default_pool="spec-k4", nospec_pool="nospec")
     guard = daemon.Guard(
         policy,
@@ -56,6 +57,7 @@ def make_guard(tmp_path, source, clock, policy=POLICY):
         clock=clock,
         temperature_buckets=["greedy", "high"],
         load_buckets=["low", "high"],
+        pool_replicas=router.replicas,
     )
     return guard, router
 
@@ -495,3 +497,138 @@ async def test_a_class_off_speculation_is_probed_by_expected_cost(tmp_path):
     await run_rounds(guard, clock, 12)
     assert router.plan()[CREATIVE] != "nospec" and router.probes() == {}
     assert all(c["probe"] is None for c in guard.status()["classes"])
+
+
+class SpreadSource:
+    """code at low load: K=4 measured at rc 0.6 (an interval, enough samples); and the window's
+    step-cost fit, as ``LocalSource.spread_model`` gives it."""
+
+    async def collect(self, now, keys):
+        k4 = PoolEvidence("spec-k4", {"rc": 0.6, "rc_lower": 0.55, "rc_upper": 0.65}, samples=100)
+        return {CODE: Evidence(pools={"spec-k4": k4})}
+
+    def spread_model(self, now):
+        from specguard.rules import spread
+        from tests.rules.test_planfeed import SETTINGS, window
+
+        return spread.model(window(), POLICY, SETTINGS, None)
+
+
+@pytest.mark.parametrize("on", [True, False])
+async def test_guard_spread_hands_the_router_each_class_pools_and_status_shows_them(on):
+    clock, router = Clock(), Router(POOLS, default_pool="spec-k4", nospec_pool="nospec")
+    guard = daemon.Guard(
+        replace(POLICY, spread=on), sources=[SpreadSource()], clock=clock, set_spread=router.set_spread
+    )
+    await run_rounds(guard, clock, 1)
+    row = next(c for c in guard.status()["classes"] if c["task_type"] == "code")
+    loads = {"spec-k4": 40.0, "spec-k2": 1.0, "nospec": 1.0}  # K=4 crowded, the others idle
+    choice = router.choose("code", "greedy", lambda pool: "low", loads.get)
+    if not on:
+        assert row["spread"] is None and choice.pool == "spec-k4"
+        return
+    assert (
+        set(row["spread"]) == {"spec-k4", "nospec"} and row["spread"]["nospec"] == 1.0
+    )  # no evidence on K=2
+    assert (choice.pool, choice.route, choice.planned) == ("nospec", "spread", "spec-k4")
+    loads["spec-k4"] = 1.0  # idle again: K=4 is cheaper for it
+    assert router.choose("code", "greedy", lambda pool: "low", loads.get).pool == "spec-k4"
+
+
+class PlanSource:
+    """The window of tests/rules/test_planfeed (three classes on three pools) and code at high load
+    measured at rc 2.5 on K=4 (an interval, enough samples), as ``LocalSource.plan`` reads them."""
+
+    def __init__(self):
+        self.replicas = None
+
+    async def collect(self, now, keys):
+        rc = {"rc": 2.5, "rc_lower": 2.4, "rc_upper": 2.6}
+        return {CODE_HIGH: Evidence(pools={"spec-k4": PoolEvidence("spec-k4", rc, samples=100)})}
+
+    def plan(self, states, evidence, now, replicas):
+        from specguard.rules import planfeed
+        from tests.rules.test_planfeed import SETTINGS, window
+
+        self.replicas = dict(replicas)
+        return planfeed.decide(window(now), states, evidence, now, PLANNER, SETTINGS, replicas)
+
+
+CODE_HIGH = ("code", "greedy", "high")
+PLANNER = replace(POLICY, decider="planner")
+
+
+async def test_guard_planner_moves_what_the_fleet_plan_moves_and_status_shows_the_plan(tmp_path):
+    clock, source = Clock(), PlanSource()
+    guard, router = make_guard(tmp_path, source, clock, PLANNER)
+    (decision,) = [d for d in await run_rounds(guard, clock, 1) if d.changes_plan]
+    assert (decision.key, decision.to_pool, decision.cause) == (CODE_HIGH, "nospec", "planner")
+    assert router.plan()[CODE_HIGH] == "nospec"
+    assert source.replicas == router.replicas()  # the planner is charged the router's replicas
+    status = guard.status()["planner"]
+    assert status["moves"] == {"code/greedy": "nospec"} and status["plan"]["code/greedy"] == "nospec"
+    assert status["tokens_per_second"] > status["tokens_per_second_now"] and status["benefit_lower"] > 0
+    # the per-class decider never plans, and says nothing of a plan
+    per_class = daemon.Guard(POLICY, sources=[PlanSource()], clock=Clock())
+    await run_rounds(per_class, per_class.clock, 1)
+    assert per_class.status()["planner"] is None and per_class.last_plan is None
+
+
+async def test_guard_planner_without_a_local_window_plans_nothing_and_says_why():
+    guard = daemon.Guard(PLANNER, sources=[ScriptedSource({CODE: 2.5})], clock=Clock())
+    decisions = await run_rounds(guard, guard.clock, 3)
+    # the watch rules still act (rc 2.5 > 1); no plan, and no best-pool choice in planner mode
+    assert [d.cause for d in decisions if d.changes_plan] == ["relative-cost"]
+    assert guard.status()["planner"] == {
+        "plan": None,
+        "reason": "no local window (the planner reads the tap's own requests)",
+        "desired_replicas": None,
+    }
+
+
+@pytest.mark.parametrize("scaling", [None, policy_mod.Scaling(target_in_flight=0.02, start_delay_seconds=0)])
+async def test_guard_scaling_exports_each_pools_desired_replicas(tmp_path, scaling):
+    from specguard.rules import desired, planfeed
+    from tests.rules.test_planfeed import SETTINGS, window
+
+    clock, source = Clock(), PlanSource()
+    policy = replace(PLANNER, scaling=scaling)
+    guard, router = make_guard(tmp_path, source, clock, policy)
+    registry = CollectorRegistry()
+    registry.register(GuardCollector(guard.counters, guard.view))
+    now = clock.now
+    await run_rounds(guard, clock, 1)
+    exported = {
+        p.name: registry.get_sample_value("specguard_pool_desired_replicas", {"pool": p.name}) for p in POOLS
+    }
+    if scaling is None:
+        assert set(exported.values()) == {None} and guard.status()["planner"]["desired_replicas"] is None
+        return
+    # what rules.desired makes of the plan the guard made (the same window, evidence and replicas)
+    evidence = {CODE_HIGH: (await source.collect(now, []))[CODE_HIGH]}
+    found = planfeed.decide(window(now), {}, evidence, now, policy, SETTINGS, router.replicas())
+    want = desired.Sizer(scaling).desired(found.input, found.plan, now)
+    assert exported == {pool: float(n) for pool, n in want.items()}
+    assert all(n >= 1 for n in want.values()) and max(want.values()) > 1  # a small target: some pool grows
+    assert guard.status()["planner"]["desired_replicas"] == want
+
+
+class BrokenPlanSource(PlanSource):
+    def plan(self, states, evidence, now, replicas):
+        raise ZeroDivisionError("a bug")
+
+    def spread_model(self, now):
+        raise ZeroDivisionError("another bug")
+
+
+async def test_a_failing_planner_or_spread_leaves_the_watch_rules_acting(tmp_path):
+    clock = Clock()
+    guard, router = make_guard(tmp_path, BrokenPlanSource(), clock, replace(PLANNER, spread=True))
+    guard.set_spread = router.set_spread
+    decisions = await run_rounds(guard, clock, 2)
+    # code at rc 2.5: the relative-cost rule moves it off speculation, as without a planner
+    assert [(d.key, d.to_pool, d.cause) for d in decisions if d.changes_plan] == [
+        (CODE_HIGH, "nospec", "relative-cost")
+    ]
+    assert guard.status()["planner"]["reason"] == "planner failed: ZeroDivisionError: a bug"
+    assert guard.spread == {} and router.choose("code", "greedy", lambda pool: "high").pool == "nospec"

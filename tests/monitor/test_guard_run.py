@@ -259,3 +259,37 @@ guard: {enabled: false}
         await guard.override("pause", "chat", load_bucket="huge")
     decisions = await guard.override("pause", "chat", "greedy")
     assert {d.key[2] for d in decisions} == {"low", "medium", "high"}
+
+
+async def test_run_with_the_planner_and_the_spread_plans_from_its_own_window(tmp_path):
+    """``guard.decider: planner`` and ``guard.spread`` in ``specguard run``: the daemon plans from the
+    tap's own requests each evaluation, /status shows the plan and the spread, and traffic is served."""
+    async with cluster.SimCluster.from_config(None, seed=0, dialect="vllm", time_scale=0.02) as sim:
+        text = config_text(sim, tmp_path).replace(
+            "guard:\n", "guard:\n  decider: planner\n  spread: true\n  min_samples: 5\n", 1
+        )
+        # without a calibration profile the step-cost fit needs the window to cover (pool, load
+        # bucket) cells enough: a holdout on the no-spec pool, and load buckets this load reaches
+        text = text.replace("holdout_share: 0,", "holdout_share: 0.3,")
+        buckets = "[{name: low, max: 1}, {name: medium, max: 3}, {name: high, max: null}]"
+        text += f"classes: {{load_buckets: {buckets}}}\n"
+        cfg = config.parse_text(text, "specguard.yaml")
+        monitor, guard, url = await start(cfg)
+        try:
+            await guard.evaluate()
+            before = guard.status()["planner"]  # no traffic yet: no plan, and why
+            assert before["plan"] is None and before["reason"].startswith("planner: no step-cost fit")
+            mix = [loadgen.RequestClass("creative", temperature=1.0), loadgen.RequestClass("code")]
+            for concurrency in (2, 8, 24):
+                results = await loadgen.run_load(url, mix, concurrency, requests=80, seed=1, stream=True)
+                assert {r.status for r in results} == {200}
+            await guard.evaluate()
+            status = guard.status()
+            # code (greedy, accepts well) on K=4, creative (high temperature) off speculation
+            assert status["planner"]["plan"] == {"code/greedy": "spec-k4", "creative/high": "nospec"}
+            assert status["planner"]["proven_optimal"] is True
+            spread = {(c["task_type"], c["load_bucket"]): c["spread"] for c in status["classes"]}
+            assert all(units["nospec"] == 1.0 for units in spread.values()), spread
+            assert all(spread[("code", b)]["spec-k4"] < 1.0 for b in ("low", "medium", "high")), spread
+        finally:
+            await monitor.stop()

@@ -83,11 +83,11 @@ def test_every_error_at_once_with_file_line_col():
     known_guard = (
         "alerts, best_pool, best_pool_consecutive_limit, best_pool_margin, consecutive_error_limit, "
         "consecutive_failure_limit, consecutive_success_limit, "
-        "cooldown_seconds, default_pool, dry_run, enabled, failure_limit, failure_window_seconds, "
+        "cooldown_seconds, decider, default_pool, dry_run, enabled, failure_limit, failure_window_seconds, "
         "holdout, holdout_min_share, interval_seconds, local, max_actions_per_hour, memory_seconds, "
         "min_samples, nospec_pool, prior, prometheus, "
-        "rc_rises_with_load, restore_on_prediction, rules, safe_state, shorten, shorten_max_rc, "
-        "stabilization_window_seconds, window_seconds"
+        "rc_rises_with_load, restore_on_prediction, rules, safe_state, scaling, shorten, shorten_max_rc, "
+        "spread, stabilization_window_seconds, window_seconds"
     )
     measures = ", ".join(repr(m) for m in policy.MEASURES)
     assert [str(i) for i in info.value.issues] == [
@@ -200,3 +200,26 @@ def test_a_guard_section_without_rules_gets_the_shipped_rules_with_its_own_limit
     assert empty.rules == () and not empty.default_rules
     with pytest.raises(ConfigError, match="no rules and alerts disabled"):
         policy.parse_text("guard:\n  rules: []\n  alerts: {enabled: false}\n")
+
+
+def test_the_planner_needs_the_local_window():
+    assert policy.parse_text("guard:\n  decider: planner\n").decider == "planner"
+    with pytest.raises(ConfigError, match=r"p.yaml:2:3: guard.decider: planner plans from the tap's own"):
+        policy.parse_text("guard:\n  decider: planner\n  local: false\n", "p.yaml")
+
+
+def test_scaling_comes_with_the_planner_and_its_bounds_are_checked():
+    found = policy.parse_text(
+        "guard:\n  decider: planner\n"
+        "  scaling: {target_in_flight: 8, start_delay_seconds: 90, max_replicas: 6}\n"
+    )
+    assert found.scaling == policy.Scaling(8.0, 90.0, 1, 6)
+    assert policy.parse_text("guard:\n  decider: planner\n").scaling is None
+    with pytest.raises(ConfigError) as info:
+        policy.parse_text(
+            "guard:\n  scaling:\n    min_replicas: 3\n    max_replicas: 2\n    target: 4\n", "p.yaml"
+        )
+    text = str(info.value)
+    assert "p.yaml:4:5: guard.scaling.max_replicas: (2) is below min_replicas (3)" in text
+    assert "p.yaml:5:5: guard.scaling.target: unknown key" in text
+    assert "guard.scaling: desired replicas come from the fleet plan: set decider: planner" in text

@@ -1,0 +1,88 @@
+"""Spread a class over the pools where it runs cheapest at the loads now (``guard.spread``).
+
+On fixed pools the guard sends a class whole to one pool, so a class heavier than that pool's
+replicas runs on them alone while the other pools idle (docs/benchmarks.md: where specguard loses
+to the in-engine schedule). With a spread, each request of a class joins the pool where its TPOT
+would be lowest at the loads now, ``unit_p x T_p(load per replica on p)``, among the class's pool
+now and every pool whose cell may carry a move (``planner.usable``: an interval, enough samples),
+each read at the load bucket the request would join it in:
+
+- ``unit_p = rc_p x T_0(L) / T_p(L)``: the class's RC on ``p`` measured at the bucket's load ``L``,
+  carried to ``p``'s own step (the no-spec pool's unit is 1);
+- ``T_p``: the step-cost fit (``rules.stepfit``) on the window's records and the profile's levels
+  near the loads the fleet runs at (``planfeed.step_fit``).
+
+A request joins by its own TPOT (no charge for what it adds to the others on that pool): a greedy
+rule, re-read at every request, so a pool that fills up stops drawing. Pinned, frozen and paused
+classes are not spread. Pure: values in, units out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from specguard.exporters.records import RequestRecord
+from specguard.rules import bestpool, planfeed, planner, stepfit
+from specguard.rules import policy as policy_mod
+from specguard.rules import profile as profile_mod
+from specguard.rules.classstate import ClassState
+from specguard.rules.cost_config import CostSettings
+from specguard.rules.evidence import ClassKey, Evidence
+
+
+@dataclass(frozen=True)
+class Model:
+    """What the units are read with: the step-cost fit and each load bucket's load per replica."""
+
+    fit: stepfit.StepFit
+    loads: Mapping[str, float]
+
+    def step(self, k: int, load: float) -> float:
+        return max(1e-9, self.fit.predict(load, k))
+
+
+def model(
+    records: Sequence[RequestRecord],
+    policy: policy_mod.Policy,
+    settings: CostSettings,
+    profile: profile_mod.Profile | None,
+) -> Model | str:
+    """The step-cost fit and bucket loads of the window, or why there is none (no spread then)."""
+    fit = planfeed.step_fit(records, policy, settings, profile, planfeed.highest_load(records))
+    if isinstance(fit, str):
+        return fit
+    return Model(fit, planfeed.bucket_loads(records, settings))
+
+
+def units(
+    states: Mapping[ClassKey, ClassState],
+    evidence: Mapping[ClassKey, Evidence],
+    now: float,
+    policy: policy_mod.Policy,
+    found: Model,
+) -> dict[ClassKey, dict[str, float]]:
+    """Per class and load bucket, the pools a request of it may join and its unit on each; a class
+    with one such pool is left out (nothing to spread over)."""
+    needed = bestpool.min_samples(policy)
+    out: dict[ClassKey, dict[str, float]] = {}
+    for key, seen in evidence.items():
+        load = found.loads.get(key[2])
+        state = states.get(key)
+        if load is None or not load > 0:
+            continue
+        if state is not None and (state.pin is not None or state.frozen or state.paused):
+            continue
+        here = (state.pool if state is not None else "") or policy.default_pool or ""
+        memory = state.memory if state is not None else {}
+        cells = bestpool.estimates(here, seen, memory, now, policy, key[2])
+        base = found.step(0, load)
+        out_key: dict[str, float] = {}
+        for pool, k in policy.pools.items():
+            if k == 0:
+                out_key[pool] = 1.0
+            elif planner.usable(cells.get(pool), needed):
+                out_key[pool] = cells[pool].rc * base / found.step(k, load)
+        if len(out_key) > 1:
+            out[key] = out_key
+    return out
