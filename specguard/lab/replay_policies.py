@@ -254,14 +254,16 @@ class SpecguardPolicy:
         temperature bucket), for every load bucket of it."""
         records = self.stats.records(since=now - self.policy.window_seconds)
         found = planfeed.decide(
-            records,
-            self.states,
-            evidence,
-            now,
-            self.policy,
-            self.settings,
-            self.router.replicas(),
-            self.profile,
+            planfeed.build(
+                records,
+                self.states,
+                evidence,
+                now,
+                self.policy,
+                self.settings,
+                self.router.replicas(),
+                self.profile,
+            )
         )
         self.last_plan = found.plan or found.reason
         return found.planned

@@ -121,7 +121,9 @@ class LocalSource:
             return planfeed.Decided({}, reason="no policy")
         records = self._stats.records(since=now - self._window)
         return planfeed.decide(
-            records, states, evidence, now, self.policy, self._settings, replicas, self._profile
+            planfeed.build(
+                records, states, evidence, now, self.policy, self._settings, replicas, self._profile
+            )
         )
 
     def spread_model(self, now: float) -> Any:

@@ -190,18 +190,9 @@ class Decided:
     reason: str = ""
 
 
-def decide(
-    records: Sequence[RequestRecord],
-    states: Mapping[ClassKey, ClassState],
-    evidence: Mapping[ClassKey, Evidence],
-    now: float,
-    policy: policy_mod.Policy,
-    settings: CostSettings,
-    replicas: Mapping[str, int],
-    profile: profile_mod.Profile | None = None,
-) -> Decided:
-    """The fleet plan for ``guard.decider: planner`` (fails safe: no plan, and why)."""
-    found = build(records, states, evidence, now, policy, settings, replicas, profile)
+def decide(found: planner.PlanInput | str) -> Decided:
+    """The fleet plan for ``guard.decider: planner`` from what ``build`` gave (fails safe: no plan,
+    and why)."""
     if isinstance(found, str):
         return Decided({}, reason=found)
     try:

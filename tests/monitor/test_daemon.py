@@ -551,7 +551,9 @@ class PlanSource:
         from tests.rules.test_planfeed import SETTINGS, window
 
         self.replicas = dict(replicas)
-        return planfeed.decide(window(now), states, evidence, now, PLANNER, SETTINGS, replicas)
+        return planfeed.decide(
+            planfeed.build(window(now), states, evidence, now, PLANNER, SETTINGS, replicas)
+        )
 
 
 CODE_HIGH = ("code", "greedy", "high")
@@ -606,7 +608,9 @@ async def test_guard_scaling_exports_each_pools_desired_replicas(tmp_path, scali
         return
     # what rules.desired makes of the plan the guard made (the same window, evidence and replicas)
     evidence = {CODE_HIGH: (await source.collect(now, []))[CODE_HIGH]}
-    found = planfeed.decide(window(now), {}, evidence, now, policy, SETTINGS, router.replicas())
+    found = planfeed.decide(
+        planfeed.build(window(now), {}, evidence, now, policy, SETTINGS, router.replicas())
+    )
     want = desired.Sizer(scaling).desired(found.input, found.plan, now)
     assert exported == {pool: float(n) for pool, n in want.items()}
     assert all(n >= 1 for n in want.values()) and max(want.values()) > 1  # a small target: some pool grows
