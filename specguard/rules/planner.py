@@ -53,6 +53,7 @@ Pure: values in, a ``Plan`` out; no clock, no I/O.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -185,11 +186,12 @@ def _model(inp: PlanInput, bucket: str, keys: list[ClassKey]) -> _Bucket:
             where = inp.current.get(key)
             raise InputError(f"planner: class {'/'.join(key)} is on {where!r}, not one of {', '.join(names)}")
         now[index[inp.current[key]]] += inp.demand[key].in_flight
+    ratio = functools.cache(lambda at, k: _ratio(inp.step, at, k))  # every class shares the few loads and Ks
     n, options, caps, units, whys = [], [], [], [], []
     for key in keys:
         i = index[inp.current[key]]
         cells = _cells(inp, key)
-        shifts = [shift(inp, key, pool, load) for pool in inp.pools]
+        shifts = [ratio(_measured_at(inp, key, pool, load), pool.k) for pool in inp.pools]
         point = {j: e.rc * shifts[j] for j, e in enumerate(cells.values()) if e and _positive(e.rc)}
         own = cells[names[i]]
         demand = inp.demand[key].in_flight
@@ -239,8 +241,17 @@ def _option_on(problem: plansearch.Problem, c: int, pools: set[int]) -> int:
 
 def shift(inp: PlanInput, key: ClassKey, pool: Pool, load: float) -> float:
     """``T_0(L) / T_p(L)`` at the load ``L`` the cell was measured at: rc there -> the unit of ``T_p(B)``."""
-    at = inp.measured_at.get((key, pool.name), load)
-    base, step = inp.step.predict(at, 0), inp.step.predict(at, pool.k)
+    return _ratio(inp.step, _measured_at(inp, key, pool, load), pool.k)
+
+
+def _measured_at(inp: PlanInput, key: ClassKey, pool: Pool, load: float) -> float:
+    """The load the class's cell on ``pool`` was measured at; ``load`` when not given."""
+    return inp.measured_at.get((key, pool.name), load)
+
+
+def _ratio(fit: StepFit, at: float, k: int) -> float:
+    """``T_0 / T_k`` at load ``at``."""
+    base, step = fit.predict(at, 0), fit.predict(at, k)
     if not (base > 0 and step > 0):
         raise InputError(f"planner: the step-cost fit predicts no positive step time at load {at:g}")
     return base / step

@@ -23,6 +23,10 @@ heaviest put on another option, the classes sharing its new pool moved off until
 rest improved), until neither finds more. Then the search proper, heaviest first, on problems of at
 most ``SEARCHED`` movable classes: exact when it ends within the budget (it does, in the tests, on
 every problem small enough to enumerate). Pure and deterministic: ties go to the lower option index.
+
+The local search prices moves on the options laid flat (``_Flat``: NumPy arrays), a whole pass of
+single moves or every pair at once, with the same operations in the same order as one move at a
+time, and sums a plan in class order: the plans and values are those of pricing each move alone.
 """
 
 from __future__ import annotations
@@ -58,25 +62,69 @@ class Result:
     nodes: int
 
 
+@dataclass(frozen=True)
+class _Flat:
+    """Every class's options laid flat in the order single moves are tried (class, then option), so
+    that pricing a plan or a pass of single moves is a few array operations, not a loop."""
+
+    offsets: np.ndarray  # per class and one past the last: the flat index of its first option
+    cls: np.ndarray  # per option: its class
+    pool: np.ndarray
+    u: np.ndarray
+    share: np.ndarray  # n / u: its part of the pool's W
+    room: np.ndarray  # cap / u: the highest step time its class allows there
+    pen: np.ndarray
+    n: np.ndarray  # its class's requests in flight
+    pool_a: np.ndarray  # its pool's a and b
+    pool_b: np.ndarray
+    cap: np.ndarray  # per class
+    a: np.ndarray  # per pool
+    b: np.ndarray
+
+
+def _flat(p: Problem) -> _Flat:
+    """The problem's options laid flat (see ``_Flat``)."""
+    cls = np.repeat(np.arange(len(p.n), dtype=np.intp), [len(o) for o in p.options])
+    rows = np.array([o for options in p.options for o in options], dtype=float).reshape(-1, 3)
+    pool, u, pen = rows[:, 0].astype(np.intp), rows[:, 1], rows[:, 2]
+    n, cap, a, b = (np.array(x, dtype=float) for x in (p.n, p.cap, p.a, p.b))
+    offsets = np.concatenate(([0], np.cumsum([len(o) for o in p.options], dtype=np.intp)))
+    return _Flat(offsets, cls, pool, u, n[cls] / u, cap[cls] / u, pen, n[cls], a[pool], b[pool], cap, a, b)
+
+
 def value(p: Problem, choice: tuple[int, ...] | list[int]) -> float | None:
     """The objective of a full plan, or None when it breaks a cap."""
-    loads, weights, penalty = _sums(p, choice)
-    for c, o in enumerate(choice):
-        j, u, _ = p.options[c][o]
-        if u * (p.a[j] + p.b[j] * loads[j]) > p.cap[c]:
-            return None
-    return sum(w / (p.a[j] + p.b[j] * loads[j]) for j, w in enumerate(weights) if w) - penalty
+    return _value(p, _flat(p), choice)
 
 
-def _sums(p: Problem, choice: tuple[int, ...] | list[int]) -> tuple[list[float], list[float], float]:
-    """Requests in flight and ``W`` per pool of a plan, and its penalties."""
-    loads, weights = [0.0] * len(p.a), [0.0] * len(p.a)
-    penalty = 0.0
-    for c, o in enumerate(choice):
-        j, u, pen = p.options[c][o]
-        loads[j] += p.n[c]
-        weights[j] += p.n[c] / u
-        penalty += pen
+def _value(p: Problem, f: _Flat, choice: tuple[int, ...] | list[int]) -> float | None:
+    """``value`` with the problem laid flat once for the many plans a search prices."""
+    chosen = _chosen(f, choice)
+    loads, weights, penalty = _sums(f, chosen)
+    if _over(f, chosen, loads).any():
+        return None
+    loads_, weights_ = loads.tolist(), weights.tolist()  # Python floats: ``sum`` adds them as it did
+    return sum(w / (p.a[j] + p.b[j] * loads_[j]) for j, w in enumerate(weights_) if w) - penalty
+
+
+def _over(f: _Flat, chosen: np.ndarray, loads: np.ndarray) -> np.ndarray:
+    """Per class: whether its TPOT at these loads breaks its cap."""
+    pool = f.pool[chosen]
+    return f.u[chosen] * (f.a[pool] + f.b[pool] * loads[pool]) > f.cap
+
+
+def _chosen(f: _Flat, choice: tuple[int, ...] | list[int]) -> np.ndarray:
+    """The flat index of each class's option in a plan."""
+    return f.offsets[:-1] + np.asarray(choice, dtype=np.intp)
+
+
+def _sums(f: _Flat, chosen: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """Requests in flight and ``W`` per pool of a plan, and its penalties: each added up in class
+    order (``bincount`` and ``cumsum`` add in order), so the same plan always sums the same."""
+    pool = f.pool[chosen]
+    loads = np.bincount(pool, weights=f.n[chosen], minlength=len(f.a)).astype(float, copy=False)
+    weights = np.bincount(pool, weights=f.share[chosen], minlength=len(f.a)).astype(float, copy=False)
+    penalty = float(np.cumsum(f.pen[chosen])[-1]) if len(chosen) else 0.0
     return loads, weights, penalty
 
 
@@ -85,97 +133,151 @@ def _movable(p: Problem) -> list[int]:
     return sorted((c for c in range(len(p.n)) if len(p.options[c]) > 1), key=lambda c: (-p.n[c], c))
 
 
-def _improve(p: Problem, choice: list[int], best: float, held: int = -1) -> float:
-    """Single moves while one improves (first improvement, in class order), each tried in O(1): only
-    the two pools it touches change, and only the one it joins can break a cap."""
-    pools = len(p.a)
-    loads, weights, _ = _sums(p, choice)
-    members: list[set[int]] = [set() for _ in range(pools)]
-    for c, o in enumerate(choice):
-        members[p.options[c][o][0]].add(c)
-    limit = [_limit(p, choice, members[j], j) for j in range(pools)]
+def _worth(w: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """``W / T``, 0 where ``W`` is: a pool nobody is on is worth nothing, whatever its step."""
+    return w / np.where(w != 0, step, 1.0)
 
-    def worth(j: int, w: float, n: float) -> float:
-        return w / (p.a[j] + p.b[j] * n) if w else 0.0
 
+def _changes(
+    f: _Flat, at: np.ndarray, loads: np.ndarray, weights: np.ndarray, limit: np.ndarray
+) -> np.ndarray:
+    """What each single move adds to the plan (``at``: per option, the flat index of its class's
+    option now), -inf where it is no move or breaks a cap: only the two pools it touches change, and
+    only the one it joins can break a cap."""
+    here, there = f.pool[at], f.pool
+    step = f.pool_a + f.pool_b * (loads[there] + f.n)
+    now = _worth(weights, f.a + f.b * loads)
+    left = _worth(weights[here] - f.share[at], f.pool_a[at] + f.pool_b[at] * (loads[here] - f.n))
+    change = left - now[here] + _worth(weights[there] + f.share, step) - now[there] - f.pen + f.pen[at]
+    change[(there == here) | (step > limit[there]) | (step > f.room)] = -np.inf
+    return change
+
+
+def _limits(f: _Flat, chosen: np.ndarray) -> np.ndarray:
+    """The highest step time the classes on each pool allow."""
+    limit = np.full(len(f.a), np.inf)
+    np.minimum.at(limit, f.pool[chosen], f.room[chosen])
+    return limit
+
+
+def _improve(p: Problem, f: _Flat, choice: list[int], best: float, held: int = -1) -> float:
+    """Single moves while one improves (first improvement, in class order): all of a pass's moves
+    are priced at once, the first that pays is made and the rest of the pass priced again; a new
+    pass starts on the prices the last one ended on, as nothing has moved since."""
+    chosen = _chosen(f, choice)
+    loads, weights, _ = _sums(f, chosen)
+    limit = _limits(f, chosen)
+    at = chosen[f.cls]
+    frozen = slice(f.offsets[held], f.offsets[held + 1]) if held >= 0 else slice(0)  # held: kicked there
+    change = None
     for _ in range(len(choice) + 1):
-        moved = False
-        for c in range(len(choice)):
-            if c == held:  # a kicked class stays where it was kicked
-                continue
-            n = p.n[c]
-            for o in range(len(p.options[c])):
-                here, u_here, pen_here = p.options[c][choice[c]]
-                j, u, pen = p.options[c][o]
-                if o == choice[c] or j == here:
-                    continue
-                step = p.a[j] + p.b[j] * (loads[j] + n)
-                if step > min(limit[j], p.cap[c] / u):
-                    continue
-                change = (
-                    worth(here, weights[here] - n / u_here, loads[here] - n)
-                    - worth(here, weights[here], loads[here])
-                    + worth(j, weights[j] + n / u, loads[j] + n)
-                    - worth(j, weights[j], loads[j])
-                    - pen
-                    + pen_here
-                )
-                if change <= 1e-12 * max(1.0, abs(best)):
-                    continue
-                best, moved = best + change, True
-                loads[here] -= n
-                weights[here] -= n / u_here
-                loads[j] += n
-                weights[j] += n / u
-                members[here].discard(c)
-                members[j].add(c)
-                choice[c] = o
-                limit[here] = _limit(p, choice, members[here], here)
-                limit[j] = min(limit[j], p.cap[c] / u)
+        start, moved = 0, False
+        while True:
+            if change is None:
+                change = _changes(f, at, loads, weights, limit)
+                change[frozen] = -np.inf
+            pays = (change[start:] > 1e-12 * max(1.0, abs(best))).nonzero()[0]
+            if not pays.size:
+                break
+            k = start + int(pays[0])
+            c, here, j = int(f.cls[k]), int(f.pool[at[k]]), int(f.pool[k])
+            best, moved, start = best + float(change[k]), True, k + 1
+            loads[here] -= f.n[k]
+            weights[here] -= f.share[at[k]]
+            loads[j] += f.n[k]
+            weights[j] += f.share[k]
+            choice[c], chosen[c] = k - int(f.offsets[c]), k
+            at[f.offsets[c] : f.offsets[c + 1]] = k
+            limit, change = _limits(f, chosen), None
         if not moved:
             break
     return best
 
 
-def _pairs(p: Problem, choice: list[int], best: float) -> float:
+def _pairs(p: Problem, f: _Flat, choice: list[int], best: float) -> float:
     """The best move of two classes at once among the ``PAIRED`` heaviest that may move (a heavy class
     off a pool often pays only with another onto it); ``choice`` takes it. Screened on the pools'
-    sums, checked whole."""
-    movable = _movable(p)[:PAIRED]
-    loads, weights, penalty = _sums(p, choice)
+    sums, checked whole; the screen runs on every pair at once, the pairs it passes in order."""
+    chosen = _chosen(f, choice)
+    sums = _sums(f, chosen)
+    loads, weights, penalty = sums[0].tolist(), sums[1].tolist(), sums[2]
     found, pick = best, None
-    for x, c in enumerate(movable):
-        for d in movable[x + 1 :]:
-            for oc in range(len(p.options[c])):
-                for od in range(len(p.options[d])):
-                    if oc == choice[c] or od == choice[d]:
-                        continue
-                    n_, w_ = list(loads), list(weights)
-                    pen = penalty
-                    for k, o in ((c, oc), (d, od)):
-                        j0, u0, p0 = p.options[k][choice[k]]
-                        j1, u1, p1 = p.options[k][o]
-                        n_[j0] -= p.n[k]
-                        w_[j0] -= p.n[k] / u0
-                        n_[j1] += p.n[k]
-                        w_[j1] += p.n[k] / u1
-                        pen += p1 - p0
-                    v = sum(w / (p.a[j] + p.b[j] * n_[j]) for j, w in enumerate(w_) if w > 1e-15) - pen
-                    if v > found + 1e-9 * max(1.0, abs(found)):
-                        trial = list(choice)
-                        trial[c], trial[d] = oc, od
-                        if value(p, trial) is not None:
-                            found, pick = v, trial
+    for c, oc, d, od in _screened(p, f, chosen, sums, best):
+        n_, w_, pen = _moved(p, c, choice[c], oc, loads, weights, penalty)
+        n_, w_, pen = _moved(p, d, choice[d], od, n_, w_, pen)
+        v = sum(w / (p.a[j] + p.b[j] * n_[j]) for j, w in enumerate(w_) if w > 1e-15) - pen
+        if v > found + 1e-9 * max(1.0, abs(found)):
+            trial = list(choice)
+            trial[c], trial[d] = oc, od
+            if _value(p, f, trial) is not None:
+                found, pick = v, trial
     if pick is None:
         return best
     choice[:] = pick
-    return value(p, pick) or best
+    return _value(p, f, pick) or best
 
 
-def _kicks(p: Problem, choice: list[int], best: float) -> float:
+def _screened(
+    p: Problem, f: _Flat, chosen: np.ndarray, sums: tuple[np.ndarray, np.ndarray, float], best: float
+) -> list[tuple[int, int, int, int]]:
+    """The pairs of moves ``(c, option, d, option)`` that may beat ``best``, in ``_pairs``'s order:
+    every pair priced at once as ``_pairs`` prices one, kept within a margin of beating it, as the
+    pools' terms are added here in another way than Python's ``sum`` may add them."""
+    c, oc, d, od = _pair_moves(p, f, chosen)
+    rows = np.arange(len(c))
+    loads, weights = np.tile(sums[0], (len(c), 1)), np.tile(sums[1], (len(c), 1))
+    penalty = np.full(len(c), sums[2])
+    for old, new in ((chosen[c], f.offsets[c] + oc), (chosen[d], f.offsets[d] + od)):
+        loads[rows, f.pool[old]] -= f.n[old]
+        weights[rows, f.pool[old]] -= f.share[old]
+        loads[rows, f.pool[new]] += f.n[new]
+        weights[rows, f.pool[new]] += f.share[new]
+        penalty += f.pen[new] - f.pen[old]
+    terms = np.divide(weights, f.a + f.b * loads, out=np.zeros_like(weights), where=weights > 1e-15)
+    v = terms.sum(axis=1) - penalty
+    margin = 1e-12 * (np.abs(terms).sum(axis=1) + np.abs(penalty) + 1.0)
+    keep = np.flatnonzero(v + margin > best + 1e-9 * max(1.0, abs(best)))
+    return list(zip(c[keep].tolist(), oc[keep].tolist(), d[keep].tolist(), od[keep].tolist(), strict=True))
+
+
+def _pair_moves(p: Problem, f: _Flat, chosen: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Every pair of moves ``_pairs`` tries, as classes and options ``(c, oc, d, od)``, in its order:
+    each of the ``PAIRED`` heaviest classes that may move with each lighter one, then their options,
+    both off the option they are on."""
+    movable = np.array(_movable(p)[:PAIRED], dtype=np.intp)
+    width = f.offsets[movable + 1] - f.offsets[movable]
+    most = int(width.max(initial=0))
+    x, y, oc, od = (i.ravel() for i in np.indices((len(movable), len(movable), most, most)))
+    c, d = movable[x], movable[y]
+    tried = (x < y) & (oc < width[x]) & (od < width[y])
+    tried &= (f.offsets[c] + oc != chosen[c]) & (f.offsets[d] + od != chosen[d])
+    return c[tried], oc[tried], d[tried], od[tried]
+
+
+def _moved(
+    p: Problem, c: int, old: int, new: int, loads: list[float], weights: list[float], penalty: float
+) -> tuple[list[float], list[float], float]:
+    """The pools' sums and the penalties once class ``c`` has moved from option ``old`` to ``new``."""
+    j0, u0, p0 = p.options[c][old]
+    j1, u1, p1 = p.options[c][new]
+    loads, weights = list(loads), list(weights)
+    loads[j0] -= p.n[c]
+    weights[j0] -= p.n[c] / u0
+    loads[j1] += p.n[c]
+    weights[j1] += p.n[c] / u1
+    return loads, weights, penalty + (p1 - p0)
+
+
+_Kicked = dict[tuple[tuple[int, ...], int], tuple[float | None, list[int]]]
+"""Kicks already run in a search: (the plan kicked, the class kicked) -> the value and plan it led to."""
+
+
+def _kicks(p: Problem, f: _Flat, choice: list[int], best: float, tried: _Kicked) -> float:
     """Iterated local search: each of the ``KICKED`` heaviest classes that may move is put on each of
     its other options and held there while the others improve; the best result is kept (a plan that
-    needs several classes to move at once, e.g. a heavy one off a pool and two light ones onto it)."""
+    needs several classes to move at once, e.g. a heavy one off a pool and two light ones onto it).
+    A kick is a function of the plan it starts from, so ``tried`` keeps each: a round after a find
+    repeats every kick past it, and the search's last call every kick of the round before."""
     movable = _movable(p)
     improved = True
     while improved:
@@ -186,22 +288,34 @@ def _kicks(p: Problem, choice: list[int], best: float) -> float:
                     continue
                 trial = list(choice)
                 trial[c] = o
-                v = _repair(p, trial, c)
-                if v is None:
-                    continue
-                v = _improve(p, trial, v, held=c)
-                v = _improve(p, trial, v)
-                if v > best + 1e-9 * max(1.0, abs(best)):
+                key = (tuple(trial), c)
+                if key not in tried:
+                    tried[key] = _kick(p, f, trial, c)
+                v, trial = tried[key]
+                if v is not None and v > best + 1e-9 * max(1.0, abs(best)):
                     choice[:], best, improved = trial, v, True
     return best
 
 
-def _repair(p: Problem, choice: list[int], kicked: int) -> float | None:
+def _kick(p: Problem, f: _Flat, trial: list[int], kicked: int) -> tuple[float | None, list[int]]:
+    """One kick: the plan repaired around the kicked class, then improved with it held, then free."""
+    v = _repair(p, f, trial, kicked)
+    if v is not None:
+        v = _improve(p, f, trial, v, held=kicked)
+        v = _improve(p, f, trial, v)
+    return v, trial
+
+
+def _repair(p: Problem, f: _Flat, choice: list[int], kicked: int) -> float | None:
     """The plan's value once the classes sharing the kicked class's pool, heaviest first, have left
-    for their best other option until no cap breaks; None when that is not enough."""
+    for their best other option until no cap breaks; None when that is not enough.
+
+    Once the kicked pool holds, a cap broken on another pool stays broken: the classes leaving the
+    kicked pool only add load and members there (requests in flight and ``b`` are never negative)."""
     pool = p.options[kicked][choice[kicked]][0]
-    loads, _, _ = _sums(p, choice)
-    there = [c for c, o in enumerate(choice) if p.options[c][o][0] == pool]
+    chosen = _chosen(f, choice)
+    loads = _sums(f, chosen)[0].tolist()
+    there = np.flatnonzero(f.pool[chosen] == pool).tolist()
     there.sort(key=lambda c: (-p.n[c], c))
 
     def broken() -> bool:
@@ -209,14 +323,23 @@ def _repair(p: Problem, choice: list[int], kicked: int) -> float | None:
         return any(step * p.options[c][choice[c]][1] > p.cap[c] for c in there)
 
     for c in [c for c in there if c != kicked and len(p.options[c]) > 1]:
-        if not broken() and value(p, choice) is not None:  # the cheap test first
-            break
+        if not broken():
+            v = _value(p, f, choice)
+            if v is not None or _broken_elsewhere(f, choice, pool):
+                return v
         away = [o for o, (j, _, _) in enumerate(p.options[c]) if j != pool]
         choice[c] = max(away, key=lambda o, c=c: (_gain(p, c, o, loads), -o))
         loads[pool] -= p.n[c]
         loads[p.options[c][choice[c]][0]] += p.n[c]
         there.remove(c)
-    return value(p, choice)
+    return _value(p, f, choice)
+
+
+def _broken_elsewhere(f: _Flat, choice: list[int], pool: int) -> bool:
+    """Whether a plan breaks a cap on a pool other than ``pool`` (at the loads ``value`` sums)."""
+    chosen = _chosen(f, choice)
+    over = _over(f, chosen, _sums(f, chosen)[0])
+    return bool((f.pool[chosen][over] != pool).any())
 
 
 def _alone(p: Problem) -> list[int]:
@@ -247,11 +370,6 @@ def _built(p: Problem) -> list[int]:
     return choice
 
 
-def _limit(p: Problem, choice: list[int], members: set[int], j: int) -> float:
-    """The highest step time the classes on pool ``j`` allow."""
-    return min((p.cap[c] / p.options[c][choice[c]][1] for c in members), default=math.inf)
-
-
 def _gain(p: Problem, c: int, o: int, loads: list[float]) -> float:
     """What class ``c`` yields on option ``o`` at the loads so far, less its penalty."""
     j, u, pen = p.options[c][o]
@@ -263,22 +381,24 @@ def solve(p: Problem, budget: int, starts: tuple[list[int], ...] = ()) -> Result
     plans the result is never worse than, whatever the budget (e.g. never-speculate)."""
     count = len(p.n)
     stay = [0] * count
-    start = value(p, stay)
+    flat = _flat(p)
+    start = _value(p, flat, stay)
     if start is None:
         raise ValueError("the plan now breaks the caps it sets")
     incumbent, best = list(stay), start
     for other in (stay, *starts, _alone(p), _built(p)):  # each improved by single moves; the best kept
-        v = value(p, other)
+        v = _value(p, flat, other)
         if v is not None:
             trial = list(other)
-            v = _improve(p, trial, v)
+            v = _improve(p, flat, trial, v)
             if v > best + 1e-12 * max(1.0, abs(best)) or trial == incumbent:
                 incumbent, best = trial, v
+    tried: _Kicked = {}
     while True:  # then pairs of moves and kicks, until neither finds more
         before = best
-        while (paired := _pairs(p, incumbent, best)) > best:
-            best = _improve(p, incumbent, paired)
-        best = _kicks(p, incumbent, best)
+        while (paired := _pairs(p, flat, incumbent, best)) > best:
+            best = _improve(p, flat, incumbent, paired)
+        best = _kicks(p, flat, incumbent, best, tried)
         if best <= before + 1e-9 * max(1.0, abs(before)):
             break
     order = _movable(p)
