@@ -18,11 +18,11 @@ phase of each figure and the targets.
     flock /tmp/specguard-bench.lock python3 bench/bench_matrix.py [--quick] [--jobs 2]
         [--scenarios a,b] [--worlds a,b] [--seeds 0,1,2] [--profiles fresh,none,stale]
         [--fleet-shape fixed|autoscaled|fluid] [--replicas 3xK4+1xnospec] [--fleet N]
-        [--decider per-class|planner] [--spread] [--json]
+        [--decider per-class|planner] [--no-spread] [--json]
     python3 bench/bench_matrix.py --render bench/results/matrix-fixed.json  # the docs' markdown
     python3 bench/bench_matrix.py --render bench/results/matrix-fixed.json --into docs/benchmarks.md
-    cd bench/results && python3 ../bench_matrix.py --compare matrix-fixed.json:matrix-fixed-spread.json \
-        [...] --into ../../docs/planner.md  # the shipped runs against those with guard.spread
+    cd bench/results && python3 ../bench_matrix.py --compare matrix-fixed-no-spread.json:matrix-fixed.json \
+        [...] --into ../../docs/planner.md  # runs with guard.spread: false against the shipped ones
 
 ``--quick``: two scenarios (shortened to 150 s) in two worlds, seed 0 (what the test runs).
 ``--json`` prints every run and the summary; the release's run of each fleet shape is kept in
@@ -96,11 +96,12 @@ def run(spec: dict) -> dict:
         shape=spec.get("shape", shapes.FIXED),
         replicas=spec.get("replicas"),
     )
-    if spec.get("decider", "per-class") != "per-class" or spec.get("spread"):  # not the defaults yet
-        policy = dataclasses.replace(
-            setup.policy, decider=spec.get("decider", "per-class"), spread=spec.get("spread", False)
-        )
-        setup = dataclasses.replace(setup, policy=policy)
+    wanted = {
+        "decider": spec.get("decider", setup.policy.decider),
+        "spread": spec.get("spread", setup.policy.spread),
+    }
+    if any(getattr(setup.policy, key) != value for key, value in wanted.items()):
+        setup = dataclasses.replace(setup, policy=dataclasses.replace(setup.policy, **wanted))
     rows, realised = {}, {}
     variants = {"fresh": ("specguard", spec["profile"]), "none": ("specguard_no_profile", None)}
     variants["stale"] = ("specguard_stale_profile", spec["stale_profile"])
@@ -409,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fleet", type=int, default=None, help="engines: fluid fleet or autoscaled budget")
     parser.add_argument("--decider", choices=("per-class", "planner"), default="per-class")
     parser.add_argument(
-        "--spread", action="store_true", help="guard.spread: each request to the pool cheapest for it now"
+        "--no-spread", action="store_true", help="guard.spread: false (each class whole on its plan's pool)"
     )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--render", metavar="FILE", help="print the docs' markdown for a --json result")
@@ -479,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
                 "replicas": args.replicas,
                 "profiles": profiles,
                 "decider": args.decider,
-                "spread": args.spread,
+                "spread": not args.no_spread,
                 "profile": fresh[(world, seed)],
                 "stale_profile": fresh.get((STALE_WORLD.get(world, "k4-dominates"), seed)),
             }

@@ -8,6 +8,9 @@ bucket with every class free to move (the worst case for the search), per load b
 the cells without an interval, and the 180 (class, load) units as one problem. Also reported: the
 problems the search proved optimal, and tokens/s on the planner's own model for the plan now, the
 per-class plan and the planner's (the target is under 50 ms per evaluation; no test times it).
+
+The release's run is kept in ``bench/results/planner.json`` (``--json``); ``--render FILE`` prints
+the table docs/planner.md carries for it (a test checks it still does).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ POOLS = (
     pl.Pool("nospec", 0, 1),
 )
 LOADS = {"low": 2.0, "mid": 8.0, "high": 24.0}
+TARGET_MS = 50
 
 
 def instance(seed: int, classes: int = 60, movable: float = 1.0) -> pl.PlanInput:
@@ -117,11 +121,36 @@ def case(name: str, movable: float, seeds: int, repeats: int, one: bool = False)
     }
 
 
-def main() -> None:
+def render(result: list[dict]) -> str:
+    """The markdown table docs/planner.md carries for a ``--json`` result (a test checks it does)."""
+    lines = [
+        "| case | plan (median, max) | per-class rule | plan / per-class | proven optimal "
+        "| tokens/s over the plan now: per-class, planner | classes above their SLO: per-class, planner |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in result:
+        lines.append(
+            f"| {r['case']} | {r['plan_ms_median']:.1f} ms, {r['plan_ms_max']:.1f} ms "
+            f"| {r['per_class_ms_median']:.2f} ms | {r['ratio_plan_over_per_class']}x "
+            f"| {r['proven_problems']} "
+            f"| {r['tokens_per_class_over_now']}, {r['tokens_plan_over_now']} "
+            f"| {r['classes_above_slo_per_class']}, {r['classes_above_slo_planner']} |"
+        )
+    slowest = max(r["plan_ms_median"] for r in result)
+    verdict = "within" if slowest < TARGET_MS else "above"
+    lines.append(f"\nThe slowest case takes {slowest:.1f} ms (median): {verdict} the {TARGET_MS} ms target.")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 seeds, 3 repeats")
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    parser.add_argument("--render", metavar="FILE", help="print the docs' table for a --json result")
+    args = parser.parse_args(argv)
+    if args.render:
+        print(render(json.loads(Path(args.render).read_text())), end="")
+        return
     seeds, repeats = (3, 3) if args.quick else (10, 7)
     out = [
         case("per load bucket, every class free to move", 1.0, seeds, repeats),

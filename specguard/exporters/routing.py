@@ -52,11 +52,23 @@ class Spread:
     """Per class and load bucket (a plan key): the pools a request of it may join, each with its
     TPOT per second of that pool's step (``unit``: RC carried to the pool's step, measured at that
     load bucket), and each pool's step time at a load per replica. A request of such a class joins
-    the pool where its TPOT would be lowest at the loads now, each pool read at the load bucket the
-    request would join it in: a class heavier than its pool's replicas spills onto the others."""
+    the pool where the time it adds is lowest at the loads now, each pool read at the load bucket
+    the request would join it in: a class heavier than its pool's replicas spills onto the others.
+
+    The time a request adds is its own TPOT there and what it adds to the TPOT of the requests
+    already on the replica (``marginal``): joining by its own TPOT alone fills a speculative pool
+    past the load where its step slows everyone there (measured: the robustness matrix)."""
 
     units: Mapping[PlanKey, Mapping[str, float]]
     step: Callable[[str, float], float]
+
+    def marginal(self, pool: str, unit: float, load: float) -> float:
+        """Seconds per token the replica's requests spend in all, added by one joining at ``load``
+        (itself included): ``unit x (L x T(L) - (L - 1) x T(L - 1))``, the requests already there
+        taken at the joining one's unit."""
+        if load <= 1:
+            return unit * self.step(pool, load)
+        return unit * (load * self.step(pool, load) - (load - 1) * self.step(pool, load - 1))
 
 
 @dataclass(frozen=True)
@@ -173,22 +185,24 @@ class Router:
     def _spread_to(
         self, task_type: str, temperature_bucket: str, target: str, load_bucket_of, load_of
     ) -> str:
-        """The pool where the class's TPOT is lowest at the loads now, each read at the load bucket
-        the request would join it in (``target`` on a tie, or where its own cell is unknown)."""
-        if self._spread is None or load_of is None:
+        """The pool where the request adds least time at the loads now (``Spread.marginal``), each
+        read at the load bucket the request would join it in (``target`` on a tie, or where its
+        own cell is unknown)."""
+        spread = self._spread
+        if spread is None or load_of is None:
             return target
 
-        def tpot(pool: str) -> float | None:
-            unit = self._spread.units.get((task_type, temperature_bucket, load_bucket_of(pool)), {}).get(pool)  # type: ignore[union-attr]
-            return None if unit is None else unit * self._spread.step(pool, load_of(pool))  # type: ignore[union-attr]
+        def added(pool: str) -> float | None:
+            unit = spread.units.get((task_type, temperature_bucket, load_bucket_of(pool)), {}).get(pool)
+            return None if unit is None else spread.marginal(pool, unit, load_of(pool))
 
-        cost = tpot(target)
+        cost = added(target)
         if cost is None:
             return target
         best = target
         for pool in self._pools:
             if pool != target and self.serving(pool):
-                here = tpot(pool)
+                here = added(pool)
                 if here is not None and here < cost:
                     best, cost = pool, here
         return best

@@ -269,7 +269,7 @@ class SpecguardPolicy:
         return found.planned
 
     def spread(self, evidence: Mapping[evidence_mod.ClassKey, evidence_mod.Evidence], now: float) -> None:
-        """``guard.spread``: each class over the pools where its TPOT is lowest at the loads now."""
+        """``guard.spread``: each class over the pools where it adds least time at the loads now."""
         if not self.policy.spread:
             return
         records = self.stats.records(since=now - self.policy.window_seconds)

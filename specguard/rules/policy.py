@@ -174,10 +174,10 @@ class Policy:
     rules; ``planner`` (in progress, not the default): one plan for every class, charged the load
     each move puts on the pool's replicas (``rules.planner``), in place of the best-pool choice and
     the restore rule; the watch rules, error freeze, pins, dry-run, cooldown and cap stay."""
-    spread: bool = False
-    """Each request of a class joins the pool where its TPOT is lowest at the loads now, among its pool
-    and the pools whose cells have evidence enough (``rules.spread``; in progress, not the default),
-    so a class heavier than its pool's replicas spills onto the others."""
+    spread: bool = True
+    """Each request of a class joins the pool where it adds least time at the loads now, among its
+    pool and the pools whose cells have evidence enough (``rules.spread``), so a class heavier than
+    its pool's replicas spills onto the others; false: each class whole on the pool its plan says."""
     scaling: Scaling | None = None
     """Desired replicas per pool from the fleet plan (``guard.decider: planner``), exported for an
     HPA or KEDA to scale each pool on; None: not computed."""
@@ -391,7 +391,7 @@ def parse(section: configfile.Section) -> Policy:
         best_pool_margin=section.get("best_pool_margin", float, 0.03, minimum=0, maximum=0.5),
         best_pool_consecutive_limit=section.get("best_pool_consecutive_limit", int, 2, minimum=0),
         decider=section.get("decider", str, "per-class", choices=DECIDERS),
-        spread=section.get("spread", bool, False),
+        spread=section.get("spread", bool, True),
         scaling=scaling,
         memory_seconds=section.get("memory_seconds", float, 3600.0, minimum=0, maximum=7 * 86400),
         prior=section.get("prior", str, "profile", choices=PRIORS),

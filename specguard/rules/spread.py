@@ -1,20 +1,20 @@
 """Spread a class over the pools where it runs cheapest at the loads now (``guard.spread``).
 
-On fixed pools the guard sends a class whole to one pool, so a class heavier than that pool's
-replicas runs on them alone while the other pools idle (docs/benchmarks.md: where specguard loses
-to the in-engine schedule). With a spread, each request of a class joins the pool where its TPOT
-would be lowest at the loads now, ``unit_p x T_p(load per replica on p)``, among the class's pool
-now and every pool whose cell may carry a move (``planner.usable``: an interval, enough samples),
-each read at the load bucket the request would join it in:
+A plan sends a class whole to one pool, so on fixed pools a class heavier than that pool's replicas
+runs on them alone while the other pools idle. With the spread (the default), each request of a
+class joins the pool where it adds least time at the loads now (``routing.Spread.marginal``: its
+own TPOT ``unit_p x T_p(B)`` there and what it adds to the requests already on the replica), among
+the class's pool now and every pool whose cell may carry a move (``planner.usable``: an interval,
+enough samples), each read at the load bucket the request would join it in:
 
 - ``unit_p = rc_p x T_0(L) / T_p(L)``: the class's RC on ``p`` measured at the bucket's load ``L``,
   carried to ``p``'s own step (the no-spec pool's unit is 1);
 - ``T_p``: the step-cost fit (``rules.stepfit``) on the window's records and the profile's levels
   near the loads the fleet runs at (``planfeed.step_fit``).
 
-A request joins by its own TPOT (no charge for what it adds to the others on that pool): a greedy
-rule, re-read at every request, so a pool that fills up stops drawing. Pinned, frozen and paused
-classes are not spread. Pure: values in, units out.
+A greedy rule, re-read at every request, so a pool that fills up stops drawing; charging what a
+request adds to the others keeps a speculative pool from filling past the load where its step
+slows everyone there. Pinned, frozen and paused classes are not spread. Pure: values in, units out.
 """
 
 from __future__ import annotations

@@ -267,7 +267,7 @@ def test_replicas_and_holdout_mode_are_validated():
         r.set_holdout_mode("sometimes")
 
 
-def test_a_spread_class_joins_the_pool_where_its_tpot_is_lowest_at_the_loads_now():
+def test_a_spread_class_joins_the_pool_where_it_adds_least_time_at_the_loads_now():
     from specguard.exporters.routing import Spread
 
     r = router()
@@ -280,7 +280,13 @@ def test_a_spread_class_joins_the_pool_where_its_tpot_is_lowest_at_the_loads_now
     r.set_spread(Spread(units, lambda pool, load: step[pool](load)))
     in_flight = {"spec-k4": 1.0, "spec-k2": 1.0, "nospec": 1.0}
     assert r.choose("code", "greedy", low, in_flight.get) == RouteChoice("spec-k4", "plan")
-    in_flight["spec-k4"] = 40.0  # 0.4 x 0.100 = 40 ms there, 15.5 ms on nospec
+    # at 8 its own TPOT there (0.4 x 36 ms = 14.4 ms) beats nospec's 15.5 ms, but the 8 requests
+    # there take 0.4 x (8 x 36 - 7 x 34) = 20 ms per token more with it: it joins nospec
+    in_flight["spec-k4"] = 8.0
+    assert r.choose("code", "greedy", low, in_flight.get) == RouteChoice("nospec", "spread", "spec-k4")
+    in_flight["spec-k4"] = 4.0  # 0.4 x (4 x 28 - 3 x 26) = 13.6 ms
+    assert r.choose("code", "greedy", low, in_flight.get) == RouteChoice("spec-k4", "plan")
+    in_flight["spec-k4"] = 40.0
     assert r.choose("code", "greedy", low, in_flight.get) == RouteChoice("nospec", "spread", "spec-k4")
     in_flight["spec-k2"] = 0.0  # idle, but no evidence there: never spilled onto
     assert r.choose("code", "greedy", low, in_flight.get).pool == "nospec"

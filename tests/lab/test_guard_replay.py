@@ -276,8 +276,12 @@ def test_without_the_prior_the_same_moves_wait_for_live_evidence(warm_and_cold):
     assert creative[0][0] > _moves(warm, "creative")[0][0]
     assert _moves(cold, "creative", "high") == []  # nothing is known about a load never seen
     # rc < 1 on K=4 and K=2's what-if some 7% cheaper, but its ratio's interval reaches past the 3%
-    # margin: no move on the point
-    assert _moves(cold, "chat") == []
+    # margin: no move on the point. The spread sends some chat requests to K=2 (where they add least
+    # time), so a move may follow on K=2's own measurements once the ratio's interval clears
+    for d in cold.decisions:
+        if (d["task_type"], d["temperature_bucket"]) == ("chat", "medium") and d["cause"] == "best_pool":
+            target = d["reason"].split(" cheaper per token than ")[0]
+            assert "(measured:" in target and "beyond the ratio's interval" in d["reason"], d["reason"]
 
 
 def test_a_class_off_speculation_is_probed_where_it_is_expected_cheapest():
