@@ -41,10 +41,10 @@ from dataclasses import replace
 
 import numpy as np
 
+from specguard.exporters import routing
 from specguard.lab import replay, scenario
 from specguard.lab import replay_policies as rp
 from specguard.monitor import config as monitor_config
-from specguard.rules import baseline as baseline_mod
 from specguard.rules import modelbase
 from specguard.sim import config as sim_config
 from specguard.sim import truth as truth_mod
@@ -121,7 +121,7 @@ class HoldoutPolicy(rp.StaticPolicy):
     def choose(self, task_type, temperature_bucket, load_bucket_of, load_of=None):
         pool, _ = super().choose(task_type, temperature_bucket, load_bucket_of)
         if self._rng.random() < self.share:
-            return "nospec", baseline_mod.ROUTE_HOLDOUT
+            return "nospec", routing.ROUTE_HOLDOUT
         return pool, "plan"
 
     def observe(self, record) -> None:

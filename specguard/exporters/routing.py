@@ -43,6 +43,9 @@ HOLDOUT_MATCHED_ON_DEMAND = "matched_on_demand"
 HOLDOUT_MODES = (HOLDOUT_SHARE, HOLDOUT_CAPACITY_MATCHED, HOLDOUT_MATCHED_ON_DEMAND)
 
 
+ROUTE_PLAN = "plan"
+ROUTE_HOLDOUT = "holdout"
+ROUTE_PROBE = "probe"
 ROUTE_FAILOVER = "failover"
 ROUTE_SPREAD = "spread"
 
@@ -265,12 +268,12 @@ class Router:
         """
         planned = failed.planned or self.planned(task_type, temperature_bucket, load_bucket_of)
         if planned not in tried and self.serving(planned):
-            return RouteChoice(planned, "plan")
+            return RouteChoice(planned, ROUTE_PLAN)
         pool = self.fallback(task_type, temperature_bucket, load_bucket_of(planned), planned, tried)
         if pool is not None:
             return RouteChoice(pool, ROUTE_FAILOVER, planned)
         if planned not in tried:  # none serving: the plan's pool is the best try (it may be back)
-            return RouteChoice(planned, "plan")
+            return RouteChoice(planned, ROUTE_PLAN)
         return None
 
     def set_holdout_mode(self, mode: str) -> None:
@@ -346,7 +349,7 @@ class Router:
                 # less loaded per replica: hold out; equally loaded: by the capacity share (so
                 # one request at a time still splits r0 : rp)
                 if nospec < planned or (nospec == planned and draw < r0 / (r0 + rp)):
-                    return RouteChoice(self.nospec_pool, "holdout")
+                    return RouteChoice(self.nospec_pool, ROUTE_HOLDOUT)
             return self._probe(target, draw, task_type, temperature_bucket, load_bucket_of)
         draw = self._rng.random()
         holdout = self.holdout_share
@@ -358,7 +361,7 @@ class Router:
             and draw < holdout
             and self.serving(self.nospec_pool)
         ):
-            return RouteChoice(self.nospec_pool, "holdout")
+            return RouteChoice(self.nospec_pool, ROUTE_HOLDOUT)
         return self._probe(target, draw, task_type, temperature_bucket, load_bucket_of)
 
     def _probe(
@@ -375,9 +378,9 @@ class Router:
         if not self._pools[target].speculative:
             pool, share = self.probe_for(task_type, temperature_bucket, load_bucket_of, target)
             if pool is not None and pool != target and draw < share and self.serving(pool):
-                return RouteChoice(pool, "probe")
+                return RouteChoice(pool, ROUTE_PROBE)
         if not self.serving(target):
             pool = self.fallback(task_type, temperature_bucket, load_bucket_of(target), target)
             if pool is not None:  # (none serving: try the plan's pool, it may be back)
                 return RouteChoice(pool, ROUTE_FAILOVER, target)
-        return RouteChoice(target, "plan")
+        return RouteChoice(target, ROUTE_PLAN)

@@ -183,6 +183,7 @@ class SpecguardPolicy:
         self.choices: Choices = {}  # every request's route by its key (the oracle replays them)
         self.on_tick = None  # optional callback(now, costs, changed decisions) for live display
         self.last_plan: planner.Plan | str | None = None  # guard.decider: planner
+        self.spread_fit = spread_mod.Held()  # guard.spread
 
     @property
     def tick_seconds(self) -> float:
@@ -273,7 +274,7 @@ class SpecguardPolicy:
         if not self.policy.spread:
             return
         records = self.stats.records(since=now - self.policy.window_seconds)
-        found = spread_mod.model(records, self.policy, self.settings, self.profile)
+        found = self.spread_fit.model(records, self.policy, self.settings, self.profile, now)
         if isinstance(found, str):
             self.router.set_spread(None)
             return

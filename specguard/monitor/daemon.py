@@ -114,6 +114,7 @@ class Guard(FleetRoles):
         self.probe_share = probe_share
         self.set_spread = set_spread  # the router's spread (``guard.spread``), from the local window
         self.spread: dict[ClassKey, dict[str, float]] = {}  # the latest units, for /status
+        self.spread_fit: str | None = None  # the spread's step-cost fit, held fit or why none
         self.pool_replicas = pool_replicas  # the router's replicas per pool (the planner's capacity)
         self.last_plan: Any = None  # guard.decider: planner: the latest plan or why none, for /status
         self.sizer: desired.Sizer | None = None  # guard.scaling: desired replicas per pool
@@ -320,19 +321,22 @@ class Guard(FleetRoles):
     def _spread(self, evidence: dict[ClassKey, Evidence], now: float) -> routing.Spread | None:
         """The router's spread for ``guard.spread`` (None: off, or no step-cost fit this round)."""
         local = next((s for s in self.sources if hasattr(s, "spread_model")), None)  # LocalSource
+        self.spread, self.spread_fit = {}, None
         if not self.policy.spread or local is None:
-            self.spread = {}
             return None
         try:
             found = local.spread_model(now)
             if isinstance(found, str):
                 log.info("spread: none this evaluation (%s)", found)
-                self.spread = {}
+                self.spread_fit = f"none: {found}"
                 return None
+            if found.held:
+                log.info("spread: %s", found.held)
+            self.spread_fit = f"held: {found.held}" if found.held else found.fit.formula()
             self.spread = spread_mod.units(dict(self.states), evidence, now, self.policy, found)
         except Exception:  # a bug in the spread must not stop the guard: requests follow the plan
             log.exception("spread: failed")
-            self.spread = {}
+            self.spread, self.spread_fit = {}, "none: failed (see the log)"
             return None
         ks = dict(self.policy.pools)
         return routing.Spread(self.spread, lambda pool, load: found.step(ks.get(pool, 0), load))

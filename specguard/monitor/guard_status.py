@@ -182,6 +182,7 @@ def document(g: StatusSource, decisions: int = 50) -> dict[str, Any]:
         "baselines": g.baseline_report() if g.baseline_report is not None else None,
         "holdout": g.holdout_report() if g.holdout_report is not None else None,
         "schedule": g.schedule_report() if g.schedule_report is not None else None,
+        "spread_fit": getattr(g, "spread_fit", None),
         "planner": _plan(getattr(g, "last_plan", None), getattr(g, "desired_replicas", {}))
         if g.policy.decider == "planner"
         else None,

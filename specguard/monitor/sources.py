@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from specguard.errors import SourceError
 from specguard.monitor.promql import PromQL
-from specguard.rules import holdout, prior
+from specguard.rules import holdout, prior, spread
 from specguard.rules import policy as policy_mod
 from specguard.rules.evidence import (
     ClassKey,
@@ -67,6 +67,7 @@ class LocalSource:
         self._model_window = max(model_window_seconds or window_seconds, window_seconds)
         self._watches = dict(watches or {})
         self._stack = stack
+        self._spread_fit = spread.Held()
 
     def engine_steps(self, since: float) -> list[tuple[str, Any, float]]:
         """The engines' page intervals since ``since``: (pool, step observation, request-steps)."""
@@ -129,12 +130,10 @@ class LocalSource:
     def spread_model(self, now: float) -> Any:
         """``guard.spread``: the step-cost fit and bucket loads of the window (``rules.spread``), or
         why there is none."""
-        from specguard.rules import spread
-
         if self.policy is None:
             return "no policy"
         records = self._stats.records(since=now - self._window)
-        return spread.model(records, self.policy, self._settings, self._profile)
+        return self._spread_fit.model(records, self.policy, self._settings, self._profile, now)
 
     @property
     def has_prior(self) -> bool:

@@ -41,11 +41,6 @@ from specguard.rules import likebase
 from specguard.rules import profile as profile_mod
 from specguard.rules.cost_config import CostSettings
 
-ROUTE_PLAN = "plan"
-ROUTE_HOLDOUT = "holdout"
-ROUTE_PROBE = "probe"
-ROUTES = (ROUTE_PLAN, ROUTE_HOLDOUT, ROUTE_PROBE)
-
 SOURCE_LIVE = "live"
 SOURCE_PROFILE = "profile"
 SOURCE_MODEL = "model"

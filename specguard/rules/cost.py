@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from specguard.exporters import routing
 from specguard.exporters.records import RequestRecord
 from specguard.rules import baseline as baseline_mod
 from specguard.rules import confidence, likebase, modelbase, onepool, whatif
@@ -270,7 +271,7 @@ def _class_cost(
         base_tpot_seconds=base.tpot_seconds,
         baseline_source=base.source,
         baseline_detail=base.detail,
-        n_probe=sum(1 for r in usable if r.route == baseline_mod.ROUTE_PROBE),
+        n_probe=sum(1 for r in usable if r.route == routing.ROUTE_PROBE),
         spec_stats_requests=accept["requests"],
         rounds=accept["acceptance"].rounds,
         accept_length=accept["acceptance"].accept_length,

@@ -38,6 +38,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from specguard.exporters import routing
 from specguard.exporters.records import RequestRecord
 from specguard.rules import baseline as baseline_mod
 from specguard.rules.cost_config import POOLED_SCOPES
@@ -46,6 +47,10 @@ HEADROOM = 1.5
 """No-spec requests aimed for per load bucket and window, in units of ``baseline_min_samples``."""
 RECENT = 0.25
 """Share of the window whose rates stand for the next window (on demand)."""
+FEED_FOR_FREE = (routing.ROUTE_PLAN, routing.ROUTE_SPREAD)
+"""Routes of no-spec requests the baseline gets without a holdout: the plan's and the spread's."""
+NOT_DRAWN = (routing.ROUTE_PROBE, routing.ROUTE_SPREAD)
+"""Routes the router takes before any holdout draw: their requests are never held out."""
 CAPACITY_MATCHED = "capacity_matched"
 MATCHED_ON_DEMAND = "matched_on_demand"
 ON_DEMAND_MODES = ("on_demand", MATCHED_ON_DEMAND)
@@ -80,8 +85,8 @@ def shares(
 ) -> dict[str, float]:
     """The holdout share per load bucket seen in ``records``: just enough for the live baseline.
 
-    Per bucket, planned no-spec requests ``P`` already feed the baseline; the holdout draws from
-    the requests of classes planned on a speculative pool (``E``: their plan and holdout routes).
+    Per bucket, no-spec requests the plan or the spread sends ``P`` already feed the baseline; the
+    holdout draws from the other requests the router has not sent by the spread or a probe (``E``).
     The share is ``(HEADROOM x baseline_min_samples - P) / E``, clamped to ``[min_share, max_share]``
     (``max_share`` is the tap's ``holdout_share``), with ``P`` and ``E`` the rates over the recent
     ``RECENT`` part of the window (or since the oldest record, if later) projected to a whole
@@ -110,9 +115,9 @@ def shares(
         seen.add(record.load_bucket)
         if since is not None and record.started_at < since:
             continue
-        if pools[record.pool] == 0 and record.route == baseline_mod.ROUTE_PLAN:
+        if pools[record.pool] == 0 and record.route in FEED_FOR_FREE:
             planned[record.load_bucket] += 1
-        elif record.route != baseline_mod.ROUTE_PROBE:
+        elif record.route not in NOT_DRAWN:
             eligible[record.load_bucket] += 1
     wanted = HEADROOM * max(baseline_min_samples, 1)
     out = {}
@@ -152,7 +157,7 @@ def short_buckets(
         if k == 0:
             if lasting_from is None or record.started_at >= lasting_from:
                 baseline[record.load_bucket] += 1
-        elif record.route != baseline_mod.ROUTE_PROBE and (since is None or record.started_at >= since):
+        elif record.route != routing.ROUTE_PROBE and (since is None or record.started_at >= since):
             speculating.add(record.load_bucket)
     return frozenset(b for b in speculating if baseline[b] < max(baseline_min_samples, 1))
 

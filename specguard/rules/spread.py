@@ -14,13 +14,19 @@ enough samples), each read at the load bucket the request would join it in:
 
 A greedy rule, re-read at every request, so a pool that fills up stops drawing; charging what a
 request adds to the others keeps a speculative pool from filling past the load where its step
-slows everyone there. Pinned, frozen and paused classes are not spread. Pure: values in, units out.
+slows everyone there. Pinned, frozen and paused classes are not spread.
+
+A refit can fail where the last one stood: a line fitted on loads past a knee can cross zero at
+one request (``planfeed.step_fit`` refuses it), and the window's next records may not. Dropping the
+spread then sends every class whole to its plan's pool, which on fixed pools overloads one of them
+for as long as the refit keeps failing, so ``Held`` keeps the last fit that stood for up to a
+window (with the loads of the window now) and says why. Pure but for ``Held``: values in, units out.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specguard.exporters.records import RequestRecord
 from specguard.rules import bestpool, planfeed, planner, stepfit
@@ -37,6 +43,7 @@ class Model:
 
     fit: stepfit.StepFit
     loads: Mapping[str, float]
+    held: str = ""  # why this window's own fit failed, when the fit is the last one that stood
 
     def step(self, k: int, load: float) -> float:
         return max(1e-9, self.fit.predict(load, k))
@@ -53,6 +60,32 @@ def model(
     if isinstance(fit, str):
         return fit
     return Model(fit, planfeed.bucket_loads(records, settings))
+
+
+@dataclass
+class Held:
+    """The spread's model across evaluations: this window's fit, or the last fit that stood, for up
+    to the policy's ``window_seconds`` after it was made, while a refit fails."""
+
+    last: tuple[float, stepfit.StepFit] | None = field(default=None, repr=False)
+
+    def model(
+        self,
+        records: Sequence[RequestRecord],
+        policy: policy_mod.Policy,
+        settings: CostSettings,
+        profile: profile_mod.Profile | None,
+        now: float,
+    ) -> Model | str:
+        found = model(records, policy, settings, profile)
+        if isinstance(found, Model):
+            self.last = (now, found.fit)
+            return found
+        if self.last is None or now - self.last[0] > policy.window_seconds:
+            return found
+        at, fit = self.last
+        held = f"{found}; holding the fit of {now - at:.0f} s ago"
+        return Model(fit, planfeed.bucket_loads(records, settings), held=held)
 
 
 def units(

@@ -525,8 +525,9 @@ async def test_guard_spread_hands_the_router_each_class_pools_and_status_shows_t
     loads = {"spec-k4": 40.0, "spec-k2": 1.0, "nospec": 1.0}  # K=4 crowded, the others idle
     choice = router.choose("code", "greedy", lambda pool: "low", loads.get)
     if not on:
-        assert row["spread"] is None and choice.pool == "spec-k4"
+        assert row["spread"] is None and choice.pool == "spec-k4" and guard.status()["spread_fit"] is None
         return
+    assert guard.status()["spread_fit"].startswith("T_step = ")
     assert (
         set(row["spread"]) == {"spec-k4", "nospec"} and row["spread"]["nospec"] == 1.0
     )  # no evidence on K=2
@@ -636,3 +637,4 @@ async def test_a_failing_planner_or_spread_leaves_the_watch_rules_acting(tmp_pat
     ]
     assert guard.status()["planner"]["reason"] == "planner failed: ZeroDivisionError: a bug"
     assert guard.spread == {} and router.choose("code", "greedy", lambda pool: "high").pool == "nospec"
+    assert guard.status()["spread_fit"] == "none: failed (see the log)"

@@ -79,6 +79,17 @@ def test_probes_holdouts_and_unusable_requests_do_not_count_as_planned():
     assert out == {"low": 0.05}  # 100 holdouts are eligible, 45 wanted, capped at 0.05
 
 
+def test_spread_requests_feed_the_baseline_and_are_never_drawn_from():
+    """The spread routes before any holdout draw: its no-spec requests feed the baseline for free,
+    and its speculative ones are not there for the share to draw from."""
+    rows = records(30, 500)
+    rows += [record("nospec", "spread") for _ in range(10)] + [
+        record("spec-k4", "spread") for _ in range(300)
+    ]
+    out = holdout.shares(rows, POOLS, baseline_min_samples=30, min_share=0.0, max_share=0.05)
+    assert out == {"low": pytest.approx((45 - 40) / 500)}  # not (45 - 30) / 810
+
+
 def test_fixed_mode_and_per_class_baselines_keep_the_tap_share():
     rows, policy = records(100, 10), policy_mod.Policy(rules=(), holdout="on_demand")
     assert holdout.for_policy(rows, POOLS, policy, CostSettings(), 0.05) == holdout.Holdout({"low": 0.0})

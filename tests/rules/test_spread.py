@@ -35,3 +35,16 @@ def test_units_are_rc_carried_to_each_pools_step_and_only_where_evidence_may_mov
 
 def test_no_step_fit_no_spread():
     assert isinstance(spread.model([], POLICY, SETTINGS, None), str)
+
+
+def test_a_failing_refit_holds_the_last_fit_that_stood_for_a_window():
+    held = spread.Held()
+    first = held.model(window(), POLICY, SETTINGS, None, 100.0)
+    assert isinstance(first, spread.Model) and first.held == ""
+    later = held.model([], POLICY, SETTINGS, None, 100.0 + POLICY.window_seconds)  # this refit fails
+    assert isinstance(later, spread.Model) and later.fit == first.fit
+    assert "no step-cost fit" in later.held and f"{POLICY.window_seconds:.0f} s ago" in later.held
+    assert later.loads != first.loads  # the loads are the window's now (none measured: representative)
+    gone = held.model([], POLICY, SETTINGS, None, 100.0 + POLICY.window_seconds + 1)
+    assert isinstance(gone, str) and "no step-cost fit" in gone
+    assert isinstance(spread.Held().model([], POLICY, SETTINGS, None, 0.0), str)  # nothing to hold yet
