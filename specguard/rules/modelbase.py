@@ -56,7 +56,7 @@ from specguard.exporters.records import RequestRecord
 from specguard.exporters.snapshot import EngineSnapshot
 from specguard.rules import profile as profile_mod
 from specguard.rules.cost_config import CostSettings
-from specguard.rules.stepfit import StepObservation
+from specguard.rules.stepfit import StepObservation, nonnegative
 
 __all__ = [
     "EXTRAPOLATION_FACTOR",
@@ -381,28 +381,6 @@ def _solve(rows: Sequence[tuple[str, StepObservation]], knee: float | None) -> t
         n=n,
     )
     return model, aic
-
-
-def nonnegative(
-    design: np.ndarray, target: np.ndarray, constrained: Sequence[int] | None = None
-) -> np.ndarray:
-    """Least squares with the ``constrained`` coefficients (default: all) >= 0. Step costs (a time
-    per step, per request, per token) are never negative; a negative estimate is the noise of a
-    narrow range of loads, and a line through it predicts nonsense away from them. Active set: the
-    most negative constrained coefficient is pinned at zero and the rest refitted, until none is."""
-    p = design.shape[1]
-    bound = set(range(p) if constrained is None else constrained)
-    free = list(range(p))
-    beta = np.zeros(p)
-    while free:
-        solution, *_ = np.linalg.lstsq(design[:, free], target, rcond=None)
-        beta = np.zeros(p)
-        beta[free] = solution
-        negative = [(value, j) for value, j in zip(solution, free, strict=True) if j in bound and value < 0]
-        if not negative:
-            break
-        free.remove(min(negative)[1])
-    return beta
 
 
 def _variance(base: np.ndarray, residuals: np.ndarray, mask: np.ndarray) -> float:

@@ -20,7 +20,8 @@ A refit can fail where the last one stood: a line fitted on loads past a knee ca
 one request (``planfeed.step_fit`` refuses it), and the window's next records may not. Dropping the
 spread then sends every class whole to its plan's pool, which on fixed pools overloads one of them
 for as long as the refit keeps failing, so ``Held`` keeps the last fit that stood for up to a
-window (with the loads of the window now) and says why. Pure but for ``Held``: values in, units out.
+window, while the loads stay within those it was fitted on (read with the loads of the window now),
+and says why. Pure but for ``Held``: values in, units out.
 """
 
 from __future__ import annotations
@@ -64,10 +65,12 @@ def model(
 
 @dataclass
 class Held:
-    """The spread's model across evaluations: this window's fit, or the last fit that stood, for up
-    to the policy's ``window_seconds`` after it was made, while a refit fails."""
+    """The spread's model across evaluations: this window's fit, or, while a refit fails, the last
+    fit that stood, for up to the policy's ``window_seconds`` after it was made and only while no
+    request of the window ran at a higher load per replica than the requests it was fitted on (a
+    fit read past its loads misprices the pools the load has moved to)."""
 
-    last: tuple[float, stepfit.StepFit] | None = field(default=None, repr=False)
+    last: tuple[float, stepfit.StepFit, float] | None = field(default=None, repr=False)
 
     def model(
         self,
@@ -78,14 +81,14 @@ class Held:
         now: float,
     ) -> Model | str:
         found = model(records, policy, settings, profile)
+        highest = planfeed.highest_load(records)
         if isinstance(found, Model):
-            self.last = (now, found.fit)
+            self.last = (now, found.fit, highest)
             return found
-        if self.last is None or now - self.last[0] > policy.window_seconds:
+        if self.last is None or now - self.last[0] > policy.window_seconds or highest > self.last[2]:
             return found
-        at, fit = self.last
-        held = f"{found}; holding the fit of {now - at:.0f} s ago"
-        return Model(fit, planfeed.bucket_loads(records, settings), held=held)
+        held = f"{found}; holding the fit of {now - self.last[0]:.0f} s ago"
+        return Model(self.last[1], planfeed.bucket_loads(records, settings), held=held)
 
 
 def units(

@@ -1,4 +1,7 @@
-"""Step-cost model: ``T_step ~ c0 + cB*B + cM*M (+ cD*D + cK*K)`` fitted by least squares.
+"""Step-cost model: ``T_step ~ c0 + cB*B + cM*M (+ cD*D + cK*K)`` fitted by least squares, every
+cost non-negative (``nonnegative``: a step never gets cheaper with more requests, tokens or drafts;
+a negative estimate is the noise of a narrow range of loads, and read away from them it prices a
+busy pool as cheap).
 
 ``B`` = live requests in the step, ``M`` = verify tokens executed (``B*(K+1)`` in static verify),
 ``D`` = drafted tokens (``B*K``), ``K`` = sequential draft passes. An
@@ -93,8 +96,11 @@ class StepFit:
         return text
 
 
-def fit(observations: Sequence[StepObservation], terms: Sequence[str] = DEFAULT_TERMS) -> StepFit:
-    """Weighted least squares; raises InputError with too few or degenerate observations."""
+def fit(
+    observations: Sequence[StepObservation], terms: Sequence[str] = DEFAULT_TERMS, *, constrained: bool = True
+) -> StepFit:
+    """Weighted least squares, every coefficient >= 0 unless not ``constrained``; raises InputError
+    with too few or degenerate observations."""
     obs = [o for o in observations if math.isfinite(o.step_seconds) and o.step_seconds > 0 and o.weight > 0]
     if not obs:
         raise InputError("step-cost fit: no usable observations (need step_seconds > 0)")
@@ -121,7 +127,10 @@ def fit(observations: Sequence[StepObservation], terms: Sequence[str] = DEFAULT_
             f"({', '.join(['intercept', *kept])}); need at least {len(columns) + 1}"
         )
     design = np.column_stack(columns)
-    solution, *_ = np.linalg.lstsq(design * w[:, None], y * w, rcond=None)
+    if constrained:
+        solution = nonnegative(design * w[:, None], y * w)
+    else:
+        solution, *_ = np.linalg.lstsq(design * w[:, None], y * w, rcond=None)
     predicted = design @ solution
     residuals = y - predicted
     weights = w**2
@@ -139,6 +148,28 @@ def fit(observations: Sequence[StepObservation], terms: Sequence[str] = DEFAULT_
         n=len(obs),
         dropped_terms=tuple(dropped),
     )
+
+
+def nonnegative(
+    design: np.ndarray, target: np.ndarray, constrained: Sequence[int] | None = None
+) -> np.ndarray:
+    """Least squares with the ``constrained`` coefficients (default: all) >= 0. Step costs (a time
+    per step, per request, per token) are never negative; a negative estimate is the noise of a
+    narrow range of loads, and a line through it predicts nonsense away from them. Active set: the
+    most negative constrained coefficient is pinned at zero and the rest refitted, until none is."""
+    p = design.shape[1]
+    bound = set(range(p) if constrained is None else constrained)
+    free = list(range(p))
+    beta = np.zeros(p)
+    while free:
+        solution, *_ = np.linalg.lstsq(design[:, free], target, rcond=None)
+        beta = np.zeros(p)
+        beta[free] = solution
+        negative = [(value, j) for value, j in zip(solution, free, strict=True) if j in bound and value < 0]
+        if not negative:
+            break
+        free.remove(min(negative)[1])
+    return beta
 
 
 def observations_from_profile(profile: profile_mod.Profile) -> list[StepObservation]:

@@ -49,6 +49,24 @@ def test_fits_the_simulator_cost_model_below_its_knee():
         assert fit.predict(b, k) == pytest.approx(cost.step_seconds(b, k), rel=0.05)
 
 
+def test_no_step_cost_is_fitted_negative_so_no_pool_gets_cheaper_with_load():
+    # past a knee: the executed tokens carry the step, and a plain line gives requests a negative cost
+    # (no-spec steps that get cheaper the busier the engine is: a spread floods the no-spec replica)
+    observations = [
+        stepfit.StepObservation(0.010 + 0.0004 * b * (k + 1) - 0.0005 * b, b, k)
+        for b in (20, 30, 40)
+        for k in (0, 2, 4)
+    ]
+    plain = stepfit.fit(observations, constrained=False)
+    assert dict(zip(plain.terms, plain.coefficients, strict=True))["batch"] < 0
+    assert plain.predict(80, 0) < plain.predict(40, 0)
+    fit = stepfit.fit(observations)
+    assert min(fit.intercept, *fit.coefficients) >= 0
+    assert fit.predict(80, 0) >= fit.predict(40, 0) > 0
+    for b, k in ((30, 2), (40, 4)):  # still close where it was fitted
+        assert fit.predict(b, k) == pytest.approx(plain.predict(b, k), rel=0.15)
+
+
 def test_too_few_or_bad_observations_are_clear_errors():
     with pytest.raises(InputError, match="no usable observations"):
         stepfit.fit([stepfit.StepObservation(0.0, 1, 0)])

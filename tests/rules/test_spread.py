@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from specguard.rules import spread
@@ -37,7 +39,7 @@ def test_no_step_fit_no_spread():
     assert isinstance(spread.model([], POLICY, SETTINGS, None), str)
 
 
-def test_a_failing_refit_holds_the_last_fit_that_stood_for_a_window():
+def test_a_failing_refit_holds_the_last_fit_that_stood_for_a_window_within_its_loads():
     held = spread.Held()
     first = held.model(window(), POLICY, SETTINGS, None, 100.0)
     assert isinstance(first, spread.Model) and first.held == ""
@@ -45,6 +47,9 @@ def test_a_failing_refit_holds_the_last_fit_that_stood_for_a_window():
     assert isinstance(later, spread.Model) and later.fit == first.fit
     assert "no step-cost fit" in later.held and f"{POLICY.window_seconds:.0f} s ago" in later.held
     assert later.loads != first.loads  # the loads are the window's now (none measured: representative)
+    busier = [replace(window()[0], load=1000.0, decode_load=None)]  # past the held fit's loads
+    assert isinstance(spread.model(busier, POLICY, SETTINGS, None), str)
+    assert isinstance(held.model(busier, POLICY, SETTINGS, None, 100.0 + POLICY.window_seconds), str)
     gone = held.model([], POLICY, SETTINGS, None, 100.0 + POLICY.window_seconds + 1)
     assert isinstance(gone, str) and "no step-cost fit" in gone
     assert isinstance(spread.Held().model([], POLICY, SETTINGS, None, 0.0), str)  # nothing to hold yet
