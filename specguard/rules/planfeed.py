@@ -105,7 +105,7 @@ def step_fit(
     top = max(LOCAL * highest, max((o.batch for o in observations), default=1.0))
     for k in sorted(set(policy.pools.values())):
         for batch in (1.0, top):
-            if not fit.predict(batch, k) > 0:  # a line fitted on a few levels can cross zero
+            if not fit.predict(batch, k) > 0:  # all costs pinned at zero: no step to price
                 where = f"B={batch:g}, K={k}"
                 return f"planner: the step-cost fit ({fit.formula()}) predicts no positive step at {where}"
     return fit

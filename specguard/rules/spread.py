@@ -16,12 +16,12 @@ A greedy rule, re-read at every request, so a pool that fills up stops drawing; 
 request adds to the others keeps a speculative pool from filling past the load where its step
 slows everyone there. Pinned, frozen and paused classes are not spread.
 
-A refit can fail where the last one stood: a line fitted on loads past a knee can cross zero at
-one request (``planfeed.step_fit`` refuses it), and the window's next records may not. Dropping the
-spread then sends every class whole to its plan's pool, which on fixed pools overloads one of them
-for as long as the refit keeps failing, so ``Held`` keeps the last fit that stood for up to a
-window, while the loads stay within those it was fitted on (read with the loads of the window now),
-and says why. Pure but for ``Held``: values in, units out.
+A refit can fail where the last one stood (a window short of the (pool, load) cells the fit's
+coefficients need, or a fit ``planfeed.step_fit`` refuses). Dropping the spread then sends every
+class whole to its plan's pool, which on fixed pools overloads one of them for as long as the refit
+keeps failing, so ``Held`` keeps the last fit that stood for up to a window, while the loads stay
+within those it was fitted on (read with the loads of the window now), and says why. Pure but for
+``Held``: values in, units out.
 """
 
 from __future__ import annotations
