@@ -302,7 +302,7 @@ def test_the_planner_page_carries_the_shipped_runs_against_those_without_the_spr
     assert flat(text) in flat((ROOT / "docs" / "planner.md").read_text()), fix
 
 
-SPREAD_LOSES = {"fixed": [], "autoscaled": [], "fluid": []}  # as docs/planner.md says
+SPREAD_LOSES = {"fixed": [], "autoscaled": ["tiny-classes"], "fluid": []}  # as docs/planner.md says
 
 
 @pytest.mark.parametrize("shape", sorted(NO_SPREAD))
@@ -319,6 +319,9 @@ def test_with_the_spread_the_scenarios_that_do_worse_are_the_ones_the_page_names
     assert [s for s in scenarios if mean(spread, s) < mean(without, s)] == SPREAD_LOSES[shape]
     text = flat((ROOT / "docs" / "planner.md").read_text())
     assert "In every shape each scenario's mean throughput over the oracle is higher with the spread" in text
+    for scenario in SPREAD_LOSES[shape]:  # the page names each exception with its figures
+        said = f"`{scenario}` on {shape} pools ({mean(without, scenario):.3f} → {mean(spread, scenario):.3f}"
+        assert said in text, said
     below = [r["scenario"] for r in spread if r["worst_phase_vs_never"] < 1]
     assert below.count("knee-edge") + below.count("flash-crowd") > len(below) / 2
     assert "(most of them in `knee-edge` and `flash-crowd`, in every shape)" in text
