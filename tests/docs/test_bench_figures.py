@@ -329,6 +329,14 @@ def test_with_the_spread_the_scenarios_that_do_worse_are_the_ones_the_page_names
     assert "a worst run below 0.90 of the oracle, and a worst TPOT p99 above 1.15x the oracle's" in text
 
 
+def test_the_worst_run_the_planner_page_names_is_each_shapes():
+    """docs/planner.md names the worst run of every shape and what the fit misses there."""
+    for name in SHAPES.values():
+        assert kept(name)["summary"]["vs_oracle"]["worst_run"].startswith("tiny-classes/early-knee/"), name
+    text = flat((ROOT / "docs" / "planner.md").read_text())
+    assert "`tiny-classes` in `early-knee` is the worst run in every fleet shape" in text
+
+
 def test_the_planner_page_carries_the_kept_decision_times():
     """docs/planner.md's decision times are ``bench/bench_planner.py --json``'s kept run."""
     result = kept("planner.json")
