@@ -381,7 +381,9 @@ async def test_response_keys_where_vllm_puts_them(sim):
 async def test_a_client_that_leaves_mid_stream_leaves_no_traceback(dialect, caplog):
     """Issue 18: the simulator printed a full ClientConnectionResetError traceback each time a
     streaming client disconnected."""
-    async with cluster.SimCluster.from_config(None, seed=0, time_scale=0.05, dialect=dialect) as running:
+    # real time (time_scale 1): the 400 tokens take seconds, so the stream is still writing when the
+    # client leaves, however loaded the machine (at 0.05 it could finish first: no abort to count)
+    async with cluster.SimCluster.from_config(None, seed=0, time_scale=1.0, dialect=dialect) as running:
         url = running.urls["spec-k4"]
         with caplog.at_level(logging.DEBUG):
             async with aiohttp.ClientSession() as session:
