@@ -353,7 +353,56 @@ def render(result: dict) -> dict[str, str]:
         "readme": readme,
         "wall": wall,
         "bound": bound,
+        "ceiling": ceiling(rows),
     }
+
+
+SCHEDULE = "best_in_engine_schedule"
+ROUTING_PLANS = ("oracle", "oracle_sticky", "spread", "split_static", "best_per_class_static")
+"""The oracle's candidates that route over the shape's pools (with ``_replicas``: replanned on the
+replicas the plan had; ``*_routing``: a specguard row's own routing replayed); every other
+candidate is one pool of all the engines, at the in-engine K schedule or at one pool's K."""
+
+
+def best_routing(row: dict) -> float:
+    """The best routing plan the hindsight search knows, over the oracle: per time slice, a static
+    spread or a static pool per class, on the shape's pools."""
+    return max(row["oracle_routing_vs_oracle"], row["ratios_to_oracle"]["best_per_class_static"])
+
+
+def _routes(name: str) -> bool:
+    return name.removesuffix("_replicas") in ROUTING_PLANS or name.endswith("_routing")
+
+
+def ceiling(rows: list[dict]) -> str:
+    """How much of the oracle routing over the shape's pools can reach, and how much of that
+    specguard reaches: where the oracle is one pool of all the engines at a K (or a K schedule) no
+    pool of the shape runs, no routing over them matches it."""
+    one_pool = [r for r in rows if not _routes(r["oracle_plan_from"])]
+    schedule = sum(r["oracle_plan_from"] == SCHEDULE for r in one_pool)
+    routing = [(best_routing(r), r) for r in rows]
+    mine = [(r["vs_oracle"] / value, r) for value, r in routing]
+
+    def where(pairs: list[tuple[float, dict]]) -> str:
+        value, r = min(pairs, key=lambda pair: pair[0])
+        return f"{value:.3f} at worst, {r['scenario']}/{r['world']}/seed {r['seed']}"
+
+    fixed_k = rows[0].get("fleet_shape") == shapes.FIXED  # a pool's engines never change K
+    one_k = len(one_pool) - schedule
+    pools_note = (
+        f", and in {one_k} more one pool of all the engines at one K, which on fixed pools routing "
+        "cannot be either"
+        if fixed_k
+        else f" (in {one_k} more it is one pool of all the engines at one K)"
+    )
+    return (
+        f"In {schedule} of {len(rows)} runs the oracle is the in-engine K schedule on one pool of all "
+        f"the engines, which no routing over pools of fixed K can be{pools_note}. The best routing "
+        f"plan the hindsight search finds on the shape's pools (per time slice, or static per class) "
+        f"reaches {statistics.mean(v for v, _ in routing):.3f} of the oracle on average "
+        f"({where(routing)}); specguard reaches {statistics.mean(v for v, _ in mine):.3f} of that "
+        f"plan on average ({where(mine)})."
+    )
 
 
 def compare(pairs: list[tuple[dict, dict]]) -> str:

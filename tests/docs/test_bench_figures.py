@@ -54,7 +54,7 @@ def test_each_shapes_kept_run_is_whole_and_its_bound_holds(shape):
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
-@pytest.mark.parametrize("piece", ["scenarios", "goals", "schedule", "wall", "readme", "bound"])
+@pytest.mark.parametrize("piece", ["scenarios", "goals", "schedule", "wall", "readme", "bound", "ceiling"])
 def test_the_benchmarks_page_carries_each_shapes_kept_run(shape, piece):
     text = bench_matrix.render(kept(SHAPES[shape]))[piece]
     fix = f"render them again: python3 bench/bench_matrix.py --render bench/results/{SHAPES[shape]}"
@@ -115,6 +115,24 @@ def test_where_specguard_loses_to_the_in_engine_schedule_is_what_the_page_says(s
     assert f"in every run of {listed(one_pool)} the oracle's plan is the schedule" in text.lower()
     if shape == "fixed":  # whole classes do worse than specguard's, which the spread spreads
         assert all(r["vs_best_per_class_static"] > 1 for r in rows if r["scenario"] == "knee-edge")
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_how_much_routing_can_reach_counts_the_one_pool_oracles_and_the_best_routing_plan(shape):
+    """The page's ceiling sentence: the runs whose oracle is one pool of all the engines (the
+    schedule or one K) and the best routing plan's mean, each counted here on the rows."""
+    rows = kept(SHAPES[shape])["rows"]
+    text = bench_matrix.ceiling(rows)
+    schedule = sum(r["oracle_plan_from"] == "best_in_engine_schedule" for r in rows)
+    one_k = sum(r["oracle_plan_from"] in ONE_POOL - {"best_in_engine_schedule"} for r in rows)
+    assert text.startswith(f"In {schedule} of {len(rows)} runs the oracle is the in-engine K schedule")
+    assert f"{one_k} more" in text
+    routing = [
+        max(r["oracle_routing_vs_oracle"], r["ratios_to_oracle"]["best_per_class_static"]) for r in rows
+    ]
+    assert f"reaches {sum(routing) / len(routing):.3f} of the oracle on average" in text
+    mine = sum(r["vs_oracle"] / v for r, v in zip(rows, routing, strict=True)) / len(rows)
+    assert f"specguard reaches {mine:.3f} of that plan on average" in text
 
 
 def test_autoscaled_specguards_own_routing_is_the_oracles_plan_where_the_page_says():
