@@ -122,12 +122,15 @@ def ab_mix() -> list[loadgen.RequestClass]:
 
 def guard_config(engines, tmp_path) -> str:
     """The shipped cost model and rule; evidence thresholds sized to this run; the evaluation only
-    when asked (so the plan does not move between the pairs)."""
+    when asked (so the plan does not move between the pairs); a window that keeps every request of
+    the run however slow the machine is (on a loaded one the run took 24 minutes, and a 15-minute
+    window had let its first requests go)."""
     return f"""
 pools:
   - {{name: spec, url: "{engines.spec.url}", engine: vllm, num_speculative_tokens: {K}}}
   - {{name: nospec, url: "{engines.nospec.url}", engine: vllm, num_speculative_tokens: 0}}
-tap: {{listen: "127.0.0.1:0", holdout_share: 0.5, probe_share: 0, default_pool: spec, nospec_pool: nospec}}
+tap: {{listen: "127.0.0.1:0", holdout_share: 0.5, probe_share: 0, default_pool: spec, nospec_pool: nospec,
+  window_seconds: 7200}}
 scrape: {{interval_seconds: 3600}}
 cost: {{min_samples: {AB_PAIRS - 2}, baseline_min_samples: {AB_PAIRS - 2}}}
 guard:
