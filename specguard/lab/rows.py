@@ -196,6 +196,7 @@ def rows(
         if winner in routing
         else best.get("config"),
         "routing_plan_tokens_per_second": routing[best_routing][1]["throughput_tokens_per_second"],
+        "routing_plan_phases": routing[best_routing][1]["phases"],
     }
     return out, candidates[winner]
 

@@ -162,6 +162,43 @@ def test_the_other_fixed_fleets_are_their_kept_runs(name):
         assert flat(text) in flat((ROOT / "docs" / "benchmarks.md").read_text()), fix
 
 
+CROWDED_RUNS = {"fixed": "matrix-fixed-crowd.json", "autoscaled": "matrix-autoscaled-crowd.json"}
+SAME = (
+    "vs_oracle",
+    "worst_phase_vs_never",
+    "worst_phase_vs_never_name",
+    "tpot_p99_vs_oracle",
+    "oracle_plan_from",
+)
+
+
+@pytest.mark.parametrize("shape", sorted(CROWDED_RUNS))
+def test_phases_below_never_speculate_are_the_same_releases_runs_and_on_the_page(shape):
+    """``flash-crowd`` and ``knee-edge``, seed 0, run again to record, in specguard's worst phase,
+    the best routing plan and the schedule against never-speculate: the same runs as the full
+    matrix's (the benchmark is deterministic), and the page's table is their render."""
+    result = kept(CROWDED_RUNS[shape])
+    full = {(r["scenario"], r["world"], r["seed"]): r for r in kept(SHAPES[shape])["rows"]}
+    assert result["fleet_shape"] == kept(SHAPES[shape])["fleet_shape"]
+    for row in result["rows"]:
+        same = full[(row["scenario"], row["world"], row["seed"])]
+        assert {k: row[k] for k in SAME} == {k: same[k] for k in SAME}, "rerun the full matrix and this set"
+        assert row["in_that_phase_vs_never"].keys() == {"routing", "schedule"}
+    below = [r for r in result["rows"] if r["worst_phase_vs_never"] < 1]
+    if below:  # what the page says of the crowd and of the phases past the knee, on both shapes
+        crowd = [r["in_that_phase_vs_never"]["routing"] for r in below if r["scenario"] == "flash-crowd"]
+        assert crowd and all(x < 1 for x in crowd)
+        knee = [r for r in below if r["scenario"] == "knee-edge"]
+        assert knee and all(r["in_that_phase_vs_never"]["routing"] > r["worst_phase_vs_never"] for r in knee)
+        setup = bench_controller.setup_for(bench_matrix.load("knee-edge", None), 0)
+        swings = {p.duration_s for p in setup.scenario.phases}
+        assert swings == {setup.timed_policy().interval_seconds}  # "as long as the evaluation interval"
+    text = bench_matrix.render(result)["below_never"]
+    assert text.count("\n| ") == sum(r["worst_phase_vs_never"] < 1 for r in result["rows"])
+    fix = f"render it again: python3 bench/bench_matrix.py --render bench/results/{CROWDED_RUNS[shape]}"
+    assert flat(text) in flat((ROOT / "docs" / "benchmarks.md").read_text()), fix
+
+
 def test_the_previous_releases_figures_are_its_kept_run():
     """The fluid matrix of the release before fleet shapes and the in-engine schedule row, as the
     benchmarks page quotes it."""
@@ -358,6 +395,14 @@ def test_the_worst_run_the_planner_page_names_is_each_shapes():
         assert kept(name)["summary"]["vs_oracle"]["worst_run"].startswith("tiny-classes/early-knee/"), name
     text = flat((ROOT / "docs" / "planner.md").read_text())
     assert "`tiny-classes` in `early-knee` is the worst run in every fleet shape" in text
+    runs = [
+        r
+        for r in kept(SHAPES["fixed"])["rows"]
+        if (r["scenario"], r["world"]) == ("tiny-classes", "early-knee")
+    ]
+    assert all(bench_matrix.best_routing(r) < 0.8 for r in runs)  # "far below the oracle there"
+    assert {r["oracle_plan_from"] for r in runs} <= {"spec-k2", "best_in_engine_schedule"}
+    assert "one pool of all the engines at K=2 or the in-engine schedule" in text
 
 
 def test_the_planner_page_carries_the_kept_decision_times():

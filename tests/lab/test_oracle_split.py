@@ -92,6 +92,15 @@ def test_the_oracle_is_the_best_replay_of_every_plan_so_no_row_beats_it(kind):
         assert row["throughput_tokens_per_second"] <= oracle, name
     assert winner.summary["throughput_tokens_per_second"] == oracle
     assert out["oracle"]["routing_plan_tokens_per_second"] <= oracle
+    phases = out["oracle"]["routing_plan_phases"]  # the same plan, per phase: they add up to it
+    assert [p["name"] for p in phases] == [p.name for p in c.scenario.phases]
+    total = sum(
+        p["throughput_tokens_per_second"] * ph.duration_s
+        for p, ph in zip(phases, c.scenario.phases, strict=True)
+    )
+    assert total / c.scenario.duration_s == pytest.approx(
+        out["oracle"]["routing_plan_tokens_per_second"], rel=0.02
+    )
     assert "best_per_phase" not in out  # a pool cannot become another between phases here
 
 
