@@ -153,9 +153,9 @@ def run(spec: dict) -> dict:
 
 
 def _in_worst_phase(sg: dict, policies: dict, oracle: dict) -> dict[str, float | None]:
-    """In specguard's worst phase against never-speculate, the best routing plan the hindsight
-    search found and the best in-engine K schedule against never-speculate: whether any routing
-    over the shape's pools could have done no harm there."""
+    """In specguard's worst phase against never-speculate, the best routing plan the per-slice
+    hindsight search found (``routing_plan_phases``) and the best in-engine K schedule against
+    never-speculate: whether routing over the shape's pools could have done no harm there."""
     never = policies["never_speculate"]
     pairs = [(x, i) for i, x in enumerate(summary.phase_ratios(sg, never)) if x is not None]
     if not pairs:
@@ -378,13 +378,13 @@ def render(result: dict) -> dict[str, str]:
 
 def below_never(rows: list[dict]) -> str:
     """The runs with a phase below never-speculate: in that phase, specguard, the best routing plan
-    the hindsight search found and the best in-engine K schedule, each over never-speculate (runs
-    kept before this figure was recorded are left out)."""
+    the per-slice hindsight search found and the best in-engine K schedule, each over
+    never-speculate (runs kept before this figure was recorded are left out)."""
     runs = [r for r in rows if r["worst_phase_vs_never"] < 1.0 and r.get("in_that_phase_vs_never")]
     if not runs:
         return "No run of this set has a phase below never-speculate."
     lines = [
-        "| run | phase | specguard | best routing plan | best in-engine K schedule |",
+        "| run | phase | specguard | best per-slice routing plan | best in-engine K schedule |",
         "|---|---|---|---|---|",
     ]
     for r in sorted(runs, key=lambda r: r["worst_phase_vs_never"]):
@@ -398,8 +398,8 @@ def below_never(rows: list[dict]) -> str:
     lines.append("")
     lines.append(
         f"Throughput over never-speculate's in the phase where specguard's is lowest. In {routing} of "
-        f"these {len(runs)} runs the best routing plan the hindsight search found on the shape's "
-        f"pools is below never-speculate in that phase too, and the best in-engine K schedule in "
+        f"these {len(runs)} runs the best routing plan the per-slice hindsight search found on the "
+        f"shape's pools is below never-speculate in that phase too, and the best in-engine K schedule in "
         f"{schedule}."
     )
     return "\n".join(lines)
