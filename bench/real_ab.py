@@ -8,6 +8,7 @@ page still carries them)::
     SPECGUARD_AB_STRICT=1 python3 -m pytest tests/vllm/test_real_model.py -m vllm -s -k interleaved_ab \
         > run.log
     python3 bench/real_ab.py --parse run.log [more.log ...] > bench/results/real-ab.json
+    python3 bench/real_ab.py --parse new.log --onto bench/results/real-ab.json > merged.json  # add runs
     python3 bench/real_ab.py --render bench/results/real-ab.json
 """
 
@@ -129,7 +130,8 @@ def render(result: list[dict]) -> str:
     scopes = sorted({s for m in result for c in m["classes"].values() for s in c["scopes"]})
     table = ["| run | class | A/B RC | " + " | ".join(scopes) + " |", "|---|---|---|" + "---|" * len(scopes)]
     for m in result:
-        name = f"{m['run']}.{m['seed']} ({m['time']}, load {m['load']:.1f})"
+        commit = f", {m['commit']}" if m.get("commit") else ""
+        name = f"{m['run']}.{m['seed']} ({m['time']}, load {m['load']:.1f}{commit})"
         for cls, c in m["classes"].items():
             (a, al, au), (g, gl, gu) = c["ab"], c["guard"]
             runs.append(
@@ -185,13 +187,15 @@ def main() -> None:
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--parse", nargs="+", metavar="LOG", help="printed runs to a kept result (JSON)")
     group.add_argument("--render", metavar="FILE", help="a kept result to docs/real-model.md's tables")
+    parser.add_argument("--onto", metavar="FILE", help="with --parse: the kept result the runs are added to")
     args = parser.parse_args()
     if args.parse:
         lines = [line for path in args.parse for line in Path(path).read_text().splitlines()]
         result = parse(lines)
         if not result:
             sys.exit(f"{', '.join(args.parse)}: no measurement found (run the test with -s)")
-        print(json.dumps(result, indent=1))
+        kept = json.loads(Path(args.onto).read_text()) if args.onto else []
+        print(json.dumps(kept + result, indent=1))
     else:
         print(render(json.loads(Path(args.render).read_text())))
 

@@ -20,6 +20,7 @@ real trained model, SmolLM2-135M-Instruct (bfloat16, 2048-token context), for th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -113,9 +114,14 @@ def provision(model: str = "model") -> tuple[Path, Path]:
             f"scripts/provision-vllm failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}",
             pytrace=False,
         )
-    paths = subprocess.run([str(PROVISION), "--paths"], capture_output=True, text=True, check=True)
-    found = dict(line.split("=", 1) for line in paths.stdout.splitlines() if "=" in line)
+    found = provisioned_paths()
     return Path(found["venv"]), Path(found[model])
+
+
+def provisioned_paths() -> dict[str, str]:
+    """``scripts/provision-vllm --paths``: where the venv and the models are, and SmolLM2's dtype here."""
+    paths = subprocess.run([str(PROVISION), "--paths"], capture_output=True, text=True, check=True)
+    return dict(line.split("=", 1) for line in paths.stdout.splitlines() if "=" in line)
 
 
 def server_command(
@@ -331,4 +337,5 @@ def vllm_engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
 def smollm2_engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
     """SmolLM2-135M-Instruct: spec (n-gram K = 4) and nospec, each pinned to its own core."""
     venv, model = provision("smollm2")
-    yield from start_pair(venv, model, tmp_path_factory.mktemp("smollm2-logs"), SMOL)
+    flags = dataclasses.replace(SMOL, dtype=provisioned_paths()["smollm2_dtype"])  # as scripts/serve-smollm2
+    yield from start_pair(venv, model, tmp_path_factory.mktemp("smollm2-logs"), flags)
