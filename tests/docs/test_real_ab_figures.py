@@ -55,3 +55,28 @@ def test_the_calibration_tells_a_bias_from_noise():
     cal = real_ab.calibration(biased)
     assert cal["bias_lo"] > 1.05 and cal["covered"] < real_ab.calibration(RESULT)["covered"]
     assert "a bias" in real_ab.render(biased) and "more than two noisy measurements" in real_ab.render(biased)
+
+
+def test_new_runs_are_added_to_the_kept_ones(tmp_path):
+    """``--parse LOG --onto KEPT``: the kept measurements, then the new ones."""
+    import subprocess
+
+    log = tmp_path / "run.log"
+    log.write_text(
+        "=== run 4 09:00:00 load 1.00 1.00 1.00 commit def5678\n"
+        "default baseline scope class_then_geometry; 12 prompts per class, seed 400\n"
+        "extraction/greedy: A/B RC 0.711 [0.678, 0.749] (12 pairs) (TPOT 24.1 / 33.9 ms); "
+        "guard RC 0.710 [0.674, 0.748] (TPOT 24.2 / 34.1 ms; live: the class's own level); "
+        "by scope: class_then_geometry 0.710, load 0.696\n"
+        "attempt 1: strict met; gross met\n"
+    )
+    kept = ROOT / "bench" / "results" / "real-ab.json"
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "real_ab.py"), "--parse", str(log), "--onto", str(kept)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    merged = json.loads(out.stdout)
+    assert merged[:-1] == RESULT and merged[-1]["commit"] == "def5678"
+    assert "(09:00:00, load 1.0, def5678)" in real_ab.render(merged)
