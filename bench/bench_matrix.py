@@ -157,10 +157,9 @@ def _in_worst_phase(sg: dict, policies: dict, oracle: dict) -> dict[str, float |
     hindsight search found (``routing_plan_phases``) and the best in-engine K schedule against
     never-speculate: whether routing over the shape's pools could have done no harm there."""
     never = policies["never_speculate"]
-    pairs = [(x, i) for i, x in enumerate(summary.phase_ratios(sg, never)) if x is not None]
-    if not pairs:
+    index = _worst_index(sg, never)
+    if index is None:
         return {}
-    index = min(pairs)[1]
     rows = {
         "routing": {"phases": oracle["routing_plan_phases"]},
         "schedule": policies["best_in_engine_schedule"],
@@ -169,8 +168,14 @@ def _in_worst_phase(sg: dict, policies: dict, oracle: dict) -> dict[str, float |
 
 
 def _worst_phase(a: dict, b: dict) -> str:
-    pairs = [(x, ph["name"]) for x, ph in zip(summary.phase_ratios(a, b), a["phases"], strict=True) if x]
-    return min(pairs)[1] if pairs else ""
+    index = _worst_index(a, b)
+    return "" if index is None else a["phases"][index]["name"]
+
+
+def _worst_index(a: dict, b: dict) -> int | None:
+    """The phase where ``a``'s throughput over ``b``'s is lowest (None: no phase has a ratio)."""
+    pairs = [(x, i) for i, x in enumerate(summary.phase_ratios(a, b)) if x]
+    return min(pairs)[1] if pairs else None
 
 
 def aggregate(rows: list[dict]) -> dict:
@@ -380,9 +385,12 @@ def below_never(rows: list[dict]) -> str:
     """The runs with a phase below never-speculate: in that phase, specguard, the best routing plan
     the per-slice hindsight search found and the best in-engine K schedule, each over
     never-speculate (runs kept before this figure was recorded are left out)."""
-    runs = [r for r in rows if r["worst_phase_vs_never"] < 1.0 and r.get("in_that_phase_vs_never")]
-    if not runs:
+    below = [r for r in rows if r["worst_phase_vs_never"] < 1.0]
+    runs = [r for r in below if r.get("in_that_phase_vs_never")]
+    if not below:
         return "No run of this set has a phase below never-speculate."
+    if not runs:
+        return f"{len(below)} runs have a phase below never-speculate; they did not record the plans there."
     lines = [
         "| run | phase | specguard | best per-slice routing plan | best in-engine K schedule |",
         "|---|---|---|---|---|",
