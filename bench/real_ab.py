@@ -24,7 +24,7 @@ from pathlib import Path
 from statistics import NormalDist
 
 RUN = re.compile(r"^=== run (\d+) (\S+) load (\S+) (\S+) (\S+)(?: commit (\S+))?")
-SEED = re.compile(r"^default baseline scope (\w+); (\d+) prompts per class, seed (\d+)")
+SEED = re.compile(r"default baseline scope (\w+); (\d+) prompts per class, seed (\d+)")
 CLASS = re.compile(
     r"^(\w+/\w+): A/B RC ([\d.]+) \[([\d.]+), ([\d.]+)\] \((\d+) pairs\) \(TPOT ([\d.]+) / ([\d.]+) ms\); "
     r"guard RC ([\d.]+) \[([\d.]+), ([\d.]+)\] \(TPOT ([\d.]+) / ([\d.]+) ms; .*?by scope: (.*)$"
@@ -44,7 +44,7 @@ def parse(lines: list[str]) -> list[dict]:
         line = raw.strip()
         if m := RUN.match(line):
             run = {"run": int(m[1]), "time": m[2], "load": float(m[3]), "commit": m[6]}
-        elif m := SEED.match(line):
+        elif m := SEED.search(line):  # pytest's progress may stand before it on the line
             current = {**run, "default_scope": m[1], "prompts": int(m[2]), "seed": int(m[3]), "classes": {}}
         elif current is not None and (m := CLASS.match(line)):
             scopes = dict(part.rsplit(" ", 1) for part in m[13].split(", "))
@@ -146,10 +146,15 @@ def render(result: list[dict]) -> str:
     pairs = [(c["guard"][0], c["ab"][0]) for m in result for c in m["classes"].values()]
     apart = statistics.fmean(abs(g / a - 1) for g, a in pairs)
     ranked = ", ".join(f"{s} {e:.1%}" for s, e in sorted(errors.items(), key=lambda kv: kv[1]))
+    best = min(errors, key=errors.get)
+    differ = sum(
+        c["scopes"].get(best) != c["scopes"].get(default) for m in result for c in m["classes"].values()
+    )
     verdict = (
         "it measured closest"
         if errors[default] <= closest
-        else f"`{min(errors, key=errors.get)}` measured closer on these runs"
+        else f"`{best}` measured closer on these runs (the two differ in {differ} of the {len(pairs)} "
+        f"class measurements)"
     )
     met = sum(m["strict"] == "met" for m in result)
     classes_met = sum(verdict_of(m["strict"], cls) == "met" for m in result for cls in m["classes"])

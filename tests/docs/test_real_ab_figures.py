@@ -33,8 +33,9 @@ def test_the_kept_runs_are_this_tests_measurements_of_two_classes():
 
 
 def test_the_parser_reads_what_the_test_prints():
+    """As ``-s`` prints it: the first line after pytest's progress (the test's file name)."""
     printed = """=== run 1 07:50:00 load 1.20 1.00 0.90 commit abc1234
-default baseline scope class_then_geometry; 12 prompts per class, seed 400
+tests/vllm/test_real_model.py default baseline scope class_then_geometry; 12 prompts per class, seed 400
 extraction/greedy: A/B RC 0.711 [0.678, 0.749] (12 pairs) (TPOT 24.1 / 33.9 ms); \
 guard RC 0.710 [0.674, 0.748] (TPOT 24.2 / 34.1 ms; live: the class's own level); \
 by scope: class_then_geometry 0.710, load 0.696
