@@ -18,13 +18,19 @@ phase of each figure and the targets.
     flock /tmp/specguard-bench.lock python3 bench/bench_matrix.py [--quick] [--jobs 2]
         [--scenarios a,b] [--worlds a,b] [--seeds 0,1,2] [--profiles fresh,none,stale]
         [--fleet-shape fixed|autoscaled|fluid] [--replicas 3xK4+1xnospec] [--fleet N]
-        [--decider per-class|planner] [--no-spread] [--json]
+        [--decider per-class|planner] [--no-spread] [--k-schedule] [--json]
     python3 bench/bench_matrix.py --render bench/results/matrix-fixed.json  # the docs' markdown
     python3 bench/bench_matrix.py --render bench/results/matrix-fixed.json --into docs/benchmarks.md
     cd bench/results && python3 ../bench_matrix.py --compare matrix-fixed-no-spread.json:matrix-fixed.json \
         [...] --into ../../docs/planner.md  # runs with guard.spread: false against the shipped ones
+    cd bench/results && python3 ../bench_matrix.py --into ../../docs/benchmarks.md \
+        --schedule-versus matrix-fixed.json:matrix-fixed-scheduled.json  # pools with schedules
 
-``--quick``: two scenarios (shortened to 150 s) in two worlds, seed 0 (what the test runs).
+``--k-schedule``: each speculative pool runs the in-engine K schedule the run's calibration
+profile gives a pool of its K in a routed fleet (``kschedule.recommend(keep=K)``: its K while that
+pays for the sweep's mix, then cheaper), in the world and in the tap's config, so the guard prices
+it at the K its schedule picks at each load. ``--quick``: two scenarios (shortened to 150 s)
+in two worlds, seed 0 (what the test runs).
 ``--json`` prints every run and the summary; the release's run of each fleet shape is kept in
 ``bench/results/matrix-SHAPE.json`` and ``--render`` turns it into the markdown that
 docs/benchmarks.md (and, for fixed pools, README.md) carry (a test checks they still do).
@@ -47,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_controller  # noqa: E402
 
 from specguard.lab import demo, scenario, shapes, summary, worlds  # noqa: E402
+from specguard.rules import kschedule  # noqa: E402
 
 SCENARIOS = Path(__file__).with_name("scenarios")
 QUICK = {"scenarios": "steps,tiny-classes", "worlds": "default,expensive-draft", "seeds": "0", "seconds": 150}
@@ -102,6 +109,19 @@ def run(spec: dict) -> dict:
     }
     if any(getattr(setup.policy, key) != value for key, value in wanted.items()):
         setup = dataclasses.replace(setup, policy=dataclasses.replace(setup.policy, **wanted))
+    launched = {}
+    if spec.get(
+        "k_schedule"
+    ):  # each speculative pool turns K down where the calibration says it stops paying
+        for pool in setup.exporter.pools:
+            advice = (
+                kschedule.recommend(spec["profile"], keep=pool.num_speculative_tokens)
+                if pool.speculative
+                else None
+            )
+            if advice is not None and advice.vllm is not None and len(advice.ranges) > 1:
+                launched[pool.name] = advice.vllm
+        setup = demo.with_k_schedules(setup, launched, configured=spec["k_schedule"] != "unconfigured")
     rows, realised = {}, {}
     variants = {"fresh": ("specguard", spec["profile"]), "none": ("specguard_no_profile", None)}
     variants["stale"] = ("specguard_stale_profile", spec["stale_profile"])
@@ -146,6 +166,9 @@ def run(spec: dict) -> dict:
         "ratios_to_oracle": compared["bound"]["ratios_to_oracle"],
         "wall_seconds": round(time.perf_counter() - t0, 1),
     }
+    if launched:
+        out["k_schedule"] = {name: schedule.describe() for name, schedule in launched.items()}
+        out["k_schedule_configured"] = spec["k_schedule"] != "unconfigured"
     for variant in spec["profiles"]:
         if variant != "fresh":
             out[f"{variant}_profile_vs_oracle"] = summary.ratio(policies[variants[variant][0]], oracle)
@@ -497,6 +520,57 @@ def compare(pairs: list[tuple[dict, dict]]) -> str:
     return "\n".join(lines)
 
 
+def launched_with_schedule(base: dict, *scheduled: dict) -> str:
+    """A table of the same runs on fixed-K pools (``base``, rows kept in the shape's full matrix) and
+    with each speculative pool launched with the in-engine schedule the calibration gives it
+    (``scheduled``: ``--k-schedule`` runs, the guard's config naming the schedules or not):
+    specguard's throughput over the best of the fleets' oracles (each fleet's oracle bounds its own
+    runs; never-speculate, the same engines without speculation, is the common unit), its worst
+    phase against never-speculate, against the best in-engine schedule and its TPOT p99 against its
+    own oracle's; then how many runs each schedule run moved by more than 1%."""
+    runs = {(r["scenario"], r["world"], r["seed"]): r for r in base["rows"]}
+    keys = [(r["scenario"], r["world"], r["seed"]) for r in scheduled[0]["rows"]]
+    columns = [[runs[k] for k in keys]]
+    for result in scheduled:
+        own = {(r["scenario"], r["world"], r["seed"]): r for r in result["rows"]}
+        if sorted(own) != sorted(keys):
+            raise ValueError("not the same runs: every --k-schedule result must cover the same runs")
+        columns.append([own[k] for k in keys])
+
+    def oracle(row: dict) -> float:  # the oracle's throughput over never-speculate's
+        return 1.0 / row["ratios_to_oracle"]["never_speculate"]
+
+    best = [max(oracle(column[i]) for column in columns) for i in range(len(keys))]
+    lines = [
+        "| pools | runs | mean / the best oracle | worst run | runs with a phase below never-speculate "
+        "| mean / best in-engine schedule | worst TPOT p99 / own oracle's |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    moved = []
+    for i, column in enumerate(columns):
+        configured = column[0].get("k_schedule_configured", True) if i else None
+        label = {
+            None: "fixed K",
+            True: "each with its schedule",
+            False: "each with its schedule, not in the config",
+        }
+        values = [row["vs_never"] / b for row, b in zip(column, best, strict=True)]
+        lines.append(
+            f"| {label[configured]} | {len(column)} | {statistics.mean(values):.3f} | {min(values):.3f} | "
+            f"{sum(r['worst_phase_vs_never'] < 1 for r in column)} | "
+            f"{statistics.mean(r['vs_best_in_engine_schedule'] for r in column):.3f} | "
+            f"{max(r['tpot_p99_vs_oracle'] for r in column):.2f} |"
+        )
+        if configured is not None:
+            pairs = list(zip(columns[0], column, strict=True))
+            better = sum(y["vs_never"] > x["vs_never"] * 1.01 for x, y in pairs)
+            worse = sum(y["vs_never"] < x["vs_never"] / 1.01 for x, y in pairs)
+            moved.append(
+                f"{label[configured]}: {better} runs more than 1% better than on fixed K, {worse} worse"
+            )
+    return "\n".join(lines) + "\n\n" + "; ".join(moved) + "."
+
+
 def fill(doc: str, name: str, pieces: dict[str, str]) -> str:
     """``doc`` with each ``<!-- matrix:NAME:PIECE -->`` ... ``<!-- /matrix -->`` block holding its
     piece of ``--render`` (the blocks that are there; a piece without a block is left out)."""
@@ -504,6 +578,16 @@ def fill(doc: str, name: str, pieces: dict[str, str]) -> str:
         block = re.compile(rf"(<!-- matrix:{re.escape(name)}:{piece} -->\n).*?(<!-- /matrix -->)", re.S)
         doc = block.sub(lambda m, t=text: f"{m.group(1)}\n{t}\n\n{m.group(2)}", doc)
     return doc
+
+
+def _table(text: str, into: str | None, name: str, piece: str) -> int:
+    """Print a comparison table, or write it into ``into``'s ``matrix:NAME:PIECE`` block."""
+    if into:
+        doc = Path(into)
+        doc.write_text(fill(doc.read_text(), name, {piece: text}))
+    else:
+        print(text)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -522,6 +606,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-spread", action="store_true", help="guard.spread: false (each class whole on its plan's pool)"
     )
+    parser.add_argument(
+        "--k-schedule",
+        nargs="?",
+        const="configured",
+        choices=("configured", "unconfigured"),
+        help="each speculative pool runs the in-engine K schedule the calibration gives a pool of its K "
+        "(unconfigured: the guard's config does not name the schedules)",
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--render", metavar="FILE", help="print the docs' markdown for a --json result")
     parser.add_argument("--into", metavar="DOC", help="with --render: write it into DOC's matrix blocks")
@@ -531,16 +623,19 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SHIPPED:OTHER",
         help="print the table comparing pairs of --json results (with --into DOC: its spread:compare block)",
     )
+    parser.add_argument(
+        "--schedule-versus",
+        metavar="FIXED:SCHEDULED[:UNCONFIGURED]",
+        help="print the table of a --k-schedule result against the same runs on fixed-K pools "
+        "(with --into DOC: its schedule:versus block)",
+    )
     args = parser.parse_args(argv)
+    if args.schedule_versus:
+        base, *launched = (json.loads(Path(f).read_text()) for f in args.schedule_versus.split(":"))
+        return _table(launched_with_schedule(base, *launched), args.into, "schedule", "versus")
     if args.compare:
         pairs = [tuple(json.loads(Path(f).read_text()) for f in pair.split(":")) for pair in args.compare]
-        text = compare(pairs)  # type: ignore[arg-type]
-        if args.into:
-            doc = Path(args.into)
-            doc.write_text(fill(doc.read_text(), "spread", {"compare": text}))
-        else:
-            print(text)
-        return 0
+        return _table(compare(pairs), args.into, "spread", "compare")  # type: ignore[arg-type]
     if args.render and args.into:
         doc = Path(args.into)
         pieces = render(json.loads(Path(args.render).read_text()))
@@ -591,6 +686,7 @@ def main(argv: list[str] | None = None) -> int:
                 "profiles": profiles,
                 "decider": args.decider,
                 "spread": not args.no_spread,
+                "k_schedule": args.k_schedule,
                 "profile": fresh[(world, seed)],
                 "stale_profile": fresh.get((STALE_WORLD.get(world, "k4-dominates"), seed)),
             }

@@ -23,6 +23,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
+from specguard import schedules
 from specguard.exporters.config import ExporterConfig
 from specguard.lab import hindsight, replay, rows, shapes, summary, sweep, sweep_drivers
 from specguard.lab import replay_policies as rp
@@ -133,6 +134,28 @@ def for_shape(exporter: ExporterConfig, shape: shapes.FleetShape) -> ExporterCon
     if not any(p.num_speculative_tokens == 0 for p in pools):
         raise ValueError("the fleet shape needs a no-speculation pool (never-speculate and the baseline)")
     return replace(exporter, pools=pools)
+
+
+def with_k_schedules(
+    setup: DemoSetup, launched: Mapping[str, schedules.Schedule], *, configured: bool = True
+) -> DemoSetup:
+    """The setup with each pool of ``launched`` running its in-engine K schedule (vLLM's
+    ``num_speculative_tokens_per_batch_size``), in the world and in the tap's config alike: the
+    fleet a team runs that routes and also lets an engine turn K down with its batch.
+    ``configured=False``: in the world only, a config that does not name the schedules (the guard
+    takes each pool at its launch K)."""
+    ks = {p.name: p.num_speculative_tokens for p in setup.exporter.pools}
+    wrong = [name for name, s in launched.items() if name not in ks or not 0 < s.max_k <= ks[name]]
+    if wrong:
+        raise ValueError(f"no speculative pool of K at least its schedule's for {', '.join(sorted(wrong))}")
+
+    def with_them(pools):
+        return tuple(replace(p, k_schedule=launched[p.name]) if p.name in launched else p for p in pools)
+
+    exporter = setup.exporter
+    if configured:
+        exporter = replace(exporter, pools=with_them(exporter.pools))
+    return replace(setup, sim=replace(setup.sim, pools=with_them(setup.sim.pools)), exporter=exporter)
 
 
 def cost_settings(exporter: ExporterConfig, base: CostSettings | None = None) -> CostSettings:

@@ -80,6 +80,7 @@ class Model:
         self.fleet = fleet
         self.shape = shape
         self.ks = {p.name: p.num_speculative_tokens for p in sim.pools}
+        self.schedules = {p.name: p.k_schedule for p in sim.pools if p.k_schedule is not None}
         self._lengths: dict[str, tuple[float, float]] = {}
         self._cycles = lru_cache(maxsize=4096)(self._cycle)
 
@@ -160,6 +161,11 @@ class Model:
         counts = self.replicas_for(loads) if replicas is None else replicas
         return {pool: [loads[pool] / n] * n for pool, n in counts.items() if n and loads.get(pool, 0.0) > 0}
 
+    def k_for(self, pool: str, clients: float) -> int:
+        """The K an engine of ``pool`` runs with ``clients`` on it: a scheduled pool's at that batch."""
+        schedule = self.schedules.get(pool)
+        return self.ks[pool] if schedule is None else schedule.k_at(max(1, round(clients)))
+
     def evaluate_k(self, traffic: Sequence[ClassTraffic], k: int, engines: int) -> float:
         """Throughput of every class on one pool of ``engines`` engines that all run K = ``k``."""
         if engines < 1:
@@ -188,7 +194,7 @@ class Model:
             ts = by_pool[pool]
             share = loads[pool]
             m = engines[0]  # every engine of the pool holds the same clients: one stands for all
-            _, rows = self.engine(self.ks[pool], [(t, t.clients * m / share) for t in ts])
+            _, rows = self.engine(self.k_for(pool, m), [(t, t.clients * m / share) for t in ts])
             for key, (tokens, tpot) in rows.items():
                 acc = per_class.setdefault(key, [0.0, 0.0])
                 acc[0] += tokens * len(engines)

@@ -24,7 +24,7 @@ from specguard.rules import cost as cost_mod
 from specguard.rules import evidence as evidence_mod
 from specguard.rules import guard as guard_mod
 from specguard.rules import holdout as holdout_mod
-from specguard.rules import planfeed, planner, probes
+from specguard.rules import onepool, planfeed, planner, probes
 from specguard.rules import policy as policy_mod
 from specguard.rules import prior as prior_mod
 from specguard.rules import spread as spread_mod
@@ -156,7 +156,7 @@ class SpecguardPolicy:
         default_pool = tap.default_pool or exporter.pools[0].name
         nospec = tap.nospec_pool or next((p.name for p in exporter.pools if not p.speculative), None)
         self.pools = {p.name: p.num_speculative_tokens for p in exporter.pools}
-        self.policy = policy.with_pools(self.pools, default_pool, nospec)
+        self.policy = policy.with_pools(self.pools, default_pool, nospec, onepool.of_pools(exporter.pools))
         self.settings = settings
         self.profile = profile
         self.prior = prior_mod.for_policy(profile, self.policy, settings)
@@ -279,7 +279,7 @@ class SpecguardPolicy:
             self.router.set_spread(None)
             return
         units = spread_mod.units(self.states, evidence, now, self.policy, found)
-        self.router.set_spread(routing.Spread(units, lambda pool, load: found.step(self.pools[pool], load)))
+        self.router.set_spread(routing.Spread(units, spread_mod.stepper(found, self.policy)))
 
     def route(
         self, evidence: Mapping[evidence_mod.ClassKey, evidence_mod.Evidence], now: float, changed: bool

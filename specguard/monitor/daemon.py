@@ -338,8 +338,7 @@ class Guard(FleetRoles):
             log.exception("spread: failed")
             self.spread, self.spread_fit = {}, "none: failed (see the log)"
             return None
-        ks = dict(self.policy.pools)
-        return routing.Spread(self.spread, lambda pool, load: found.step(ks.get(pool, 0), load))
+        return routing.Spread(self.spread, spread_mod.stepper(found, self.policy))
 
     def _rankings(
         self, stepped: Sequence[tuple[ClassKey, guard.ClassState, guard.Decision]], evidence, now: float

@@ -12,7 +12,7 @@ import asyncio
 import functools
 import itertools
 import logging
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -67,9 +67,11 @@ class PolicyReloader:
         default_pool: str,
         nospec_pool: str | None,
         on_policy: Any = None,
+        k_schedules: Mapping[str, Any] | None = None,
     ):
         self.path = Path(path)
         self._pools, self._default, self._nospec = pools, default_pool, nospec_pool
+        self._k_schedules = dict(k_schedules or {})
         self._on_policy = on_policy  # called with each new policy (e.g. the router's holdout mode)
         self._seen = self._stamp()
 
@@ -88,7 +90,7 @@ class PolicyReloader:
         policy = parse_guard(doc.root())
         doc.raise_if_issues()
         self._seen = stamp
-        policy = policy.with_pools(self._pools, self._default, self._nospec)
+        policy = policy.with_pools(self._pools, self._default, self._nospec, self._k_schedules)
         if self._on_policy is not None:
             self._on_policy(policy)
         return policy
@@ -109,8 +111,9 @@ def build(
     sections = cfg.sections
     pools = {p.name: p.num_speculative_tokens for p in ex.pools}
     default_pool = ex.tap.default_pool or ex.pools[0].name
+    k_schedules = onepool.of_pools(ex.pools)
     policy = (sections.get("guard") or policy_mod.load_default()).with_pools(
-        pools, default_pool, ex.tap.nospec_pool
+        pools, default_pool, ex.tap.nospec_pool, k_schedules
     )
     server = sections.get("server") or guard_config.ServerSettings()
     acts = sections.get("actuators") or guard_config.ActuatorSettings()
@@ -198,7 +201,7 @@ def build(
         follow=follow,
         elector=elector,
         takeover=takeover,
-        reloader=PolicyReloader(cfg.file, pools, default_pool, ex.tap.nospec_pool, holdout_mode)
+        reloader=PolicyReloader(cfg.file, pools, default_pool, ex.tap.nospec_pool, holdout_mode, k_schedules)
         if Path(cfg.file).is_file()
         else None,
         preferences=monitor.router.set_preferences if acts.router else None,

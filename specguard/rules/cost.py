@@ -139,8 +139,9 @@ def evaluate_all(
     records = list(records)
     ks = pool_ks(pools)
     stale = profile_mod.staleness(profile, stack, ks)
+    scheduled = onepool.of_pools(pools)
     fitted, fit_ks = onepool.baseline_records(  # a scheduled pool's K = 0 steps: its own baseline
-        records if model_records is None else model_records, ks, onepool.of_pools(pools)
+        records if model_records is None else model_records, ks, scheduled
     )
     model = modelbase.Cache(fitted, fit_ks, engine_steps)
     nospec = sorted(name for name, k in ks.items() if k == 0)
@@ -190,18 +191,19 @@ def evaluate_all(
     for key in sorted(keys):
         task_type, temperature_bucket, load_bucket = key
         present = [p for p in spec_pools if by_cell.get((key, p))]
+        at = onepool.ks_at(ks, scheduled, settings.bucket_range(load_bucket))
         for pool in present or spec_pools:
             steps = {
                 other: _step_time(
-                    other, ks[other], load_bucket, by_pool_load, profile, stepfit, settings, step_cache
+                    other, at[other], load_bucket, by_pool_load, profile, stepfit, settings, step_cache
                 )
                 for other in spec_pools
-                if other != pool
+                if other != pool and at[other] > 0  # a schedule off at this load: no speculation to predict
             }
             cell = [r for r in by_cell.get((key, pool), []) if baseline_mod.usable_for_tpot(r)]
             base = choose(task_type, temperature_bucket, load_bucket, cell)
             results.append(
-                _class_cost(key, pool, ks[pool], by_cell.get((key, pool), []), base, steps, ks, settings, now)
+                _class_cost(key, pool, ks[pool], by_cell.get((key, pool), []), base, steps, at, settings, now)
             )
     buckets = [b.name for b in settings.load_buckets] or []
     buckets += sorted({k[2] for k in keys} - set(buckets))

@@ -113,8 +113,14 @@ class Advice:
         return out
 
 
-def recommend(profile: profile_mod.Profile) -> Advice | None:
-    """The schedule for the profile's measured mix; None without a no-spec and a speculative pool."""
+def recommend(profile: profile_mod.Profile, keep: int | None = None) -> Advice | None:
+    """The schedule for the profile's measured mix; None without a no-spec and a speculative pool.
+
+    ``keep``: the schedule for one pool launched at K = ``keep`` in a routed fleet, where the
+    router, not the schedule, sends each class to the K that suits it: the pool keeps its K while
+    the mix's RC on it is below 1.0 and past that runs the K up to ``keep`` that costs the mix
+    least (0 where none is below 1.0), so it turns K down only where its own K stops paying.
+    """
     base = profile.pool(k=0)
     spec = [p for p in profile.pools if p.num_speculative_tokens > 0]
     if base is None or not spec:
@@ -134,7 +140,10 @@ def recommend(profile: profile_mod.Profile) -> Advice | None:
         at = {lv.concurrency: lv for lv in pool.levels}
         curves[k] = {c: at[c].tpot_seconds / base_at[c].tpot_seconds for c in levels}
         classes[k] = {c: _class_rc(at[c], base_at[c]) for c in levels}
-    best = {c: min(curves, key=lambda k, c=c: (curves[k][c], k)) for c in levels}
+    if keep is None:
+        best = {c: min(curves, key=lambda k, c=c: (curves[k][c], k)) for c in levels}
+    else:
+        best = {c: _kept(curves, c, keep) for c in levels}
     runs: list[list] = []  # [start, end, k, [levels]]
     for i, c in enumerate(levels):
         if runs and runs[-1][2] == best[c]:
@@ -159,6 +168,14 @@ def recommend(profile: profile_mod.Profile) -> Advice | None:
         schedules.from_runs(schedules.TRTLLM, spans, top),
         tuple(levels),
     )
+
+
+def _kept(curves: dict[int, dict[int, float]], level: int, keep: int) -> int:
+    """``keep`` while the mix's RC on it at ``level`` is below 1.0, else the K up to ``keep`` that
+    costs the mix least (``recommend``)."""
+    if keep in curves and curves[keep][level] < 1.0:
+        return keep
+    return min((k for k in curves if k <= keep), key=lambda k: (curves[k][level], k))
 
 
 def _class_rc(level: profile_mod.ProfileLevel, base: profile_mod.ProfileLevel) -> dict[str, float]:

@@ -21,6 +21,7 @@ from typing import Any
 
 from specguard import schedules
 from specguard.exporters.records import RequestRecord
+from specguard.rules import profile as profile_mod
 
 NOSPEC_SUFFIX = "@K=0"  # the pseudo pool a scheduled pool's K = 0 requests stand in for the fit
 
@@ -48,6 +49,17 @@ def baseline_records(
         else:
             out.append(r)
     return out, kinds
+
+
+def ks_at(
+    ks: Mapping[str, int], scheduled: Mapping[str, schedules.Schedule], band: tuple[float, float] | None
+) -> dict[str, int]:
+    """Each pool's K in the load bucket ``band``: a scheduled pool's at the bucket's representative
+    concurrency (what a what-if onto it predicts at), the others' fixed K."""
+    if band is None or not scheduled:
+        return dict(ks)
+    at = max(1, round(profile_mod.representative_concurrency(*band)))
+    return {name: scheduled[name].k_at(at) if name in scheduled else k for name, k in ks.items()}
 
 
 def k_range(schedule: schedules.Schedule, low: float, high: float, top: int = 4096) -> tuple[int, int]:

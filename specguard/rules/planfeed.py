@@ -94,7 +94,7 @@ def step_fit(
 ) -> stepfit.StepFit | str:
     """The step-cost fit on the window's records and the sweep's levels up to ``LOCAL`` x ``highest``
     (the highest load per replica in the window; 0: every level)."""
-    observations = stepfit.observations_from_records(records, policy.pools, settings)
+    observations = stepfit.observations_from_records(records, policy.pools, settings, policy.k_schedules)
     if profile is not None:  # the sweep's levels near the loads the fleet runs at: the fit is a line
         near = LOCAL * highest
         observations += [o for o in stepfit.observations_from_profile(profile) if not near or o.batch <= near]
@@ -103,7 +103,8 @@ def step_fit(
     except InputError as exc:
         return f"planner: no step-cost fit ({exc})"
     top = max(LOCAL * highest, max((o.batch for o in observations), default=1.0))
-    for k in sorted(set(policy.pools.values())):
+    ks = set(policy.pools.values()) | {k for s in policy.k_schedules.values() for *_, k in s.entries}
+    for k in sorted(ks):
         for batch in (1.0, top):
             if not fit.predict(batch, k) > 0:  # all costs pinned at zero: no step to price
                 where = f"B={batch:g}, K={k}"

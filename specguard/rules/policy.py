@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from specguard import configfile
+from specguard import configfile, schedules
 
 DEFAULT_POLICY_PATH = Path(__file__).with_name("default-policy.yaml")
 
@@ -208,6 +208,9 @@ class Policy:
     """Pool for speculation off (None: the tap's ``nospec_pool``)."""
     pools: Mapping[str, int] = field(default_factory=dict)
     """Pool name -> num_speculative_tokens (0 = no speculation); filled in from ``pools:``."""
+    k_schedules: Mapping[str, schedules.Schedule] = field(default_factory=dict)
+    """Pool name -> its in-engine K schedule, for the pools launched with one (``pools:``): such a
+    pool runs the K its schedule picks at its load, not ``pools``' K, and is priced so (``k_at``)."""
     prometheus_url: str | None = None
     """Prometheus base URL for PromQL rules (fleet mode); required when a rule has a query."""
     prometheus_timeout_seconds: float = 10.0
@@ -231,12 +234,22 @@ class Policy:
         """The scheduler tick: the shortest rule interval."""
         return min((r.limits.interval_seconds for r in self.all_rules), default=DEFAULT_INTERVAL_SECONDS)
 
+    def k_at(self, pool: str, load: float) -> int:
+        """The K ``pool`` runs at ``load`` requests per replica: its schedule's, else its fixed K."""
+        schedule = self.k_schedules.get(pool)
+        return self.pools.get(pool, 0) if schedule is None else schedule.k_at(max(1, round(load)))
+
     def with_pools(
-        self, pools: Mapping[str, int], default_pool: str | None, nospec_pool: str | None
+        self,
+        pools: Mapping[str, int],
+        default_pool: str | None,
+        nospec_pool: str | None,
+        k_schedules: Mapping[str, schedules.Schedule] | None = None,
     ) -> Policy:
         return replace(
             self,
             pools=dict(pools),
+            k_schedules=dict(k_schedules or {}),
             default_pool=self.default_pool or default_pool,
             nospec_pool=self.nospec_pool or nospec_pool,
         )

@@ -19,7 +19,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from specguard import schedules
 from specguard.rules import confidence as confidence_mod
+from specguard.rules import onepool
 from specguard.rules import profile as profile_mod
 from specguard.rules.evidence import ClassKey, PriorRC
 
@@ -64,6 +66,7 @@ def prior_rcs(
     pools: Mapping[str, int],
     load_buckets: Iterable[tuple[str, float, float]],
     confidence: float = 0.95,
+    k_schedules: Mapping[str, schedules.Schedule] | None = None,
 ) -> dict[ClassKey, dict[str, PriorRC]]:
     """``{(task_type, temperature_bucket, load_bucket): {pool: PriorRC}}`` for every class the
     profile measured: the rc and its interval at ``confidence`` (log-normal; the class's TPOT and the
@@ -73,7 +76,9 @@ def prior_rcs(
     ``load_buckets`` are ``(name, low, high)`` concurrency ranges ``(low, high]``. A value is left
     out where the profile has no level in (or around) the bucket: never extrapolated. The open top
     bucket stands at its lowest swept level (load just past the bucket below), since the sweep's
-    highest levels are usually far beyond any load the bucket sees.
+    highest levels are usually far beyond any load the bucket sees. A pool in ``k_schedules`` runs
+    its schedule's K at the bucket's representative concurrency: the profile pool of that K there,
+    and 1.0 where the schedule turns speculation off.
     """
     if profile is None:
         return {}
@@ -96,17 +101,24 @@ def prior_rcs(
             found = profile.pool(k=k)
         if found is not None and k > 0:
             matched[name] = found
+    scheduled = dict(k_schedules or {})
     z = confidence_mod.z_value(confidence)
     out: dict[ClassKey, dict[str, PriorRC]] = {}
     for bucket, low, high in load_buckets:
+        at = onepool.ks_at(pools, scheduled, (low, high))
+        ks = {name: at[name] for name in scheduled if name in at}
+        here = {name: pool for name, pool in matched.items() if name not in ks}
+        here.update({name: profile.pool(k=k) for name, k in ks.items() if k > 0})
         if math.isinf(high):  # open top bucket: its lowest swept level, not an average up to the sweep's end
             high = min((lv.concurrency for lv in base_pool.levels if lv.concurrency > low), default=high)
         base = profile_mod.lookup(base_pool, low, high, "tpot_seconds", profile.source)
         if base is None or base.value <= 0:
             continue
         for task_type, temperature_bucket in classes:
-            rcs = {}
-            for name, pool in matched.items():
+            rcs = {name: PriorRC(1.0, 1.0, 1.0) for name, k in ks.items() if k == 0}
+            for name, pool in here.items():
+                if pool is None:
+                    continue
                 value = profile_mod.lookup(
                     class_pool(pool, task_type, temperature_bucket), low, high, "tpot_seconds", profile.source
                 )
@@ -130,4 +142,5 @@ def for_policy(
         band = settings.bucket_range(bucket.name)
         if band is not None:
             ranges.append((bucket.name, band[0], band[1]))
-    return prior_rcs(profile, policy.pools, ranges, getattr(settings, "confidence", 0.95))
+    confidence = getattr(settings, "confidence", 0.95)
+    return prior_rcs(profile, policy.pools, ranges, confidence, getattr(policy, "k_schedules", None))

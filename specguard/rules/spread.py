@@ -10,7 +10,9 @@ enough samples), each read at the load bucket the request would join it in:
 - ``unit_p = rc_p x T_0(L) / T_p(L)``: the class's RC on ``p`` measured at the bucket's load ``L``,
   carried to ``p``'s own step (the no-spec pool's unit is 1);
 - ``T_p``: the step-cost fit (``rules.stepfit``) on the window's records and the profile's levels
-  near the loads the fleet runs at (``planfeed.step_fit``).
+  near the loads the fleet runs at (``planfeed.step_fit``), at the K the pool runs at that load:
+  a pool launched with an in-engine schedule runs its schedule's K there (``Policy.k_at``), and
+  where that K is 0 it is a no-spec pool for the request (unit 1).
 
 A greedy rule, re-read at every request, so a pool that fills up stops drawing; charging what a
 request adds to the others keeps a speculative pool from filling past the load where its step
@@ -26,7 +28,7 @@ within those it was fitted on (read with the loads of the window now), and says 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from specguard.exporters.records import RequestRecord
@@ -91,6 +93,12 @@ class Held:
         return Model(self.last[1], planfeed.bucket_loads(records, settings), held=held)
 
 
+def stepper(found: Model, policy: policy_mod.Policy) -> Callable[[str, float], float]:
+    """Each pool's step time at a load per replica, at the K it runs there (a scheduled pool's
+    schedule picks it): what ``routing.Spread`` reads."""
+    return lambda pool, load: found.step(policy.k_at(pool, load), load)
+
+
 def units(
     states: Mapping[ClassKey, ClassState],
     evidence: Mapping[ClassKey, Evidence],
@@ -114,8 +122,9 @@ def units(
         cells = bestpool.estimates(here, seen, memory, now, policy, key[2])
         base = found.step(0, load)
         out_key: dict[str, float] = {}
-        for pool, k in policy.pools.items():
-            if k == 0:
+        for pool in policy.pools:
+            k = policy.k_at(pool, load)
+            if k == 0:  # no speculation, or a schedule that turns it off at this load
                 out_key[pool] = 1.0
             elif planner.usable(cells.get(pool), needed):
                 out_key[pool] = cells[pool].rc * base / found.step(k, load)

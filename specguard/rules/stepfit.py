@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -229,14 +229,20 @@ def observation_from_snapshots(
 
 
 def observations_from_records(
-    records: Iterable[RequestRecord], k_by_pool: Mapping[str, int], settings: CostSettings
+    records: Iterable[RequestRecord],
+    k_by_pool: Mapping[str, int],
+    settings: CostSettings,
+    scheduled: Collection[str] = (),
 ) -> list[StepObservation]:
     """Per (pool, load bucket): sum(decode s) / sum(verify rounds) at the bucket's representative concurrency.
 
-    No-spec pools give ``sum(decode s) / sum(output tokens - 1)`` (one token per step).
+    No-spec pools give ``sum(decode s) / sum(output tokens - 1)`` (one token per step). A
+    ``scheduled`` pool runs the K its in-engine schedule picks by batch size, so its requests are
+    taken per (load bucket, K they ran at): drafts per verify round, and K = 0 for a request that
+    verified no draft (its steps are the engine's without speculation).
     """
-    seconds: dict[tuple[str, str], float] = defaultdict(float)
-    steps: dict[tuple[str, str], float] = defaultdict(float)
+    seconds: dict[tuple[str, str, int], float] = defaultdict(float)
+    steps: dict[tuple[str, str, int], float] = defaultdict(float)
     for r in records:
         if (
             r.pool not in k_by_pool
@@ -245,23 +251,23 @@ def observations_from_records(
             or r.output_tokens < 2
         ):
             continue
-        if k_by_pool[r.pool] > 0:
+        k = k_by_pool[r.pool]
+        if r.pool in scheduled and r.spec is not None and r.spec.rounds == 0:
+            k = 0
+        elif r.pool in scheduled and r.spec is not None and r.spec.rounds and r.spec.draft_tokens is not None:
+            k = max(1, min(k, round(r.spec.draft_tokens / r.spec.rounds)))
+        if k > 0:
             if r.spec is None or not r.spec.rounds:
                 continue
             n_steps = float(r.spec.rounds)
         else:
             n_steps = float(r.output_tokens - 1)
-        seconds[(r.pool, r.load_bucket)] += r.decode_seconds
-        steps[(r.pool, r.load_bucket)] += n_steps
+        seconds[(r.pool, r.load_bucket, k)] += r.decode_seconds
+        steps[(r.pool, r.load_bucket, k)] += n_steps
     out = []
-    for (pool, bucket), total in seconds.items():
-        band = settings.bucket_range(bucket)
-        if band is None or steps[(pool, bucket)] <= 0:
+    for (pool, bucket, k), total in seconds.items():
+        band, n = settings.bucket_range(bucket), steps[(pool, bucket, k)]
+        if band is None or n <= 0:
             continue
-        batch = profile_mod.representative_concurrency(*band)
-        out.append(
-            StepObservation(
-                total / steps[(pool, bucket)], batch, k_by_pool[pool], weight=steps[(pool, bucket)]
-            )
-        )
+        out.append(StepObservation(total / n, profile_mod.representative_concurrency(*band), k, weight=n))
     return out

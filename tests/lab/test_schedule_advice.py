@@ -74,3 +74,15 @@ def test_the_printed_schedule_is_within_two_percent_of_the_hindsight_best(tmp_pa
     assert advised_tokens >= 0.98 * best_tokens, (advised.describe(), found[0].describe())
     lines = printed["schedule_lines"]
     assert lines[1].startswith("vLLM: --speculative-config '") and "creative/high" in " ".join(lines)
+    # routed pools: each K keeps its own K where it pays for the mix, and never drafts more
+    assert len(printed["routed_schedule_lines"]) == 4 and set(printed["routed_schedules"]) == {
+        "1",
+        "2",
+        "3",
+        "4",
+    }
+    for k, given in printed["routed_schedules"].items():
+        if given is not None:
+            routed = json.loads(given)
+            ranges = routed["num_speculative_tokens_per_batch_size"]
+            assert ranges[0][2] <= int(k) and all(r[2] <= int(k) for r in ranges)

@@ -214,6 +214,9 @@ def run(args: argparse.Namespace) -> int:
         print("one pool, no routing: the in-engine K schedule that costs this mix least per token:")
         for line in summary["schedule_lines"]:
             print(f"  {line}")
+        print("routed pools: a pool of K that turns K down only where its own K stops paying for this mix:")
+        for line in summary["routed_schedule_lines"]:
+            print(f"  {line}")
         print(f"use it: set cost.calibration_profile: {summary['profile']} in your config")
         print(f"done in {summary['wall_seconds']:.0f} s")
     return 0
@@ -365,4 +368,22 @@ def _write(args: argparse.Namespace, frame, stack: dict, geometries) -> dict:
         "schedule_lines": advice.lines(args.spec_method)
         if advice is not None
         else ["needs a no-speculation pool and a speculative one in the sweep"],
+        **_routed(profile, args.spec_method),
     }
+
+
+def _routed(profile, method: str) -> dict:
+    """Per swept K: the schedule a pool launched at that K in a routed fleet runs (``recommend(keep=K)``)."""
+    from specguard.rules import kschedule
+
+    configs, lines = {}, []
+    for k in sorted({p.num_speculative_tokens for p in profile.pools if p.num_speculative_tokens > 0}):
+        advice = kschedule.recommend(profile, keep=k)
+        if advice is None:
+            continue
+        steady = [r.k for r in advice.ranges] == [k]
+        config = None if steady else advice.vllm_config(method)
+        configs[str(k)] = config
+        said = f"--speculative-config '{config}'" if config else "speculation pays at no load swept"
+        lines.append(f"K={k}: " + ("keeps K at every load swept" if steady else said))
+    return {"routed_schedules": configs, "routed_schedule_lines": lines}
