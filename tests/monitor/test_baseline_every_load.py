@@ -108,14 +108,20 @@ async def test_default_setup_gives_rc_at_every_load_bucket_with_traffic_within_5
                     await asyncio.sleep(cfg.sections["guard"].interval_seconds)  # one more evaluation
                     traffic = {r.load_bucket for r in monitor.stats.records() if r.pool != "nospec"}
                     async with session.get(f"{url}/metrics") as response:
-                        found = covered(await response.text(), traffic)
-                    if traffic and all(found[b] - {"none"} for b in traffic):
+                        page = await response.text()
+                    async with session.get(f"{monitor.control_url}/status", headers=operator) as response:
+                        status = await response.json()
+                    found = covered(page, traffic)
+                    available = samples(page, "specguard_baseline_available")
+                    rows = {row["load_bucket"]: row for row in status["baselines"]["load_buckets"]}
+                    seen = {(s["load_bucket"], s["source"]) for s in available if s["value"] == "1.0"}
+                    # both reads from one evaluation: the page's availability is the status's bucket,
+                    # and every bucket with traffic has a baseline there too
+                    same = all(b in rows and (b, rows[b]["source"]) in seen for b in traffic)
+                    same = same and all(rows[b]["source"] != "none" for b in traffic)
+                    if traffic and all(found[b] - {"none"} for b in traffic) and same:
                         covered_at = (time.monotonic() - start) / SCALE
                         break
-                async with session.get(f"{monitor.control_url}/status", headers=operator) as response:
-                    status = await response.json()
-                async with session.get(f"{url}/metrics") as response:
-                    available = samples(await response.text(), "specguard_baseline_available")
         finally:
             await monitor.stop()
     assert all(r.ok for r in results)
@@ -123,7 +129,6 @@ async def test_default_setup_gives_rc_at_every_load_bucket_with_traffic_within_5
     assert {"medium"} <= set(found)  # 36 clients: the speculative pool runs at medium load
     assert all(sources - {"none"} for sources in found.values()), found
     # /status and the availability metric say the same
-    rows = {row["load_bucket"]: row for row in status["baselines"]["load_buckets"]}
     assert rows["medium"]["source"] != "none"
     live = {(s["load_bucket"], s["source"]) for s in available if s["value"] == "1.0"}
     assert ("medium", rows["medium"]["source"]) in live
