@@ -110,9 +110,9 @@ def run(spec: dict) -> dict:
     if any(getattr(setup.policy, key) != value for key, value in wanted.items()):
         setup = dataclasses.replace(setup, policy=dataclasses.replace(setup.policy, **wanted))
     launched = {}  # each speculative pool turns K down where the calibration says it stops paying
-    for pool in setup.exporter.pools if spec.get("k_schedule") else ():
+    for pool in [p for p in setup.exporter.pools if p.speculative] if spec.get("k_schedule") else ():
         advice = kschedule.recommend(spec["profile"], keep=pool.num_speculative_tokens)
-        if pool.speculative and advice is not None and advice.vllm is not None and len(advice.ranges) > 1:
+        if advice is not None and advice.vllm is not None and len(advice.ranges) > 1:
             launched[pool.name] = advice.vllm
     if launched:
         setup = demo.with_k_schedules(setup, launched, configured=spec["k_schedule"] != "unconfigured")

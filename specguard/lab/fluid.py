@@ -164,7 +164,7 @@ class Model:
     def k_for(self, pool: str, clients: float) -> int:
         """The K an engine of ``pool`` runs with ``clients`` on it: a scheduled pool's at that batch."""
         schedule = self.schedules.get(pool)
-        return self.ks[pool] if schedule is None else schedule.k_at(max(1, round(clients)))
+        return self.ks[pool] if schedule is None else schedule.k_at(round(clients))
 
     def evaluate_k(self, traffic: Sequence[ClassTraffic], k: int, engines: int) -> float:
         """Throughput of every class on one pool of ``engines`` engines that all run K = ``k``."""

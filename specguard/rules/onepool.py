@@ -58,7 +58,7 @@ def ks_at(
     concurrency (what a what-if onto it predicts at), the others' fixed K."""
     if band is None or not scheduled:
         return dict(ks)
-    at = max(1, round(profile_mod.representative_concurrency(*band)))
+    at = round(profile_mod.representative_concurrency(*band))
     return {name: scheduled[name].k_at(at) if name in scheduled else k for name, k in ks.items()}
 
 

@@ -237,7 +237,7 @@ class Policy:
     def k_at(self, pool: str, load: float) -> int:
         """The K ``pool`` runs at ``load`` requests per replica: its schedule's, else its fixed K."""
         schedule = self.k_schedules.get(pool)
-        return self.pools.get(pool, 0) if schedule is None else schedule.k_at(max(1, round(load)))
+        return self.pools.get(pool, 0) if schedule is None else schedule.k_at(round(load))
 
     def with_pools(
         self,
