@@ -24,7 +24,9 @@ from pathlib import Path
 from statistics import NormalDist
 
 RUN = re.compile(r"^=== run (\d+) (\S+) load (\S+) (\S+) (\S+)(?: commit (\S+))?")
-SEED = re.compile(r"default baseline scope (\w+); (\d+) prompts per class, seed (\d+)")
+SEED = re.compile(r"default baseline scope (\w+); (\d+) prompts per class, seed (\d+)(?:; design (\S+))?")
+EARLIER = "one-at-a-time"
+"""The design of runs printed before the test named one: the four requests of a prompt in turn."""
 CLASS = re.compile(
     r"^(\w+/\w+): A/B RC ([\d.]+) \[([\d.]+), ([\d.]+)\] \((\d+) pairs\) \(TPOT ([\d.]+) / ([\d.]+) ms\); "
     r"guard RC ([\d.]+) \[([\d.]+), ([\d.]+)\] \(TPOT ([\d.]+) / ([\d.]+) ms; .*?by scope: (.*)$"
@@ -45,7 +47,14 @@ def parse(lines: list[str]) -> list[dict]:
         if m := RUN.match(line):
             run = {"run": int(m[1]), "time": m[2], "load": float(m[3]), "commit": m[6]}
         elif m := SEED.search(line):  # pytest's progress may stand before it on the line
-            current = {**run, "default_scope": m[1], "prompts": int(m[2]), "seed": int(m[3]), "classes": {}}
+            current = {
+                **run,
+                "default_scope": m[1],
+                "prompts": int(m[2]),
+                "seed": int(m[3]),
+                "design": m[4] or EARLIER,
+                "classes": {},
+            }
         elif current is not None and (m := CLASS.match(line)):
             scopes = dict(part.rsplit(" ", 1) for part in m[13].split(", "))
             current["classes"][m[1]] = {
@@ -122,10 +131,17 @@ def calibration(result: list[dict]) -> dict[str, float]:
     }
 
 
+DESIGNS = {
+    "side-by-side": "The guard's request beside the A/B's on the same engine",
+    EARLIER: "The four requests of a prompt one at a time",
+}
+"""How each kept run timed the two sides, newest first (``tests/abcompare.py`` says why)."""
+
+
 def render(result: list[dict]) -> str:
     runs = [
-        "| run | class | A/B RC [95%] | guard RC [95%] | apart | strict | gross |",
-        "|---|---|---|---|---|---|---|",
+        "| run | design | class | A/B RC [95%] | guard RC [95%] | apart | strict | gross |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     scopes = sorted({s for m in result for c in m["classes"].values() for s in c["scopes"]})
     table = ["| run | class | A/B RC | " + " | ".join(scopes) + " |", "|---|---|---|" + "---|" * len(scopes)]
@@ -135,11 +151,22 @@ def render(result: list[dict]) -> str:
         for cls, c in m["classes"].items():
             (a, al, au), (g, gl, gu) = c["ab"], c["guard"]
             runs.append(
-                f"| {name} | {cls} | {a:.3f} [{al:.3f}, {au:.3f}] | {g:.3f} [{gl:.3f}, {gu:.3f}] | "
-                f"{g / a - 1:+.1%} | {verdict_of(m['strict'], cls)} | {verdict_of(m['gross'], cls)} |"
+                f"| {name} | {m['design']} | {cls} | {a:.3f} [{al:.3f}, {au:.3f}] | "
+                f"{g:.3f} [{gl:.3f}, {gu:.3f}] | {g / a - 1:+.1%} | {verdict_of(m['strict'], cls)} | "
+                f"{verdict_of(m['gross'], cls)} |"
             )
             cells = " | ".join(off(c["scopes"].get(s), a) for s in scopes)
             table.append(f"| {name} | {cls} | {a:.3f} | {cells} |")
+    parts = [
+        f"**{title}** (runs {', '.join(sorted({str(m['run']) for m in group}, key=int))}): " + summary(group)
+        for design, title in DESIGNS.items()
+        if (group := [m for m in result if m["design"] == design])
+    ]
+    return "\n".join(runs) + "\n\n" + "\n".join(table) + "\n\n" + "\n\n".join(parts)
+
+
+def summary(result: list[dict]) -> str:
+    """Agreement, the baseline scopes' distances and the calibration of one design's runs."""
     errors = scope_errors(result)
     default = result[0]["default_scope"]
     closest = min(errors.values())
@@ -164,11 +191,13 @@ def render(result: list[dict]) -> str:
         f"from the A/B's on average. Mean distance from the A/B by baseline scope: {ranked}. "
         f"The default is `{default}`: {verdict}."
     )
+    if len(pairs) < 2:
+        return text
     cal = calibration(result)
     unbiased = cal["bias_lo"] <= 1.0 <= cal["bias_hi"]
     noise = unbiased and cal["z_sd"] <= 1.5
-    text += (
-        f"\n\nIs the guard's number the A/B's, up to the noise? Over the {cal['n']} class measurements "
+    return text + (
+        f" Is the guard's number the A/B's, up to the noise? Over the {cal['n']} class measurements "
         f"the guard's RC is the A/B's × {cal['bias']:.3f} (90% interval over the measurements "
         f"[{cal['bias_lo']:.3f}, {cal['bias_hi']:.3f}]): "
         + ("no bias shows" if unbiased else "a bias")
@@ -184,7 +213,6 @@ def render(result: list[dict]) -> str:
             else "So the misses are more than two noisy measurements of the same number give."
         )
     )
-    return "\n".join(runs) + "\n\n" + "\n".join(table) + "\n\n" + text
 
 
 def main() -> None:

@@ -2,27 +2,26 @@
 guard's own RC from the same requests sent through its tap (the vLLM tier; ``tests/abtiming.py``
 times the requests).
 
-Both sides see the same prompts, interleaved in time (``measure``). The A/B sends each one to the
-speculative engine and to the no-spec engine directly, in ABBA order. The guard's traffic sends
-each one twice through the tap, between the two; the tap's holdout draw (share 0.5) is scripted to
-alternate (``Alternating``: ABBA as well) so each prompt is timed once on each pool. The guard then
-computes RC from its records as it always does (its baseline, its interval): prompt-to-prompt
-spread, which is not what the guard could get wrong, is the same on both sides, and what is left to
-differ is the guard's number itself (which baseline, which requests, which timing) and the
-machine's timing noise. That noise is independent between the two and, on a shared 2-core
-machine, larger per request than the prompts' own spread, so an interval misses the other's point
-now and then by noise alone (2 of 10 class-runs at 90%, 1 at 95%): a miss is measured again on
-fresh prompts (``ATTEMPTS``). A bias does not go away with fresh prompts: the baseline pooled over
-both classes missed by 11% in both directions in one run.
+Both sides see the same prompts at the same moments (``measure``). The A/B sends each one to the
+speculative engine and to the no-spec engine directly, in ABBA order; beside each of those, at the
+same time, the guard's traffic sends the same prompt through the tap, and the tap's holdout draw
+(share 0.5) is scripted (``Scripted``) so it reaches the engine the A/B's request is on. The two
+requests then decode in the same engine steps: the machine's timing noise (on a shared 2-core
+machine larger per request than the prompts' own spread) falls on both alike, where with the
+requests one after the other it fell on each independently and an interval missed the other's
+point about one class measurement in three by noise alone. The guard then computes RC from its
+records as it always does (its baseline, its load matching, its interval), and what is left to
+differ is the guard's number itself: which baseline, which requests, which timing. A baseline
+pooled over both classes misses by half the gap between their no-spec TPOTs (11% in both
+directions in one run). The truth is the A/B at two requests in flight on each engine, the load
+the guard's records show too.
 
 Two levels of agreement. **Strict** (each interval covers the other's point, the points within
-10%) is what docs/real-model.md reports per run; on this shared 2-core machine the tap's relay runs
-on the engines' cores, and a run now and then has the speculative side 15% slower through the tap
-than directly, so strict agreement is asserted only where asked (``SPECGUARD_AB_STRICT=1``, the
-hand runs). **Gross** (the points within ``GROSS`` or within their joint noise, and no verdict
-against an A/B interval clear of 1.0) is asserted in every run: what a wrong baseline, a wrong
-request set or a wrong timing gives. In CI the tier shares the machine with the other tests, and
-one run's A/B interval for the sampled class was [0.96, 2.54]: 25% alone would fail on noise.
+10%) is what docs/real-model.md reports per run and is asserted where asked
+(``SPECGUARD_AB_STRICT=1``, the hand runs). **Gross** (the points within ``GROSS`` or within their
+joint noise, and no verdict against an A/B interval clear of 1.0) is asserted in every run: what a
+wrong baseline, a wrong request set or a wrong timing gives. A disagreement is measured again on
+fresh prompts once (``ATTEMPTS``): noise goes away with fresh prompts, a bias does not.
 """
 
 from __future__ import annotations
@@ -45,19 +44,22 @@ GROSS = 0.25  # every run: the guard's point within 25% of the A/B's, or within 
 JOINT_Z = NormalDist().inv_cdf(0.995)  # the joint noise: 99% of both intervals' log standard deviations
 CONFIDENCE = 0.95  # the A/B's interval, at the guard's own level
 ATTEMPTS = 2  # a disagreement is measured again on fresh prompts before it fails the test
+DESIGN = "side-by-side"  # the guard's request beside the A/B's (kept runs before it: "one-at-a-time")
 
 
-class Alternating(random.Random):
-    """The router's draws in the order low, high, high, low, ...: with a holdout share of 0.5 every
-    prompt sent twice goes once to each pool, first to the no-spec one every other time."""
+class Scripted(random.Random):
+    """The router's holdout draw, set before each request (``to``): with a holdout share of 0.5,
+    0.25 holds the request out to the no-spec pool and 0.75 keeps it on the planned one."""
 
     def __init__(self) -> None:
         super().__init__(0)
-        self._n = 0
+        self.nospec = False
+
+    def to(self, nospec: bool) -> None:
+        self.nospec = nospec
 
     def random(self) -> float:
-        n, self._n = self._n, self._n + 1
-        return 0.25 if n % 4 in (0, 3) else 0.75
+        return 0.25 if self.nospec else 0.75
 
 
 @dataclass(frozen=True)
@@ -84,23 +86,30 @@ class Side:
 
 
 async def measure(
-    url_spec: str, url_nospec: str, tap: str, mix: Sequence[loadgen.RequestClass], pairs: int, seed: int
+    url_spec: str,
+    url_nospec: str,
+    tap: str,
+    route: Scripted,
+    mix: Sequence[loadgen.RequestClass],
+    pairs: int,
+    seed: int,
 ) -> dict[str, tuple[Ratio, float]]:
-    """Per class, ``pairs`` prompts, each timed directly on both engines (the A/B) and sent twice
-    through the tap at ``tap`` (the guard's traffic), one request at a time, the four interleaved
-    (spec, tap, tap, no-spec; the next prompt the other way round), so whatever else the machine
-    does meanwhile falls on both measurements alike. Returns the A/B's RC and no-spec TPOT per
-    task type; the guard's records are in its tap."""
+    """Per class, ``pairs`` prompts, each timed directly on both engines (the A/B, spec first and
+    no-spec first in turn), with the same prompt sent through the tap at ``tap`` beside each,
+    routed by ``route`` to the engine the A/B's request is on (the guard's traffic). Returns the
+    A/B's RC and no-spec TPOT per task type; the guard's records are in its tap."""
     out = {}
     for cls in mix:
         timed_pairs = []
         for i in range(pairs):
-            first, last = (url_spec, url_nospec) if i % 2 == 0 else (url_nospec, url_spec)
-            a = await asyncio.to_thread(timed, first, cls, seed + i)
-            for _ in range(2):
-                await asyncio.to_thread(timed, tap, cls, seed + i)
-            b = await asyncio.to_thread(timed, last, cls, seed + i)
-            timed_pairs.append((a, b) if first == url_spec else (b, a))
+            order = (url_spec, url_nospec) if i % 2 == 0 else (url_nospec, url_spec)
+            found = {}
+            for url in order:
+                route.to(nospec=url == url_nospec)
+                found[url], _ = await asyncio.gather(
+                    asyncio.to_thread(timed, url, cls, seed + i), asyncio.to_thread(timed, tap, cls, seed + i)
+                )
+            timed_pairs.append((found[url_spec], found[url_nospec]))
         base = sum(b.decode_seconds for _, b in timed_pairs) / sum(b.tokens - 1 for _, b in timed_pairs)
         out[cls.task_type] = (ratio(timed_pairs, seed=seed, confidence=CONFIDENCE), base)
     return out

@@ -10,10 +10,11 @@ are checked on it:
 - acceptance: greedy copy tasks accept more drafts than sampled ones (the real ordering);
 - the number: RC per class is what an interleaved A/B of the two engines measures. Two classes
   whose no-spec TPOT differs (invoice fields to copy, greedy; a poem sampled at 1.0), the A/B on
-  each engine directly in ABBA order and the same prompts through the guard's tap with the
-  shipped cost model (``tests/abcompare.py``): the points within 25% and on the same side of 1.0
-  where the A/B's interval is clear of it (strictly, by hand: each interval covers the other's
-  point and the points are within 10%); the guard's decision follows its interval (the shipped rule).
+  each engine directly in ABBA order and, beside each of its requests, the same prompt through the
+  guard's tap with the shipped cost model (``tests/abcompare.py``): the points within 25% and on
+  the same side of 1.0 where the A/B's interval is clear of it (strictly, by hand: each interval
+  covers the other's point and the points are within 10%); the guard's decision follows its
+  interval (the shipped rule).
 
 Lean on purpose (a few dozen requests of at most 32 tokens): the tier runs in the default suite.
 """
@@ -187,11 +188,12 @@ async def _number_against_ab(engines, tmp_path, seed: int, report: list[str]) ->
     tmp_path.mkdir()
     mix = ab_mix()
     cfg = config.parse_text(guard_config(engines, tmp_path), "specguard.yaml")
-    monitor = Monitor(cfg, rng=abcompare.Alternating())
+    route = abcompare.Scripted()
+    monitor = Monitor(cfg, rng=route)
     guard, _ = guard_wiring.build(monitor, cfg)
     url = await monitor.start("127.0.0.1", 0)
     try:
-        truth = await abcompare.measure(engines.spec.url, engines.nospec.url, url, mix, AB_PAIRS, seed)
+        truth = await abcompare.measure(engines.spec.url, engines.nospec.url, url, route, mix, AB_PAIRS, seed)
         now = time.time()
         decisions = {d.key: d for d in await guard.evaluate(now)}
         settings = cfg.sections["cost"].with_traffic(
@@ -210,7 +212,8 @@ async def _number_against_ab(engines, tmp_path, seed: int, report: list[str]) ->
         sides[key] = abcompare.Side(point, base, mine, {s: found[key] for s, found in scopes.items()})
     extraction, creative = (truth[key[0]][1] for key in AB_CLASSES)
     report.append(
-        f"default baseline scope {settings.baseline_scope}; {AB_PAIRS} prompts per class, seed {seed}"
+        f"default baseline scope {settings.baseline_scope}; {AB_PAIRS} prompts per class, seed {seed}; "
+        f"design {abcompare.DESIGN}"
     )
     report.append(
         f"no-spec TPOT creative / extraction: A/B {creative / extraction:.3f}; through the tap "
