@@ -132,7 +132,8 @@ def calibration(result: list[dict]) -> dict[str, float]:
 
 
 DESIGNS = {
-    "side-by-side": "The guard's request beside the A/B's on the same engine",
+    "side-by-side-warm": "The guard's request beside the A/B's on the same engine, the prompt cached first",
+    "side-by-side": "The guard's request beside the A/B's, the prompt not cached first",
     EARLIER: "The four requests of a prompt one at a time",
 }
 """How each kept run timed the two sides, newest first (``tests/abcompare.py`` says why)."""

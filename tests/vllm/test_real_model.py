@@ -231,7 +231,8 @@ async def _number_against_ab(engines, tmp_path, seed: int, report: list[str]) ->
 
 
 def own_base(records, classes) -> str:
-    """Each class's own no-spec TPOT through the tap (ratio of sums), for the report."""
+    """Each class's own no-spec TPOT through the tap (ratio of sums) and its prompts' mean length
+    (the engine's usage), for the report."""
     out = []
     for task, bucket in classes:
         mine = [
@@ -239,5 +240,7 @@ def own_base(records, classes) -> str:
         ]
         seconds = sum(r.decode_seconds for r in mine)
         tokens = sum(r.output_tokens - 1 for r in mine)
-        out.append(f"{task} {seconds / tokens * 1000:.1f} ms")
+        prompt = [r.prompt_tokens for r in mine if r.prompt_tokens]
+        size = f", {sum(prompt) / len(prompt):.0f}-token prompts" if prompt else ""
+        out.append(f"{task} {seconds / tokens * 1000:.1f} ms{size}")
     return ", ".join(out)
