@@ -5,8 +5,7 @@ their intervals and the RC every baseline scope gives on the same records. This 
 printed runs into a kept result and the result into docs/real-model.md's tables (a test checks the
 page still carries them)::
 
-    SPECGUARD_AB_STRICT=1 python3 -m pytest tests/vllm/test_real_model.py -m vllm -s -k interleaved_ab \
-        > run.log
+    python3 -m pytest tests/vllm/test_real_model.py -m vllm -s -k interleaved_ab > run.log
     python3 bench/real_ab.py --parse run.log [more.log ...] > bench/results/real-ab.json
     python3 bench/real_ab.py --parse new.log --onto bench/results/real-ab.json > merged.json  # add runs
     python3 bench/real_ab.py --render bench/results/real-ab.json
@@ -35,6 +34,8 @@ VERDICT = re.compile(r"^attempt (\d+): strict (.*); gross (.*)$")
 LEVEL = 0.95
 """Both intervals' confidence level (the A/B's is set to the guard's own)."""
 Z = NormalDist().inv_cdf(0.5 + LEVEL / 2)
+SHARED = 0.7
+"""A z-spread below this: the two measurements share their noise (the intervals assume not)."""
 
 
 def parse(lines: list[str]) -> list[dict]:
@@ -132,6 +133,8 @@ def calibration(result: list[dict]) -> dict[str, float]:
 
 
 DESIGNS = {
+    "side-by-side-alternating": "The guard's request beside the A/B's, the prompt cached first, the first to "
+    "arrive alternating",
     "side-by-side-warm": "The guard's request beside the A/B's on the same engine, the prompt cached first",
     "side-by-side": "The guard's request beside the A/B's, the prompt not cached first",
     EARLIER: "The four requests of a prompt one at a time",
@@ -158,11 +161,13 @@ def render(result: list[dict]) -> str:
             )
             cells = " | ".join(off(c["scopes"].get(s), a) for s in scopes)
             table.append(f"| {name} | {cls} | {a:.3f} | {cells} |")
-    parts = [
-        f"**{title}** (runs {', '.join(sorted({str(m['run']) for m in group}, key=int))}): " + summary(group)
-        for design, title in DESIGNS.items()
-        if (group := [m for m in result if m["design"] == design])
-    ]
+    parts = []
+    for design, title in DESIGNS.items():
+        group = [m for m in result if m["design"] == design]
+        numbers = sorted({m["run"] for m in group})
+        if numbers:
+            named = f"run {numbers[0]}" if len(numbers) == 1 else f"runs {', '.join(map(str, numbers))}"
+            parts.append(f"**{title}** ({named}): {summary(group)}")
     return "\n".join(runs) + "\n\n" + "\n".join(table) + "\n\n" + "\n\n".join(parts)
 
 
@@ -209,7 +214,10 @@ def summary(result: list[dict]) -> str:
         f"{cal['expected']:.1f} of the {cal['n']} class measurements on average; these covered in "
         f"{cal['covered']}. "
         + (
-            "So a strict miss is what two noisy measurements of the same number give now and then."
+            "So the two are closer than two independent measurements of the same number: the timing "
+            "noise both sides share cancels in their difference."
+            if noise and cal["z_sd"] < SHARED
+            else "So a strict miss is what two noisy measurements of the same number give now and then."
             if noise
             else "So the misses are more than two noisy measurements of the same number give."
         )

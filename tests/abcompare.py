@@ -14,30 +14,32 @@ point about one class measurement in three by noise alone. The guard then comput
 records as it always does (its baseline, its load matching, its interval), and what is left to
 differ is the guard's number itself: which baseline, which requests, which timing. A baseline
 pooled over both classes misses by half the gap between their no-spec TPOTs (11% in both
-directions in one run). The truth is the A/B at two requests in flight on each engine, the load
-the guard's records show too.
+directions in one run). The truth is the A/B at two requests in flight on each engine: both
+sides time the same engine steps.
 
-Two levels of agreement. **Strict** (each interval covers the other's point, the points within
-10%) is what docs/real-model.md reports per run and is asserted where asked
-(``SPECGUARD_AB_STRICT=1``, the hand runs). **Gross** (the points within ``GROSS`` or within their
-joint noise, and no verdict against an A/B interval clear of 1.0) is asserted in every run: what a
-wrong baseline, a wrong request set or a wrong timing gives. A disagreement is measured again on
-fresh prompts once (``ATTEMPTS``): noise goes away with fresh prompts, a bias does not.
+Two levels of agreement, both asserted in every run. **Strict**: each interval covers the
+other's point and the points are within 10% (docs/real-model.md reports it per run). **Gross**:
+the points within ``GROSS`` or within their joint noise, and no verdict against an A/B interval
+clear of 1.0; what a wrong baseline, a wrong request set or a wrong timing gives, reported apart
+so a failure says which kind it is. A disagreement is measured again on fresh prompts once
+(``ATTEMPTS``): noise goes away with fresh prompts, a bias does not.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import multiprocessing
 import random
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from statistics import NormalDist
 
 from specguard.lab import loadgen
 from specguard.rules import cost
 from specguard.rules.cost_config import BASELINE_SCOPES
-from tests.abtiming import Ratio, ratio, timed
+from tests.abtiming import Ratio, Timed, ratio, timed
 
 Key = tuple[str, str]
 TOLERANCE = 0.10  # strict: the guard's point within 10% of the A/B's
@@ -45,7 +47,10 @@ GROSS = 0.25  # every run: the guard's point within 25% of the A/B's, or within 
 JOINT_Z = NormalDist().inv_cdf(0.995)  # the joint noise: 99% of both intervals' log standard deviations
 CONFIDENCE = 0.95  # the A/B's interval, at the guard's own level
 ATTEMPTS = 2  # a disagreement is measured again on fresh prompts before it fails the test
-DESIGN = "side-by-side-warm"  # how the runs kept in bench/results/real-ab.json timed (bench/real_ab.py)
+LEAD = 0.05  # seconds the second of a pair starts after the first (the first is admitted alone)
+DESIGN = (
+    "side-by-side-alternating"  # how the runs kept in bench/results/real-ab.json timed (bench/real_ab.py)
+)
 
 
 class Scripted(random.Random):
@@ -98,23 +103,33 @@ async def measure(
     """Per class, ``pairs`` prompts, each timed directly on both engines (the A/B, spec first and
     no-spec first in turn), with the same prompt sent through the tap at ``tap`` beside each,
     routed by ``route`` to the engine the A/B's request is on (the guard's traffic), after the
-    prompt has warmed the engine's prefix cache (``warm``). Returns the A/B's RC and no-spec TPOT
-    per task type; the guard's records are in its tap."""
+    prompt has warmed the engine's prefix cache (``warm``). The clients run in processes of their
+    own (this one serves the tap), and which of the two arrives first alternates (``LEAD``).
+    Returns the A/B's RC and no-spec TPOT per task type; the guard's records are in its tap."""
     out = {}
-    for cls in mix:
-        timed_pairs = []
-        for i in range(pairs):
-            order = (url_spec, url_nospec) if i % 2 == 0 else (url_nospec, url_spec)
-            found = {}
-            for url in order:
-                await asyncio.to_thread(warm, url, cls, seed + i)
-                route.to(nospec=url == url_nospec)
-                found[url], _ = await asyncio.gather(
-                    asyncio.to_thread(timed, url, cls, seed + i), asyncio.to_thread(timed, tap, cls, seed + i)
-                )
-            timed_pairs.append((found[url_spec], found[url_nospec]))
-        base = sum(b.decode_seconds for _, b in timed_pairs) / sum(b.tokens - 1 for _, b in timed_pairs)
-        out[cls.task_type] = (ratio(timed_pairs, seed=seed, confidence=CONFIDENCE), base)
+    loop = asyncio.get_running_loop()
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as clients:
+
+        async def client(url: str, delay: float, cls: loadgen.RequestClass, n: int) -> Timed:
+            await asyncio.sleep(delay)
+            return await loop.run_in_executor(clients, timed, url, cls, n)
+
+        for cls in mix:
+            timed_pairs = []
+            for i in range(pairs):
+                order = (url_spec, url_nospec) if i % 2 == 0 else (url_nospec, url_spec)
+                found = {}
+                for j, url in enumerate(order):
+                    await asyncio.to_thread(warm, url, cls, seed + i)
+                    route.to(nospec=url == url_nospec)
+                    direct_first = (i // 2 + j) % 2 == 0  # each side leads on each engine half the time
+                    found[url], _ = await asyncio.gather(
+                        client(url, 0.0 if direct_first else LEAD, cls, seed + i),
+                        client(tap, LEAD if direct_first else 0.0, cls, seed + i),
+                    )
+                timed_pairs.append((found[url_spec], found[url_nospec]))
+            base = sum(b.decode_seconds for _, b in timed_pairs) / sum(b.tokens - 1 for _, b in timed_pairs)
+            out[cls.task_type] = (ratio(timed_pairs, seed=seed, confidence=CONFIDENCE), base)
     return out
 
 

@@ -11,10 +11,9 @@ are checked on it:
 - the number: RC per class is what an interleaved A/B of the two engines measures. Two classes
   whose no-spec TPOT differs (invoice fields to copy, greedy; a poem sampled at 1.0), the A/B on
   each engine directly in ABBA order and, beside each of its requests, the same prompt through the
-  guard's tap with the shipped cost model (``tests/abcompare.py``): the points within 25% and on
-  the same side of 1.0 where the A/B's interval is clear of it (strictly, by hand: each interval
-  covers the other's point and the points are within 10%); the guard's decision follows its
-  interval (the shipped rule).
+  guard's tap with the shipped cost model (``tests/abcompare.py``): each interval covers the
+  other's point and the points are within 10%; the guard's decision follows its interval (the
+  shipped rule).
 
 Lean on purpose (a few dozen requests of at most 32 tokens): the tier runs in the default suite.
 """
@@ -149,26 +148,22 @@ actuators: {{plan_file: "{tmp_path / "plan.json"}", audit_log: "{tmp_path / "aud
 
 
 async def test_the_guards_rc_per_class_is_the_number_an_interleaved_ab_measures(smollm2_engines, tmp_path):
-    """RC on a real engine equals an A/B: per class, the guard's point is within 25% of the A/B's
-    and on the side of 1.0 the A/B's interval allows, and its decision follows its own interval
-    (the shipped rule); with ``SPECGUARD_AB_STRICT=1`` (the hand runs docs/real-model.md reports)
-    also each interval covers the other's point and the two are within 10%. The two classes'
-    no-spec TPOTs differ (a longer context, a sampling step), so a baseline pooled over both would
-    put each RC off by half the gap. A disagreement is measured again on fresh prompts once
-    (``abcompare``: the machine's timing noise alone misses an interval now and then; a bias
-    recurs)."""
+    """RC on a real engine equals an A/B: per class, each interval covers the other's point and
+    the two are within 10%, and the guard's decision follows its own interval (the shipped rule).
+    The two classes' no-spec TPOTs differ (a longer context, a sampling step), so a baseline
+    pooled over both would put each RC off by half the gap. A disagreement is measured again on
+    fresh prompts once (``abcompare``: noise goes away with fresh prompts, a bias recurs)."""
     from tests import abcompare
 
-    strict = os.environ.get("SPECGUARD_AB_STRICT") == "1"
     t0 = time.monotonic()
     report: list[str] = []
     try:
         for attempt in range(abcompare.ATTEMPTS):
-            loose, gross = await _number_against_ab(
+            strict, gross = await _number_against_ab(
                 smollm2_engines, tmp_path / f"attempt{attempt}", 400 + 100 * attempt, report
             )
-            found = gross + loose if strict else gross
-            verdicts = f"strict {'; '.join(loose) or 'met'}; gross {'; '.join(gross) or 'met'}"
+            found = strict + gross
+            verdicts = f"strict {'; '.join(strict) or 'met'}; gross {'; '.join(gross) or 'met'}"
             report.append(f"attempt {attempt + 1}: {verdicts}")
             if not found:
                 break
