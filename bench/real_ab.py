@@ -189,13 +189,24 @@ def summary(result: list[dict]) -> str:
         else f"`{best}` measured closer on these runs (the two differ in {differ} of the {len(pairs)} "
         f"class measurements)"
     )
+    ratios = [
+        [a / g for a, g in zip(c["ab_tpot_ms"], c["guard_tpot_ms"], strict=True)]
+        for m in result
+        for c in m["classes"].values()
+    ]
+    spec, nospec = (math.exp(statistics.fmean(math.log(r[i]) for r in ratios)) for i in (0, 1))
+    each = [v for r in ratios for v in r]
+    timing = (
+        f" The A/B's TPOT over the guard's: × {spec:.3f} on the speculative engine and × {nospec:.3f} on "
+        f"the no-spec one (geometric means; from {min(each):.2f} to {max(each):.2f})."
+    )
     met = sum(m["strict"] == "met" for m in result)
     classes_met = sum(verdict_of(m["strict"], cls) == "met" for m in result for cls in m["classes"])
     text = (
         f"Strict agreement held in {met} of {len(result)} measurements ({classes_met} of {len(pairs)} "
         f"class measurements); the guard's RC was {apart:.1%} "
         f"from the A/B's on average. Mean distance from the A/B by baseline scope: {ranked}. "
-        f"The default is `{default}`: {verdict}."
+        f"The default is `{default}`: {verdict}.{timing}"
     )
     if len(pairs) < 2:
         return text

@@ -6,8 +6,10 @@ Both sides see the same prompts at the same moments (``measure``). The A/B sends
 speculative engine and to the no-spec engine directly, in ABBA order; beside each of those, at the
 same time, the guard's traffic sends the same prompt through the tap, and the tap's holdout draw
 (share 0.5) is scripted (``Scripted``) so it reaches the engine the A/B's request is on, after
-one untimed request has put the prompt in the engine's prefix cache (``warm``). The two requests
-then decode in the same engine steps: the machine's timing noise (on a shared 2-core
+one untimed request has put the prompt in the engine's prefix cache (``warm``). Both clients run
+in processes of their own (sharing this one's interpreter with the tap, the A/B's client timed the
+same steps up to 28% slower), and which of the two reaches the engine first alternates, so each
+side leads on each engine half the time. The two requests then decode in the same engine steps: the machine's timing noise (on a shared 2-core
 machine larger per request than the prompts' own spread) falls on both alike, where with the
 requests one after the other it fell on each independently and an interval missed the other's
 point about one class measurement in three by noise alone. The guard then computes RC from its
