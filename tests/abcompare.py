@@ -9,10 +9,11 @@ same time, the guard's traffic sends the same prompt through the tap, and the ta
 one untimed request has put the prompt in the engine's prefix cache (``warm``). Both clients run
 in processes of their own (sharing this one's interpreter with the tap, the A/B's client timed the
 same steps up to 28% slower), and which of the two reaches the engine first alternates, so each
-side leads on each engine half the time. The two requests then decode in the same engine steps: the machine's timing noise (on a shared 2-core
-machine larger per request than the prompts' own spread) falls on both alike, where with the
-requests one after the other it fell on each independently and an interval missed the other's
-point about one class measurement in three by noise alone. The guard then computes RC from its
+side leads on each engine half the time. The two requests then decode in the same engine steps:
+the machine's timing noise (on a shared 2-core machine larger per request than the prompts' own
+spread) falls on both alike, where with the requests one after the other it fell on each
+independently and an interval missed the other's point about one class measurement in three by
+noise alone. The guard then computes RC from its
 records as it always does (its baseline, its load matching, its interval), and what is left to
 differ is the guard's number itself: which baseline, which requests, which timing. A baseline
 pooled over both classes misses by half the gap between their no-spec TPOTs (11% in both
