@@ -217,7 +217,10 @@ def run(args: argparse.Namespace) -> int:
         print("routed pools: a pool of K that turns K down only where its own K stops paying for this mix:")
         for line in summary["routed_schedule_lines"]:
             print(f"  {line}")
-        print(f"use it: set cost.calibration_profile: {summary['profile']} in your config")
+        print(
+            f"use it: point cost.calibration_profile in your config at {summary['profile']} "
+            "(a relative path there is read from the config file's directory)"
+        )
         print(f"done in {summary['wall_seconds']:.0f} s")
     return 0
 
