@@ -13,12 +13,11 @@ side leads on each engine half the time. The two requests then decode in the sam
 the machine's timing noise (on a shared 2-core machine larger per request than the prompts' own
 spread) falls on both alike, where with the requests one after the other it fell on each
 independently and an interval missed the other's point about one class measurement in three by
-noise alone. The guard then computes RC from its
-records as it always does (its baseline, its load matching, its interval), and what is left to
-differ is the guard's number itself: which baseline, which requests, which timing. A baseline
-pooled over both classes misses by half the gap between their no-spec TPOTs (11% in both
-directions in one run). The truth is the A/B at two requests in flight on each engine: both
-sides time the same engine steps.
+noise alone. The guard then computes RC from its records as it always does (its baseline, its
+load matching, its interval), and what is left to differ is the guard's number itself: which
+baseline, which requests, which timing. A baseline pooled over both classes misses by half the gap
+between their no-spec TPOTs (11% in both directions in one run). The truth is the A/B at two
+requests in flight on each engine: both sides time the same engine steps.
 
 Two levels of agreement, both asserted in every run. **Strict**: each interval covers the
 other's point and the points are within 10% (docs/real-model.md reports it per run). **Gross**:
