@@ -121,6 +121,12 @@ class Schedule:
         return "TensorRT-LLM K " + ", ".join([*parts, f"{start}+:0"])
 
 
+def k_at_load(fixed: int, schedule: Schedule | None, load: float) -> int:
+    """The K an engine runs with ``load`` requests on it: its schedule's at that batch when it was
+    launched with one, else its fixed K."""
+    return fixed if schedule is None else schedule.k_at(round(load))
+
+
 def vllm(ranges: object, num_speculative_tokens: int) -> Schedule:
     """vLLM's ``num_speculative_tokens_per_batch_size``, validated as vLLM validates it."""
     if not isinstance(num_speculative_tokens, int) or num_speculative_tokens <= 0:

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from specguard import schedules
 from specguard.lab import fleet as fleet_mod
 from specguard.lab import shapes
 from specguard.sim.config import LengthDist, SimConfig
@@ -163,8 +164,7 @@ class Model:
 
     def k_for(self, pool: str, clients: float) -> int:
         """The K an engine of ``pool`` runs with ``clients`` on it: a scheduled pool's at that batch."""
-        schedule = self.schedules.get(pool)
-        return self.ks[pool] if schedule is None else schedule.k_at(round(clients))
+        return schedules.k_at_load(self.ks[pool], self.schedules.get(pool), clients)
 
     def evaluate_k(self, traffic: Sequence[ClassTraffic], k: int, engines: int) -> float:
         """Throughput of every class on one pool of ``engines`` engines that all run K = ``k``."""

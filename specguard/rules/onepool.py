@@ -58,8 +58,8 @@ def ks_at(
     concurrency (what a what-if onto it predicts at), the others' fixed K."""
     if band is None or not scheduled:
         return dict(ks)
-    at = round(profile_mod.representative_concurrency(*band))
-    return {name: scheduled[name].k_at(at) if name in scheduled else k for name, k in ks.items()}
+    at = profile_mod.representative_concurrency(*band)
+    return {name: schedules.k_at_load(k, scheduled.get(name), at) for name, k in ks.items()}
 
 
 def k_range(schedule: schedules.Schedule, low: float, high: float, top: int = 4096) -> tuple[int, int]:

@@ -236,8 +236,7 @@ class Policy:
 
     def k_at(self, pool: str, load: float) -> int:
         """The K ``pool`` runs at ``load`` requests per replica: its schedule's, else its fixed K."""
-        schedule = self.k_schedules.get(pool)
-        return self.pools.get(pool, 0) if schedule is None else schedule.k_at(round(load))
+        return schedules.k_at_load(self.pools.get(pool, 0), self.k_schedules.get(pool), load)
 
     def with_pools(
         self,

@@ -252,10 +252,11 @@ def observations_from_records(
         ):
             continue
         k = k_by_pool[r.pool]
-        if r.pool in scheduled and r.spec is not None and r.spec.rounds == 0:
-            k = 0
-        elif r.pool in scheduled and r.spec is not None and r.spec.rounds and r.spec.draft_tokens is not None:
-            k = max(1, min(k, round(r.spec.draft_tokens / r.spec.rounds)))
+        if r.pool in scheduled and r.spec is not None:  # the K this request ran at
+            if r.spec.rounds == 0:
+                k = 0
+            elif r.spec.draft_tokens is not None:
+                k = max(1, min(k, round(r.spec.draft_tokens / r.spec.rounds)))
         if k > 0:
             if r.spec is None or not r.spec.rounds:
                 continue

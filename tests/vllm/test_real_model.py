@@ -174,7 +174,7 @@ async def test_the_guards_rc_per_class_is_the_number_an_interleaved_ab_measures(
 
 
 async def _number_against_ab(engines, tmp_path, seed: int, report: list[str]) -> tuple[list[str], list[str]]:
-    """One measurement of both (the A/B and the guard's traffic, interleaved per prompt); the
+    """One measurement of both (the A/B and the guard's traffic, side by side per prompt); the
     disagreements found (strict, gross), after checking the guard's decisions follow its intervals."""
     from specguard.monitor import guard_wiring
     from specguard.monitor.app import Monitor
