@@ -65,9 +65,11 @@ def test_alert_moves_the_losing_class_off_speculation(tmp_path: Path):
 
         # RC is exported and the recording rule separates the classes
         rc = "pool_class_load:specguard_relative_cost_per_token:ratio"
+        # (above 1.0 within the wait: in a full suite the first point, from a few requests on a
+        # busy machine, once read 0.84; the alert below still has to fire for creative alone)
         creative_rc = wait_until(
-            "RC recorded for creative on spec-k4",
-            lambda: prom.value(f'{rc}{{{CREATIVE},pool="spec-k4"}}'),
+            "RC recorded for creative on spec-k4 above 1.0",
+            lambda: {k: v for k, v in prom.value(f'{rc}{{{CREATIVE},pool="spec-k4"}}').items() if v > 1.0},
             40,
             stack.procs,
         )
