@@ -25,6 +25,7 @@ import pytest
 
 from specguard import cli
 from specguard.exporters.config import ClassesConfig
+from specguard.monitor import app as monitor_app
 from specguard.monitor import state as state_mod
 from tests.reliability import hostkit, relkit
 from tests.reliability.test_faults_guard import tiny_disk
@@ -334,16 +335,26 @@ async def _classified_traffic(url: str, task_types: int) -> None:
         await asyncio.gather(*(one(i, t) for i in range(task_types) for t in (0.0, 0.3, 0.7, 1.0)))
 
 
-async def test_a_large_metrics_page_is_rendered_off_the_loop_and_capped(tmp_path, caplog):
+async def test_a_large_metrics_page_is_rendered_off_the_loop_and_capped(tmp_path, caplog, monkeypatch):
+    renders: list[int] = []  # the thread of each render
+    render_page = monitor_app._render
+
+    def watched_render(registry):
+        renders.append(threading.get_ident())
+        return render_page(registry)
+
+    monkeypatch.setattr(monitor_app, "_render", watched_render)
     engine = hostkit.Engine()
     async with relkit_serving(engine) as engine_url:
         async with guard_on(tmp_path, engine_url, _many_classes(400)) as (monitor, url, _):
             await _classified_traffic(url, 400)
+            loop_thread = threading.get_ident()
             async with aiohttp.ClientSession() as session:
                 started = time.perf_counter()
                 async with session.get(url + "/metrics") as response:
                     size = len(await response.read())
                 render = time.perf_counter() - started
+                renders.clear()
                 with LoopLag() as lag:
                     scrapes = [asyncio.create_task(session.get(url + "/metrics")) for _ in range(3)]
                     probed = await hostkit.probe(url, 10)
@@ -358,8 +369,10 @@ async def test_a_large_metrics_page_is_rendered_off_the_loop_and_capped(tmp_path
     # a page of megabytes (1.9-2.4 MB: the TPOT histograms follow the load buckets the traffic hit)
     assert size > 1_000_000, size
     # Before: the page was rendered on the serving loop, which stood still for the whole render
-    # (here ~{render} s per scrape; 29.5 s at 1,000 task types).
-    assert lag.worst < max(0.5, render / 3), f"loop stood still {lag.worst:.2f} s (render {render:.2f} s)"
-    assert max(probed) < max(1.0, render), f"a proxied request waited {max(probed):.2f} s"
+    # (29.5 s at 1,000 task types). Now every render runs in a worker thread, and scrapes that
+    # arrive during one share it. (The loop's lateness and the probes' times are printed, not
+    # asserted: on a busy 2-core machine they measure the machine as much as the tap.)
+    assert renders and loop_thread not in renders, "a /metrics page was rendered on the serving loop"
+    assert len(renders) <= 2, f"three concurrent scrapes rendered the page {len(renders)} times"
     assert capped[0] == 503 and "above the cap" in capped[1]
     assert "classes.max_combinations" in capped[1] and "/metrics: the page is" in caplog.text
