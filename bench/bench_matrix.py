@@ -18,11 +18,13 @@ phase of each figure and the targets.
     flock /tmp/specguard-bench.lock python3 bench/bench_matrix.py [--quick] [--jobs 2]
         [--scenarios a,b] [--worlds a,b] [--seeds 0,1,2] [--profiles fresh,none,stale]
         [--fleet-shape fixed|autoscaled|fluid] [--replicas 3xK4+1xnospec] [--fleet N]
-        [--decider per-class|planner] [--no-spread] [--k-schedule] [--json]
+        [--decider per-class|planner] [--scaling] [--no-spread] [--k-schedule] [--json]
     python3 bench/bench_matrix.py --render bench/results/matrix-fixed.json  # the docs' markdown
     python3 bench/bench_matrix.py --render bench/results/matrix-fixed.json --into docs/benchmarks.md
     cd bench/results && python3 ../bench_matrix.py --compare matrix-fixed-no-spread.json:matrix-fixed.json \
         [...] --into ../../docs/planner.md  # runs with guard.spread: false against the shipped ones
+    cd bench/results && python3 ../bench_matrix.py --into ../../docs/planner.md --scaling-versus \
+        matrix-autoscaled-planner.json:matrix-autoscaled-planner-scaling.json:matrix-autoscaled-planner-sustain0.json
     cd bench/results && python3 ../bench_matrix.py --into ../../docs/benchmarks.md \
         --schedule-versus matrix-fixed.json:matrix-fixed-scheduled.json  # pools with schedules
 
@@ -54,6 +56,7 @@ import bench_controller  # noqa: E402
 
 from specguard.lab import demo, scenario, shapes, summary, worlds  # noqa: E402
 from specguard.rules import kschedule  # noqa: E402
+from specguard.rules import policy as policy_mod  # noqa: E402
 
 SCENARIOS = Path(__file__).with_name("scenarios")
 QUICK = {"scenarios": "steps,tiny-classes", "worlds": "default,expensive-draft", "seeds": "0", "seconds": 150}
@@ -107,6 +110,14 @@ def run(spec: dict) -> dict:
         "decider": spec.get("decider", setup.policy.decider),
         "spread": spec.get("spread", setup.policy.spread),
     }
+    if spec.get("scaling"):  # the guard sizes the pools; the fleet's HPA scales on its numbers
+        shape = setup.fleet_shape
+        wanted["scaling"] = policy_mod.Scaling(
+            target_in_flight=shape.target_in_flight,
+            start_delay_seconds=shape.start_delay_s,
+            max_replicas=shape.engines,
+            sustain_seconds=spec.get("sustain"),
+        )
     if any(getattr(setup.policy, key) != value for key, value in wanted.items()):
         setup = dataclasses.replace(setup, policy=dataclasses.replace(setup.policy, **wanted))
     launched = {}  # each speculative pool turns K down where the calibration says it stops paying
@@ -134,6 +145,8 @@ def run(spec: dict) -> dict:
         "fleet_shape": setup.fleet_shape.kind,
         "decider": setup.policy.decider,
         "spread": setup.policy.spread,
+        "scaling": setup.policy.scaling is not None,
+        "sustain_seconds": setup.policy.scaling.sustain if setup.policy.scaling is not None else None,
         "engines": setup.fleet,
         "vs_oracle": r["specguard_vs_oracle_throughput"],
         "worst_phase_vs_oracle": min(x for x in summary.phase_ratios(sg, oracle) if x is not None),
@@ -514,6 +527,36 @@ def compare(pairs: list[tuple[dict, dict]]) -> str:
     return "\n".join(lines)
 
 
+def scaling_table(inflight: dict, *sized: dict) -> str:
+    """A table of the planner's runs on autoscaled pools with the HPA on requests in flight
+    (``inflight``) and on the guard's desired replicas (``sized``: ``--scaling`` runs, each with its
+    ``sustain_seconds``): throughput over the oracle (mean and worst run), runs with a phase below
+    never-speculate, below 0.90 of the oracle, and with TPOT p99 above 1.15x the oracle's."""
+    keys = sorted((r["scenario"], r["world"], r["seed"]) for r in inflight["rows"])
+    lines = [
+        "| the HPA scales on | runs | mean / oracle | worst run / oracle | runs below 0.90 of the oracle "
+        "| runs with a phase below never-speculate | runs with TPOT p99 above 1.15x the oracle's |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for result in (inflight, *sized):
+        if sorted((r["scenario"], r["world"], r["seed"]) for r in result["rows"]) != keys:
+            raise ValueError("not the same runs: every --scaling result must cover the in-flight runs")
+        sustain = {r.get("sustain_seconds") for r in result["rows"]}
+        if not all(r.get("scaling") for r in result["rows"]):
+            label = "requests in flight (target per replica)"
+        elif sustain == {0}:
+            label = "the guard's desired replicas, asked at once (`sustain_seconds: 0`)"
+        else:
+            label = "the guard's desired replicas, demand that lasted a start delay (the default)"
+        agg, below = result["summary"], result["summary"]["targets"]["runs below each goal"]
+        lines.append(
+            f"| {label} | {agg['runs']} | {agg['vs_oracle']['mean']:.3f} | {agg['vs_oracle']['worst']:.3f} | "
+            f"{below['vs_oracle < 0.90']} | {below['worst phase < never']} | "
+            f"{below['TPOT p99 > 1.15 x oracle']} |"
+        )
+    return "\n".join(lines)
+
+
 def launched_with_schedule(base: dict, *scheduled: dict) -> str:
     """A table of the same runs on fixed-K pools (``base``, rows kept in the shape's full matrix) and
     with each speculative pool launched with the in-engine schedule the calibration gives it
@@ -601,6 +644,18 @@ def main(argv: list[str] | None = None) -> int:
         "--no-spread", action="store_true", help="guard.spread: false (each class whole on its plan's pool)"
     )
     parser.add_argument(
+        "--scaling",
+        action="store_true",
+        help="autoscaled, with --decider planner: guard.scaling on, and the fleet's HPA scales each pool on "
+        "the guard's desired replicas (as deploy/kubernetes/autoscaling) instead of requests in flight",
+    )
+    parser.add_argument(
+        "--sustain",
+        type=float,
+        default=None,
+        help="with --scaling: guard.scaling.sustain_seconds (default: the shape's start delay)",
+    )
+    parser.add_argument(
         "--k-schedule",
         nargs="?",
         const="configured",
@@ -618,6 +673,12 @@ def main(argv: list[str] | None = None) -> int:
         help="print the table comparing pairs of --json results (with --into DOC: its spread:compare block)",
     )
     parser.add_argument(
+        "--scaling-versus",
+        metavar="INFLIGHT:SCALING[:SCALING...]",
+        help="print the table of the planner's autoscaled runs on the in-flight HPA against --scaling runs "
+        "(with --into DOC: its scaling:versus block)",
+    )
+    parser.add_argument(
         "--schedule-versus",
         metavar="FIXED:SCHEDULED[:UNCONFIGURED]",
         help="print the table of a --k-schedule result against the same runs on fixed-K pools "
@@ -630,6 +691,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare:
         pairs = [tuple(json.loads(Path(f).read_text()) for f in pair.split(":")) for pair in args.compare]
         return _table(compare(pairs), args.into, "spread", "compare")  # type: ignore[arg-type]
+    if args.scaling_versus:
+        inflight, *sized = (json.loads(Path(f).read_text()) for f in args.scaling_versus.split(":"))
+        return _table(scaling_table(inflight, *sized), args.into, "scaling", "versus")
     if args.render and args.into:
         doc = Path(args.into)
         pieces = render(json.loads(Path(args.render).read_text()))
@@ -639,6 +703,10 @@ def main(argv: list[str] | None = None) -> int:
         for text in render(json.loads(Path(args.render).read_text())).values():
             print(text, end="\n\n")
         return 0
+    if args.scaling and (args.decider != "planner" or args.fleet_shape != shapes.AUTOSCALED):
+        parser.error("--scaling needs --decider planner and --fleet-shape autoscaled")
+    if args.sustain is not None and not args.scaling:
+        parser.error("--sustain needs --scaling")
     seconds = None
     if args.quick:
         args.scenarios, args.worlds, args.seeds = QUICK["scenarios"], QUICK["worlds"], QUICK["seeds"]
@@ -680,6 +748,8 @@ def main(argv: list[str] | None = None) -> int:
                 "profiles": profiles,
                 "decider": args.decider,
                 "spread": not args.no_spread,
+                "scaling": args.scaling,
+                "sustain": args.sustain,
                 "k_schedule": args.k_schedule,
                 "profile": fresh[(world, seed)],
                 "stale_profile": fresh.get((STALE_WORLD.get(world, "k4-dominates"), seed)),

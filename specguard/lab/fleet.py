@@ -124,6 +124,8 @@ class Fleet:
             self.recommender = autoscale.Recommender(
                 shape.target_in_flight, shape.stabilization_s, dict(shape.replicas)
             )
+            # the shipped HPA on specguard's desired replicas: an External metric, AverageValue 1
+            self.on_desired = autoscale.Recommender(1.0, shape.stabilization_s, dict(shape.replicas))
         if fixed is not None:
             missing = sorted(set(pools) - {p for p, n in fixed.items() if n >= 1})
             if missing:
@@ -255,15 +257,25 @@ class Fleet:
             self.stats.engine_seconds = self.size * now
 
     # ---- autoscaling ----------------------------------------------------------------------------
-    def autoscale(self, now: float) -> list[float]:
+    def autoscale(self, now: float, desired: Mapping[str, int] | None = None) -> list[float]:
         """One HPA sync: scale every pool toward its desired replicas within the budget; returns the
-        times the replicas started now begin serving (call ``activate`` then)."""
+        times the replicas started now begin serving (call ``activate`` then).
+
+        ``desired``: the guard's replicas per pool (``specguard_pool_desired_replicas``), which the
+        HPA then scales on (``deploy/kubernetes/autoscaling``) instead of requests in flight; a pool
+        the guard gives no number for keeps its replicas (an HPA without its metric holds)."""
         assert self.shape is not None
         demand = self.demand()
         wants = {}
         for pool in self.pools:
             mine = [s for s in self.slots if s.pool == pool and not s.leaving]
-            wants[pool] = (self.recommender.desired(pool, demand.get(pool, 0), len(mine), now), mine)
+            if desired is None:
+                want = self.recommender.desired(pool, demand.get(pool, 0), len(mine), now)
+            elif pool in desired:
+                want = self.on_desired.desired(pool, desired[pool], len(mine), now)
+            else:
+                want = len(mine)
+            wants[pool] = (want, mine)
         ready_times = []
         self._mark(now)
         for pool, (desired, mine) in sorted(wants.items(), key=lambda kv: (len(kv[1][1]) - kv[1][0], kv[0])):

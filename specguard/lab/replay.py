@@ -60,6 +60,9 @@ class Policy(Protocol):
     @property
     def tick_seconds(self) -> float | None: ...
 
+    # optional: ``desired_replicas_at(now) -> dict[str, int] | None``, the replicas per pool an
+    # autoscaled fleet's HPA scales on at that sync (None: on requests in flight)
+
 
 @dataclass(frozen=True)
 class Buckets:
@@ -242,8 +245,9 @@ class Replay:
                 self._step_done(payload)  # type: ignore[arg-type]
             elif kind == "phase":
                 self._enter_phase(payload)  # type: ignore[arg-type]
-            elif kind == "autoscale":
-                for ready in self.fleet.autoscale(at):
+            elif kind == "autoscale":  # on the guard's desired replicas when it sizes the pools
+                sizes = getattr(self.policy, "desired_replicas_at", None)
+                for ready in self.fleet.autoscale(at, sizes(at) if sizes is not None else None):
                     self._push(ready, "ready")
                 self._replicas_changed()
             elif kind == "ready":

@@ -21,10 +21,10 @@ from specguard.exporters.config import ExporterConfig
 from specguard.exporters.records import RequestRecord
 from specguard.lab.replay import LoadBucketOf, LoadOf
 from specguard.rules import cost as cost_mod
+from specguard.rules import desired, onepool, planfeed, planner, probes
 from specguard.rules import evidence as evidence_mod
 from specguard.rules import guard as guard_mod
 from specguard.rules import holdout as holdout_mod
-from specguard.rules import onepool, planfeed, planner, probes
 from specguard.rules import policy as policy_mod
 from specguard.rules import prior as prior_mod
 from specguard.rules import spread as spread_mod
@@ -32,7 +32,15 @@ from specguard.rules.cost_config import CostSettings
 
 Split = tuple[tuple[str, float], ...]  # (pool, share) pairs, shares summing to 1
 ClassPlan = dict[tuple[str, str], str | Split]  # (task_type, temperature_bucket) -> pool, or a split
-Choices = dict[str, tuple[str, str]]  # request key -> (pool, route)
+
+
+class Choices(dict[str, tuple[str, str]]):
+    """A run's routing, request key -> (pool, route), and ``sizes``: the replicas per pool it asked
+    an autoscaled fleet for at each HPA sync (``guard.scaling``; empty when it sized none)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.sizes: dict[float, dict[str, int]] = {}
 
 
 class StaticPolicy:
@@ -126,6 +134,11 @@ class ReplayedChoices(StaticPolicy):
         found = self.choices.get(key)
         return found or super().choose(task_type, temperature_bucket, load_bucket_of, load_of, key)
 
+    def desired_replicas_at(self, now: float) -> dict[str, int] | None:
+        """The replicas the run asked for at this sync (None: it sized none; the HPA's own rule)."""
+        sizes = getattr(self.choices, "sizes", None)
+        return sizes.get(now, {}) if sizes else None
+
 
 # ---- specguard itself ---------------------------------------------------------------------------
 
@@ -180,9 +193,11 @@ class SpecguardPolicy:
         self.states: dict[tuple[str, str, str], guard_mod.ClassState] = {}
         self.evaluations = 0
         self.last_costs: list[cost_mod.ClassCost] = []
-        self.choices: Choices = {}  # every request's route by its key (the oracle replays them)
+        self.choices = Choices()  # every request's route by its key (the oracle replays them)
         self.on_tick = None  # optional callback(now, costs, changed decisions) for live display
         self.last_plan: planner.Plan | str | None = None  # guard.decider: planner
+        self.sizer = desired.Sizer(self.policy.scaling) if self.policy.scaling is not None else None
+        self.desired_replicas: dict[str, int] = {}  # guard.scaling: the sizes of the last plan
         self.spread_fit = spread_mod.Held()  # guard.spread
 
     @property
@@ -213,6 +228,15 @@ class SpecguardPolicy:
 
     def on_phase(self, index: int, now: float) -> None:
         pass
+
+    def desired_replicas_at(self, now: float) -> dict[str, int] | None:
+        """``guard.scaling``: the replicas per pool an autoscaled fleet scales on at this HPA sync, as
+        the shipped HPA does on ``specguard_pool_desired_replicas`` (None: the guard sizes none, and
+        the HPA scales on requests in flight). Kept in ``choices.sizes`` for the oracle's replay."""
+        if self.sizer is None:
+            return None
+        self.choices.sizes[now] = dict(self.desired_replicas)
+        return self.choices.sizes[now]
 
     def collect(
         self, now: float
@@ -267,6 +291,8 @@ class SpecguardPolicy:
             )
         )
         self.last_plan = found.plan or found.reason
+        if self.sizer is not None and found.plan is not None and found.input is not None:
+            self.desired_replicas = self.sizer.desired(found.input, found.plan, now)  # else they stand
         return found.planned
 
     def spread(self, evidence: Mapping[evidence_mod.ClassKey, evidence_mod.Evidence], now: float) -> None:

@@ -12,11 +12,15 @@ RC rises with load. So each pool is sized for the classes the plan puts on it:
   carried by the step-cost fit, as the planner does). A class that never pays there (pinned) sets
   no target: no replica count would make it pay.
 - **The start delay**: a new replica serves ``start_delay_seconds`` after it is asked for, so a pool
-  scales up only for demand that has lasted that long: ``W_p`` is the lowest of the pool's demand
-  over the last start delay. Demand that has lasted a start delay is expected to last about as long
-  again (a burst's remaining life grows with its age); a shorter one would be over, or nearly,
-  before the replica serves. Scaling down follows the demand now (the HPA's own stabilisation
-  window then holds replicas through a dip).
+  scales up only for demand that has lasted that long: each class counts the lowest of its demand
+  over the last start delay, on the pool the plan puts it on now. Demand that has lasted a start
+  delay is expected to last about as long again (a burst's remaining life grows with its age); a
+  shorter one would be over, or nearly, before the replica serves. It is the class's demand that
+  must have lasted, not the pool's: a class the plan moves brings the demand it has had to its new
+  pool (a pool's own history would read the move as a burst and never size for it). Scaling down
+  follows the demand now (the HPA's own stabilisation window then holds replicas through a dip).
+  ``sustain_seconds`` sets how long demand must have lasted (default: the start delay; 0: at once):
+  waiting it out costs the time it waits on a load that does last (``docs/planner.md`` measures it).
 
 ``desired_p = clamp(ceil(W_p / t_p), min_replicas, max_replicas)``: exported as
 ``specguard_pool_desired_replicas{pool}`` for an HPA or KEDA to scale each pool's Deployment on
@@ -30,6 +34,7 @@ import math
 from collections import deque
 
 from specguard.rules import planner
+from specguard.rules.evidence import ClassKey
 from specguard.rules.policy import Scaling
 from specguard.rules.stepfit import StepFit
 
@@ -71,31 +76,35 @@ def targets(inp: planner.PlanInput, plan: planner.Plan, scaling: Scaling) -> dic
     return out
 
 
-def demand(inp: planner.PlanInput, plan: planner.Plan) -> dict[str, float]:
-    """Requests in flight the plan puts on each pool."""
-    out = {pool.name: 0.0 for pool in inp.pools}
-    for key, name in plan.pools.items():
-        out[name] = out.get(name, 0.0) + inp.demand[key].in_flight
-    return out
-
-
 class Sizer:
-    """Desired replicas per pool at each evaluation, with each pool's demand over the start delay."""
+    """Desired replicas per pool at each evaluation, with each class's demand over the start delay."""
 
     def __init__(self, scaling: Scaling):
         self.scaling = scaling
-        self._history: dict[str, deque[tuple[float, float]]] = {}
+        self._history: dict[ClassKey, deque[tuple[float, float]]] = {}
+
+    def lasted(self, inp: planner.PlanInput, now: float) -> dict[ClassKey, float]:
+        """Each class's requests in flight that have lasted ``sustain`` (the start delay by default),
+        or since it was first seen."""
+        out = {}
+        for key in set(self._history) - set(inp.demand):  # a class gone is new again when it returns
+            del self._history[key]
+        for key, found in inp.demand.items():
+            history = self._history.setdefault(key, deque())
+            history.append((now, found.in_flight))
+            while history and history[0][0] < now - self.scaling.sustain:
+                history.popleft()
+            out[key] = min(w for _, w in history)
+        return out
 
     def desired(self, inp: planner.PlanInput, plan: planner.Plan, now: float) -> dict[str, int]:
         scaling = self.scaling
         per_replica = targets(inp, plan, scaling)
+        load = dict.fromkeys(per_replica, 0.0)
+        for key, flight in self.lasted(inp, now).items():
+            load[plan.pools[key]] += flight
         out = {}
-        for pool, flight in demand(inp, plan).items():
-            history = self._history.setdefault(pool, deque())
-            history.append((now, flight))
-            while history and history[0][0] < now - scaling.start_delay_seconds:
-                history.popleft()
-            lasted = min(w for _, w in history)  # what has lasted a start delay (or since start)
-            wanted = max(scaling.min_replicas, math.ceil(lasted / per_replica[pool] - 1e-9))
+        for pool, flight in load.items():
+            wanted = max(scaling.min_replicas, math.ceil(flight / per_replica[pool] - 1e-9))
             out[pool] = min(wanted, scaling.max_replicas) if scaling.max_replicas else wanted
         return out

@@ -147,10 +147,15 @@ def usable(estimate: Estimate | None, min_samples: int) -> bool:
 # ---------------------------------------------------------------- the model
 
 
+MIN_STEP_SECONDS = 1e-6
+"""The least step time at no load: a fit through the origin (a non-negative fit's intercept can be 0)
+would price an idle pool's step at 0 s, and the plan's rates divide by it."""
+
+
 def _line(step: StepFit, k: int, replicas: int) -> tuple[float, float]:
     """``T_p = a + b x N`` for N requests in flight on a pool of ``replicas`` (never falling with load)."""
     a = step.predict(0.0, k)
-    return a, max(0.0, step.predict(1.0, k) - a) / max(1, replicas)
+    return max(a, MIN_STEP_SECONDS), max(0.0, step.predict(1.0, k) - a) / max(1, replicas)
 
 
 def _definition(pool: str) -> Estimate:

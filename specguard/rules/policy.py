@@ -133,6 +133,13 @@ class Scaling:
     min_replicas: int = 1
     max_replicas: int = 0
     """0: no cap."""
+    sustain_seconds: float | None = None
+    """How long a class's demand must have lasted before replicas are asked for it (None: the start
+    delay, so no replica is asked for a burst it would not outlast; 0: at once, as an in-flight HPA)."""
+
+    @property
+    def sustain(self) -> float:
+        return self.start_delay_seconds if self.sustain_seconds is None else self.sustain_seconds
 
 
 @dataclass(frozen=True)
@@ -444,6 +451,7 @@ def _scaling(sub: configfile.Section) -> Scaling:
         start_delay_seconds=sub.get("start_delay_seconds", float, 120.0, minimum=0, maximum=86400),
         min_replicas=sub.get("min_replicas", int, 1, minimum=0),
         max_replicas=sub.get("max_replicas", int, 0, minimum=0),
+        sustain_seconds=sub.get("sustain_seconds", float, None, minimum=0, maximum=86400, nullable=True),
     )
     sub.check(
         not out.max_replicas or out.max_replicas >= out.min_replicas,

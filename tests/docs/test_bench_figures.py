@@ -444,3 +444,34 @@ def test_the_planner_page_carries_the_kept_decision_times():
     assert len(result) == 3 and all(r["seeds"] == 10 for r in result)  # the full run, not --quick
     fix = "render it again: python3 bench/bench_planner.py --render bench/results/planner.json"
     assert flat(bench_planner.render(result)) in flat((ROOT / "docs" / "planner.md").read_text()), fix
+
+
+SCALING = (
+    "matrix-autoscaled-planner.json",
+    "matrix-autoscaled-planner-scaling.json",
+    "matrix-autoscaled-planner-sustain0.json",
+)
+
+
+def test_the_planner_page_carries_the_autoscaled_runs_on_the_guards_desired_replicas():
+    """docs/planner.md: the planner's runs on autoscaled pools with the HPA on requests in flight, and
+    the same runs with the HPA on the guard's desired replicas (``--scaling``, with the default
+    sustain and with 0); the only difference ``guard.scaling``, each bounded by its oracle."""
+    inflight, *sized = (kept(name) for name in SCALING)
+    for result, scaling, sustain in (
+        (inflight, False, {None}),
+        (sized[0], True, {120.0}),
+        (sized[1], True, {0.0}),
+    ):
+        assert result["fleet_shape"]["kind"] == "autoscaled"
+        assert all(r["decider"] == "planner" and r["scaling"] is scaling for r in result["rows"])
+        assert {r.get("sustain_seconds") for r in result["rows"]} == sustain
+        assert bench_matrix.aggregate(result["rows"]) == result["summary"]
+        assert result["summary"]["bound"]["holds"], result["summary"]["bound"]["violations"]
+    text = bench_matrix.scaling_table(inflight, *sized)  # (raises unless the runs are the same)
+    assert len(inflight["rows"]) >= 6
+    fix = (
+        "compare them again: cd bench/results && python3 ../bench_matrix.py --into ../../docs/planner.md "
+        "--scaling-versus " + ":".join(SCALING)
+    )
+    assert flat(text) in flat((ROOT / "docs" / "planner.md").read_text()), fix

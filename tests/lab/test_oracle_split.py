@@ -9,6 +9,7 @@ each class whole lost to specguard (whose holdout and probes spread a class) by 
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import pytest
@@ -125,3 +126,33 @@ def test_specguards_own_routing_replayed_is_its_run_and_a_candidate_of_the_oracl
     assert other.tokens != ran.tokens and sum(other.tokens.values()) > 0  # another draw still replays
     out, winner = rows.rows(c, realised={"specguard": guard.choices})
     assert out["oracle"]["throughput_tokens_per_second"] >= sum(ran.tokens.values()) / c.scenario.duration_s
+
+
+def test_an_autoscaled_fleet_scales_on_the_guards_desired_replicas_and_the_oracle_replays_them():
+    """``guard.scaling`` in the lab: the fleet's HPA scales each pool on the replicas the guard asks
+    for (as ``deploy/kubernetes/autoscaling`` does on ``specguard_pool_desired_replicas``) instead of
+    requests in flight; the run keeps what it asked at each sync, so the oracle's replay of its
+    routing runs on the same replicas and is the run itself."""
+    c = case("autoscaled", 96, seconds=180.0)  # replicas asked for serve after the 120 s start delay
+    cfg = monitor_config.load_default()
+    settings = (cfg.sections.get("cost") or CostSettings()).with_traffic(
+        cfg.exporter.classes.load_buckets, cfg.exporter.tap.full_rollback_request_threshold
+    )
+    shape = c.fleet_shape
+    scaling = policy_mod.Scaling(shape.target_in_flight, shape.start_delay_s, max_replicas=shape.engines)
+    policy = dataclasses.replace(policy_mod.load_default(), decider="planner", scaling=scaling)
+    guard = rp.SpecguardPolicy(cfg.exporter, policy, settings, seed=c.seed)
+    ran = hindsight.run_policy(c, guard)
+    sizes = guard.choices.sizes
+    assert set(sizes) == {t * shape.sync_s for t in range(1, 12)}  # every HPA sync of the 180 s
+    asked = [s for s in sizes.values() if s]
+    assert asked and all(set(s) == set(POOLS) for s in asked), sizes
+    assert max(sum(s.values()) for s in asked) > len(POOLS)  # it asked for more than the floor
+    assert ran.fleet_stats.scale_ups > 0
+    again = hindsight.run_choices(c, "specguard", guard.choices)
+    assert again.tokens == ran.tokens  # the replay scales as the run did
+    unsized = rp.Choices(guard.choices)  # the same routes on the in-flight HPA's replicas
+    other = hindsight.run_choices(c, "specguard", unsized)
+    assert other.tokens != ran.tokens
+    unguarded = hindsight.run_policy(c, rp.SpecguardPolicy(cfg.exporter, policy_mod.load_default(), settings))
+    assert unguarded.fleet_stats.scale_ups != ran.fleet_stats.scale_ups or unguarded.tokens != ran.tokens

@@ -48,7 +48,6 @@ def test_a_speculative_pool_is_sized_below_its_classes_crossover_and_no_spec_at_
     per = desired.targets(inp, plan, SCALING)
     assert per["spec-k4"] == pytest.approx(b_star(0.7), rel=1e-6)  # the lower crossover: 10
     assert per["nospec"] == 16.0 and per["spec-k2"] == 16.0  # no class there: the target
-    assert desired.demand(inp, plan) == {"spec-k4": 34.0, "spec-k2": 0.0, "nospec": 2.0}
     sizer = desired.Sizer(SCALING)
     assert sizer.desired(inp, plan, 0.0) == {"spec-k4": 4, "spec-k2": 1, "nospec": 1}  # ceil(34 / 10)
     capped = desired.Sizer(Scaling(max_replicas=3, min_replicas=0))
@@ -64,11 +63,28 @@ def test_scale_up_only_for_demand_that_lasted_a_start_delay_and_down_at_once():
     assert seen == {15.0: 1, 60.0: 1, 119.0: 1, 135.0: 5}  # only once it lasted 120 s
     quiet, plan = case(heavy=6.0)
     assert sizer.desired(quiet, plan, 150.0)["spec-k4"] == 1  # down at once (the HPA stabilises)
+    at_once = desired.Sizer(Scaling(target_in_flight=16.0, sustain_seconds=0))  # sustain_seconds: 0
+    at_once.desired(*case(heavy=6.0), 0.0)
+    assert at_once.desired(busy, plan, 15.0)["spec-k4"] == 5  # asked for at once
     # a burst shorter than the start delay never scales the pool up
     burst = desired.Sizer(SCALING)
     for t in range(0, 600, 15):
         inp, plan = case(heavy=46.0 if t % 240 >= 135 else 6.0)  # 90 s bursts
         assert burst.desired(inp, plan, float(t))["spec-k4"] == 1
+
+
+def test_a_class_the_plan_moves_brings_the_demand_it_has_had_to_its_new_pool():
+    """The start delay asks whether the traffic has lasted, not where the plan put it. Before: each
+    pool kept its own history, so a busy class moved between pools read as a burst on the pool it
+    reached (its history 0 a start delay back), and no pool was ever sized for it (in a lab run of
+    96 chat clients moved between no-spec and K=4, every pool stayed at 1 replica)."""
+    sizer = desired.Sizer(SCALING)
+    inp, on_k4 = case(heavy=46.0)  # 50 in flight on K=4 (two classes), 2 on no-spec
+    on_nospec = plan_of(inp, {HEAVY: "nospec", CHAT: "nospec", QA: "nospec"})
+    for t in range(0, 135, 15):  # 135 s of the same traffic, the plan flipping every evaluation
+        sized = sizer.desired(inp, on_nospec if t % 30 else on_k4, float(t))
+    assert sized == {"spec-k4": 5, "spec-k2": 1, "nospec": 1}  # ceil(50 / 10): the demand lasted
+    assert sizer.desired(inp, on_nospec, 150.0) == {"spec-k4": 1, "spec-k2": 1, "nospec": 4}  # ceil(52 / 16)
 
 
 def test_a_class_that_never_pays_on_its_pool_sets_no_target():

@@ -267,3 +267,13 @@ def test_a_plan_that_gains_less_than_the_margin_at_its_worst_case_is_not_taken()
     assert free.pools[QA] == "nospec" and 0 < free.benefit_lower < 0.02 * free.tokens_now
     kept = pl.plan(inp)  # the default 2%: not worth a change
     assert kept.pools[QA] == "spec-k4" and not kept.moves
+
+
+def test_a_step_fit_through_the_origin_still_plans():
+    """A non-negative fit may put the intercept at 0 (no step cost at no load): an idle pool's step
+    then priced at 0 s and the search divided by it (a lab run on autoscaled pools without a
+    profile stopped on a ZeroDivisionError). The least step time keeps every rate finite."""
+    origin = StepFit(("batch", "verify_tokens"), 0.0, (0.0005, 0.0003), 1.0, 0.0, 10)
+    inp = replace(heavy_case(), step=origin)
+    plan = pl.plan(inp)
+    assert set(plan.pools) == {HEAVY, CHAT, QA} and 0 < plan.tokens < float("inf")

@@ -213,8 +213,12 @@ def test_scaling_comes_with_the_planner_and_its_bounds_are_checked():
         "guard:\n  decider: planner\n"
         "  scaling: {target_in_flight: 8, start_delay_seconds: 90, max_replicas: 6}\n"
     )
-    assert found.scaling == policy.Scaling(8.0, 90.0, 1, 6)
+    assert found.scaling == policy.Scaling(8.0, 90.0, 1, 6) and found.scaling.sustain == 90.0
+    at_once = policy.parse_text("guard:\n  decider: planner\n  scaling: {sustain_seconds: 0}\n").scaling
+    assert at_once is not None and at_once.sustain == 0.0 and at_once.start_delay_seconds == 120.0
     assert policy.parse_text("guard:\n  decider: planner\n").scaling is None
+    with pytest.raises(ConfigError, match=r"guard.scaling.sustain_seconds: \(-1.0\) must be >= 0"):
+        policy.parse_text("guard:\n  decider: planner\n  scaling: {sustain_seconds: -1}\n")
     with pytest.raises(ConfigError) as info:
         policy.parse_text(
             "guard:\n  scaling:\n    min_replicas: 3\n    max_replicas: 2\n    target: 4\n", "p.yaml"
