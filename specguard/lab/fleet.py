@@ -278,10 +278,10 @@ class Fleet:
             wants[pool] = (want, mine)
         ready_times = []
         self._mark(now)
-        for pool, (desired, mine) in sorted(wants.items(), key=lambda kv: (len(kv[1][1]) - kv[1][0], kv[0])):
-            if desired < len(mine):
-                self._scale_down(mine, len(mine) - desired, now)
-            for _ in range(desired - len(mine)):
+        for pool, (want, mine) in sorted(wants.items(), key=lambda kv: (len(kv[1][1]) - kv[1][0], kv[0])):
+            if want < len(mine):
+                self._scale_down(mine, len(mine) - want, now)
+            for _ in range(want - len(mine)):
                 free = next((s for s in self.slots if s.pool is None), None)
                 if free is None:  # the budget is spent
                     break
