@@ -106,6 +106,7 @@ class Router:
         self._rng = rng or random.Random()
         self._plan: dict[PlanKey, str] = {}
         self._holdout_by_load: dict[str, float] = {}
+        self._holdout_by_class: dict[tuple[str, str], float] = {}
         self._matched_buckets: frozenset[str] = frozenset()
         self.health = health  # None: every pool is taken as serving (no failover)
         self._preferences: dict[PlanKey, tuple[str, ...]] = {}
@@ -142,6 +143,20 @@ class Router:
     def holdout_shares(self) -> dict[str, float]:
         return dict(self._holdout_by_load)
 
+    def set_class_holdouts(self, shares: Mapping[tuple[str, str], float]) -> None:
+        """Per class (task type, temperature bucket), the least share held out wherever it runs
+        (the fleet planner's price of learning its no-spec TPOT), replacing the previous set whole;
+        a share outside [0, 1] rejects the set whole."""
+        bad = sorted(
+            f"{'/'.join(key)}: {share!r}" for key, share in shares.items() if not 0.0 <= share <= 1.0
+        )
+        if bad:
+            raise InputError(f"holdout shares must be between 0 and 1: {'; '.join(bad)}")
+        self._holdout_by_class = {key: float(share) for key, share in shares.items()}
+
+    def class_holdouts(self) -> dict[tuple[str, str], float]:
+        return dict(self._holdout_by_class)
+
     def matched_buckets(self) -> frozenset[str]:
         return self._matched_buckets
 
@@ -153,6 +168,7 @@ class Router:
             "mode": self.holdout_mode,
             "share": self.holdout_share,
             "shares": dict(sorted(self._holdout_by_load.items())),
+            "class_shares": {"/".join(k): v for k, v in sorted(self._holdout_by_class.items())},
             "refilling": sorted(refilling),
         }
 
@@ -355,6 +371,8 @@ class Router:
         holdout = self.holdout_share
         if self._holdout_by_load and target != self.nospec_pool:
             holdout = self._holdout_by_load.get(load_bucket_of(target), holdout)
+        if self.holdout_share > 0:  # holdout_share 0 turns every holdout off
+            holdout = max(holdout, self._holdout_by_class.get((task_type, temperature_bucket), 0.0))
         if (
             self.nospec_pool is not None
             and target != self.nospec_pool

@@ -21,7 +21,7 @@ from specguard.exporters.config import ExporterConfig
 from specguard.exporters.records import RequestRecord
 from specguard.lab.replay import LoadBucketOf, LoadOf
 from specguard.rules import cost as cost_mod
-from specguard.rules import desired, onepool, planfeed, planner, probes
+from specguard.rules import desired, onepool, planfeed, planner, planprobes, probes
 from specguard.rules import evidence as evidence_mod
 from specguard.rules import guard as guard_mod
 from specguard.rules import holdout as holdout_mod
@@ -198,6 +198,7 @@ class SpecguardPolicy:
         self.last_plan: planner.Plan | str | None = None  # guard.decider: planner
         self.sizer = desired.Sizer(self.policy.scaling) if self.policy.scaling is not None else None
         self.desired_replicas: dict[str, int] = {}  # guard.scaling: the sizes of the last plan
+        self.planned_shares: planprobes.Shares | None = None  # the plan's price of probes and holdout
         self.spread_fit = spread_mod.Held()  # guard.spread
 
     @property
@@ -291,6 +292,7 @@ class SpecguardPolicy:
             )
         )
         self.last_plan = found.plan or found.reason
+        self.planned_shares = found.shares(self.router.probe_share, self.router.holdout_share)
         if self.sizer is not None and found.plan is not None and found.input is not None:
             self.desired_replicas = self.sizer.desired(found.input, found.plan, now)  # else they stand
         return found.planned
@@ -312,8 +314,11 @@ class SpecguardPolicy:
     ) -> None:
         """The router after an evaluation, as the daemon leaves it: every class off speculation probed
         by expected cost (``rules.probes``), and the plan when a decision changed it."""
-        found = probes.plan(self.states, evidence, now, self.policy, self.router.probe_share)
+        expected = probes.plan(self.states, evidence, now, self.policy, self.router.probe_share)
+        found = planprobes.merged(expected, self.planned_shares)
         self.router.set_probes({key: (p.pool, p.share) for key, p in found.items()})
+        held = self.planned_shares.holdouts if self.planned_shares is not None else {}
+        self.router.set_class_holdouts({cls: worth.share for cls, worth in held.items()})
         if changed:
             self.router.set_plan(
                 {

@@ -30,7 +30,7 @@ from specguard.monitor.actuators import Actuator
 from specguard.monitor.fleet import FleetRoles, NotLeader, Takeover
 from specguard.monitor.guard_metrics import GuardCounters, GuardView
 from specguard.monitor.sources import EvidenceSource, LocalSource, PromQLSource, merge
-from specguard.rules import bestpool, desired, evaluation, guard, planfeed, probes
+from specguard.rules import bestpool, desired, evaluation, guard, planfeed, planprobes, probes
 from specguard.rules import policy as policy_mod
 from specguard.rules import spread as spread_mod
 from specguard.rules.evidence import AlertBook, AlertRecord, ClassKey, Evidence, alerts_by_class
@@ -91,6 +91,8 @@ class Guard(FleetRoles):
         replica_counts: Any = None,
         set_probes: Callable[[dict[ClassKey, tuple[str, float]]], None] | None = None,
         probe_share: float = 0.0,
+        set_class_holdouts: Callable[[dict[tuple[str, str], float]], None] | None = None,
+        holdout_share: float = 0.0,
         set_spread: Callable[[routing.Spread | None], None] | None = None,
         pool_replicas: Callable[[], Mapping[str, int]] | None = None,
     ):
@@ -112,6 +114,9 @@ class Guard(FleetRoles):
         self.preferences = preferences  # the router's failover order per class (cheapest first)
         self.set_probes = set_probes  # the router's probe pool and share per class off speculation
         self.probe_share = probe_share
+        self.set_class_holdouts = set_class_holdouts  # the router's least holdout per class (planner)
+        self.holdout_share = holdout_share
+        self.planned_shares: planprobes.Shares | None = None  # what the plan prices probes at
         self.set_spread = set_spread  # the router's spread (``guard.spread``), from the local window
         self.spread: dict[ClassKey, dict[str, float]] = {}  # the latest units, for /status
         self.spread_fit: str | None = None  # the spread's step-cost fit, held fit or why none
@@ -254,7 +259,7 @@ class Guard(FleetRoles):
             keys = set(self.states) | set(self.configured_keys if not self.policy.local else ())
             keys |= set(alerted)  # alerts name unseen classes too
             evidence, error = await self._collect(now, sorted(keys))
-            planned = {}
+            planned, self.planned_shares = {}, None
             if self.policy.decider == "planner" and error is None:
                 planned = await asyncio.to_thread(self._plan, evidence, now)
             stepped = await asyncio.to_thread(
@@ -279,9 +284,13 @@ class Guard(FleetRoles):
             if self.preferences is not None and error is None:
                 self.preferences(await asyncio.to_thread(self._rankings, stepped, evidence, now))
             if error is None:
-                self.probes = await asyncio.to_thread(
+                expected = await asyncio.to_thread(
                     probes.plan, dict(self.states), evidence, now, self.policy, self.probe_share
                 )
+                self.probes = planprobes.merged(expected, self.planned_shares)
+                if self.set_class_holdouts is not None:
+                    held = self.planned_shares.holdouts if self.planned_shares is not None else {}
+                    self.set_class_holdouts({cls: worth.share for cls, worth in held.items()})
                 if self.set_probes is not None:
                     self.set_probes({key: (p.pool, p.share) for key, p in self.probes.items()})
                 if self.set_spread is not None:
@@ -309,6 +318,7 @@ class Guard(FleetRoles):
         self.last_plan = found.plan or found.reason
         if found.plan is None:
             log.info("planner: no plan this evaluation (%s)", found.reason)
+        self.planned_shares = found.shares(self.probe_share, self.holdout_share)
         scaling = self.policy.scaling
         if scaling is None:
             self.sizer, self.desired_replicas = None, {}

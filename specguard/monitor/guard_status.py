@@ -82,7 +82,8 @@ def class_row(
         # report-only rules whose limits are breached (never acted on): rule -> why
         "reports": dict(last.reports) if last else {},
         "rc": None if rc is None else _rc(rc, costs, load_order),
-        # off speculation: where its probes go and how many (rules.probes, by expected cost)
+        # off speculation: where its probes go and how many (rules.probes, by expected cost; with
+        # the planner, rules.planprobes: by what they could teach the plan)
         "probe": None if probe is None else _probe(probe),
         # guard.spread: the pools a request of it may join, with its TPOT per second of each one's step
         "spread": None if not spread else dict(sorted(spread.items())),

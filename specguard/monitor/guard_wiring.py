@@ -209,6 +209,8 @@ def build(
         set_spread=monitor.router.set_spread if acts.router else None,
         pool_replicas=monitor.router.replicas if acts.router else None,
         probe_share=ex.tap.probe_share,
+        set_class_holdouts=monitor.router.set_class_holdouts if acts.router else None,
+        holdout_share=ex.tap.holdout_share,
         routing_status=getattr(getattr(monitor, "health", None), "status", None),
         replica_counts=counts,
     )

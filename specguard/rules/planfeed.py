@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from specguard.errors import InputError
 from specguard.exporters.records import RequestRecord
-from specguard.rules import bestpool, planner, stepfit
+from specguard.rules import bestpool, planner, planprobes, stepfit
 from specguard.rules import policy as policy_mod
 from specguard.rules import profile as profile_mod
 from specguard.rules.classstate import ClassState
@@ -189,6 +189,16 @@ class Decided:
     plan: planner.Plan | None = None
     input: planner.PlanInput | None = None
     reason: str = ""
+
+    def shares(self, probe_cap: float, holdout_cap: float) -> planprobes.Shares | None:
+        """What the plan prices each class's probe and holdout at (``rules.planprobes``; None
+        without a plan, or when its model cannot price them: the expected-cost probes stand)."""
+        if self.plan is None or self.input is None:
+            return None
+        try:
+            return planprobes.shares(self.input, self.plan, probe_cap, holdout_cap)
+        except InputError:
+            return None
 
 
 def decide(found: planner.PlanInput | str) -> Decided:

@@ -140,7 +140,7 @@ def usable(estimate: Estimate | None, min_samples: int) -> bool:
     """Whether a cell may carry a move: a finite interval, not a thin measurement."""
     if estimate is None or estimate.basis == DEFINITION:
         return estimate is not None
-    ok = all(_positive(v) for v in (estimate.rc, estimate.lower, estimate.upper))
+    ok = all(positive(v) for v in (estimate.rc, estimate.lower, estimate.upper))
     return ok and not (estimate.basis == MEASURED and estimate.samples < min_samples)
 
 
@@ -152,7 +152,7 @@ MIN_STEP_SECONDS = 1e-6
 would price an idle pool's step at 0 s, and the plan's rates divide by it."""
 
 
-def _line(step: StepFit, k: int, replicas: int) -> tuple[float, float]:
+def line(step: StepFit, k: int, replicas: int) -> tuple[float, float]:
     """``T_p = a + b x N`` for N requests in flight on a pool of ``replicas`` (never falling with load)."""
     a = step.predict(0.0, k)
     return max(a, MIN_STEP_SECONDS), max(0.0, step.predict(1.0, k) - a) / max(1, replicas)
@@ -175,7 +175,7 @@ class _Bucket:
 def _model(inp: PlanInput, bucket: str, keys: list[ClassKey]) -> _Bucket:
     names = [p.name for p in inp.pools]
     index = {n: i for i, n in enumerate(names)}
-    lines = [_line(inp.step, p.k, p.replicas) for p in inp.pools]
+    lines = [line(inp.step, p.k, p.replicas) for p in inp.pools]
     load = inp.loads.get(bucket)
     if load is None or not load > 0:
         raise InputError(f"planner: load bucket {bucket!r} has no representative load (got {load!r})")
@@ -195,9 +195,9 @@ def _model(inp: PlanInput, bucket: str, keys: list[ClassKey]) -> _Bucket:
     n, options, caps, units, whys = [], [], [], [], []
     for key in keys:
         i = index[inp.current[key]]
-        cells = _cells(inp, key)
+        cells = cells_of(inp, key)
         shifts = [ratio(_measured_at(inp, key, pool, load), pool.k) for pool in inp.pools]
-        point = {j: e.rc * shifts[j] for j, e in enumerate(cells.values()) if e and _positive(e.rc)}
+        point = {j: e.rc * shifts[j] for j, e in enumerate(cells.values()) if e and positive(e.rc)}
         own = cells[names[i]]
         demand = inp.demand[key].in_flight
         why = ""
@@ -233,7 +233,7 @@ def _model(inp: PlanInput, bucket: str, keys: list[ClassKey]) -> _Bucket:
     return _Bucket(tuple(keys), problem, tuple(units), tuple(whys))
 
 
-def _cells(inp: PlanInput, key: ClassKey) -> dict[str, Estimate | None]:
+def cells_of(inp: PlanInput, key: ClassKey) -> dict[str, Estimate | None]:
     """Each pool's estimate for the class (a no-spec pool's is 1.0 by definition)."""
     given = inp.cells.get(key, {})
     return {p.name: _definition(p.name) if p.k == 0 else given.get(p.name) for p in inp.pools}
@@ -262,7 +262,7 @@ def _ratio(fit: StepFit, at: float, k: int) -> float:
     return base / step
 
 
-def _positive(value: float | None) -> bool:
+def positive(value: float | None) -> bool:
     return value is not None and math.isfinite(value) and value > 0
 
 
@@ -366,7 +366,7 @@ def per_class(inp: PlanInput, margin: float = 0.0) -> dict[ClassKey, str]:
     out = {}
     for key in sorted(inp.demand):
         here = inp.current[key]
-        cells = _cells(inp, key)
+        cells = cells_of(inp, key)
         own = cells.get(here)
         out[key] = here
         if key in inp.fixed or not usable(own, inp.min_samples):

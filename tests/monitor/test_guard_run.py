@@ -270,7 +270,9 @@ async def test_run_with_the_planner_and_the_spread_plans_from_its_own_window(tmp
         )
         # without a calibration profile the step-cost fit needs the window to cover (pool, load
         # bucket) cells enough: a holdout on the no-spec pool, and load buckets this load reaches
-        text = text.replace("holdout_share: 0,", "holdout_share: 0.3,")
+        text = text.replace("holdout_share: 0,", "holdout_share: 0.3,").replace(
+            "probe_share: 0,", "probe_share: 0.05,"
+        )
         buckets = "[{name: low, max: 1}, {name: medium, max: 3}, {name: high, max: null}]"
         text += f"classes: {{load_buckets: {buckets}}}\n"
         cfg = config.parse_text(text, "specguard.yaml")
@@ -298,6 +300,20 @@ async def test_run_with_the_planner_and_the_spread_plans_from_its_own_window(tmp
                 for load in ("low", "medium", "high"):
                     pool = routed.get((task, temperature, load), "spec-k4")
                     assert pool == plan[f"{task}/{temperature}"], (task, load, routed, plan)
+            # probes and holdout priced by the plan (rules.planprobes): a class on K=4 gets its
+            # least holdout share, one off speculation its probe, each within the tap's cap
+            holdouts = monitor.router.class_holdouts()
+            assert ("code", "greedy") in holdouts and 0.0 <= holdouts["code", "greedy"] <= 0.3, holdouts
+            assert status["holdout"]["class_shares"] == {"/".join(k): v for k, v in sorted(holdouts.items())}
+            for c in status["classes"]:
+                if (
+                    c["pool"] == "nospec"
+                    and plan.get(f"{c['task_type']}/{c['temperature_bucket']}") == "nospec"
+                ):
+                    assert c["probe"]["basis"].startswith("planned"), c
+                    assert (
+                        c["probe"]["pool"] in ("spec-k4", "spec-k2") and 0.0 <= c["probe"]["share"] <= 0.05
+                    ), c
             assert status["planner"]["proven_optimal"] is True
             # the buckets with evidence enough (on a busy machine not every one reaches min_samples)
             spread = {

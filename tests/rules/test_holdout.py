@@ -135,6 +135,7 @@ def test_router_matches_capacity_only_in_the_named_buckets():
         "mode": "matched_on_demand",
         "share": 0.05,
         "shares": {"low": 0.0, "medium": 0.0},
+        "class_shares": {},
         "refilling": ["medium"],
     }
     text = status_cmd.render({"holdout": report})

@@ -307,7 +307,8 @@ def _schedule(report: Any) -> list[str]:
 
 
 def _holdout(report: Any) -> list[str]:
-    """The router's holdout: its mode, shares per load bucket, and the buckets being refilled."""
+    """The router's holdout: its mode, shares per load bucket, the buckets being refilled, and the
+    least share per class the fleet plan holds out."""
     if not isinstance(report, dict):
         return []
     shares = report.get("shares") or {}
@@ -315,6 +316,9 @@ def _holdout(report: Any) -> list[str]:
     line = f"  holdout: {report.get('mode')}; share {held or format(report.get('share', 0.0), '.1%')}"
     if report.get("refilling"):
         line += f"; refilling (capacity matched): {', '.join(report['refilling'])}"
+    planned = report.get("class_shares") or {}
+    if planned:
+        line += "; at least, as planned: " + ", ".join(f"{c} {share:.1%}" for c, share in planned.items())
     return [line]
 
 
