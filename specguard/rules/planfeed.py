@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from specguard.errors import InputError
 from specguard.exporters.records import RequestRecord
-from specguard.rules import bestpool, planner, planprobes, stepfit
+from specguard.rules import bestpool, planner, planprobes, stepfit, swing
 from specguard.rules import policy as policy_mod
 from specguard.rules import profile as profile_mod
 from specguard.rules.classstate import ClassState
@@ -162,6 +162,24 @@ def build(
         cells[unit] = found
     if not out_demand:
         return "planner: no class has requests in the window"
+    width = span / swing.SLICES
+    slices = [demand(records, now - span + (i + 1) * width, width) for i in range(swing.SLICES - 1)]
+    found_swing = swing.detect(slices)
+    scenarios: tuple[tuple[float, dict[ClassKey, planner.Demand]], ...] = ()
+    if found_swing is not None:
+        scenarios = tuple(
+            (
+                weight,
+                {
+                    unit: planner.Demand(sum(at.get(k, 0.0) for k in per_class[unit[:2]]))
+                    for unit in out_demand
+                },
+            )
+            for weight, at in (
+                (found_swing.high_share, found_swing.high),
+                (1 - found_swing.high_share, found_swing.low),
+            )
+        )
     return planner.PlanInput(
         pools,
         fit,
@@ -173,6 +191,7 @@ def build(
         min_samples=bestpool.min_samples(policy),
         together=NOW,
         measured_at=measured_at,
+        scenarios=scenarios,
     )
 
 
@@ -208,6 +227,8 @@ def decide(found: planner.PlanInput | str) -> Decided:
         return Decided({}, reason=found)
     try:
         plan = planner.plan(found)
+        if found.scenarios:
+            plan = swing.hold(found, plan)
     except InputError as exc:
         return Decided({}, reason=str(exc))
     out: Planned = {}

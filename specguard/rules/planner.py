@@ -117,6 +117,9 @@ class PlanInput:
     the classes share the fleet now, each at the load bucket its pool is in."""
     measured_at: Mapping[tuple[ClassKey, str], float] = field(default_factory=dict)
     """Load per replica a cell was measured at, where not its bucket's (``loads``)."""
+    scenarios: tuple[tuple[float, Mapping[ClassKey, Demand]], ...] = ()
+    """A load swinging faster than the evaluation interval (``rules.swing``): the time share and
+    demand of its high load, then of its low load; ``demand`` is their mean."""
 
 
 @dataclass(frozen=True)
