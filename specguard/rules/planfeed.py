@@ -162,8 +162,9 @@ def build(
         cells[unit] = found
     if not out_demand:
         return "planner: no class has requests in the window"
-    width = span / swing.SLICES
-    slices = [demand(records, now - span + (i + 1) * width, width) for i in range(swing.SLICES - 1)]
+    width = policy.interval_seconds / swing.SLICES
+    count = swing.INTERVALS * swing.SLICES
+    slices = [demand(records, now - (count - 1 - i) * width, width) for i in range(count - 1)]
     found_swing = swing.detect(slices)
     scenarios: tuple[tuple[float, dict[ClassKey, planner.Demand]], ...] = ()
     if found_swing is not None:

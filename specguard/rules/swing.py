@@ -4,11 +4,11 @@ The planner's demand is the mean over the last few evaluation intervals (``rules
 load that jumps between two levels faster than that is planned for a level it never runs at, and
 the next evaluation's plan may differ only by where the window cut the swing. So:
 
-- **Detection** (``detect``): the window's requests in decode, fleet-wide, in ``SLICES`` slices of
-  the demand span (the newest slice left out: requests still running are not in the window yet, so
-  it always reads low). A swing crosses the middle between its highest and lowest slice at least
-  ``CROSSINGS`` times, the highest at least ``RATIO`` times the lowest: a step or a ramp crosses
-  once.
+- **Detection** (``detect``): the window's requests in decode, fleet-wide, over the last
+  ``INTERVALS`` evaluation intervals in slices of a ``SLICES``-th of an interval (the newest slice
+  left out: requests still running are not in the window yet, so it always reads low). A swing
+  crosses the middle between its highest and lowest slice at least ``CROSSINGS`` times, the highest
+  at least ``RATIO`` times the lowest: a step or a ramp crosses once, a burst twice.
 - **Two loads**: each class's demand averaged over the slices above the middle (the high load) and
   over those below (the low load), weighted by the share of slices at each.
 - **One plan held** (``hold``): the planner's plans for the mean, the high and the low load, and
@@ -28,9 +28,10 @@ from dataclasses import dataclass, replace
 from specguard.rules import planner
 from specguard.rules.evidence import ClassKey
 
-SLICES = 8
+INTERVALS = 4
+SLICES = 4
 RATIO = 2.0
-CROSSINGS = 2
+CROSSINGS = 3
 
 
 @dataclass(frozen=True)
