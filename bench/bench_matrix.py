@@ -23,6 +23,8 @@ phase of each figure and the targets.
     python3 bench/bench_matrix.py --render bench/results/matrix-fixed.json --into docs/benchmarks.md
     cd bench/results && python3 ../bench_matrix.py --compare matrix-fixed-no-spread.json:matrix-fixed.json \
         [...] --into ../../docs/planner.md  # runs with guard.spread: false against the shipped ones
+    cd bench/results && python3 ../bench_matrix.py --into ../../docs/planner.md \
+        --decider-versus matrix-fixed.json:matrix-fixed-planner.json  # the planner, the same runs
     cd bench/results && python3 ../bench_matrix.py --into ../../docs/planner.md --scaling-versus \
         matrix-autoscaled-planner.json:matrix-autoscaled-planner-scaling.json:matrix-autoscaled-planner-sustain0.json
     cd bench/results && python3 ../bench_matrix.py --into ../../docs/benchmarks.md \
@@ -678,6 +680,13 @@ def main(argv: list[str] | None = None) -> int:
         help="print the table comparing pairs of --json results (with --into DOC: its spread:compare block)",
     )
     parser.add_argument(
+        "--decider-versus",
+        nargs="+",
+        metavar="SHIPPED:PLANNER",
+        help="print the table comparing the shipped runs with the same runs under --decider planner "
+        "(with --into DOC: its decider:versus block)",
+    )
+    parser.add_argument(
         "--scaling-versus",
         metavar="INFLIGHT:SCALING[:SCALING...]",
         help="print the table of the planner's autoscaled runs on the in-flight HPA against --scaling runs "
@@ -693,9 +702,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.schedule_versus:
         base, *launched = (json.loads(Path(f).read_text()) for f in args.schedule_versus.split(":"))
         return _table(launched_with_schedule(base, *launched), args.into, "schedule", "versus")
-    if args.compare:
-        pairs = [tuple(json.loads(Path(f).read_text()) for f in pair.split(":")) for pair in args.compare]
-        return _table(compare(pairs), args.into, "spread", "compare")  # type: ignore[arg-type]
+    for given, block in ((args.compare, ("spread", "compare")), (args.decider_versus, ("decider", "versus"))):
+        if given:
+            pairs = [tuple(json.loads(Path(f).read_text()) for f in pair.split(":")) for pair in given]
+            return _table(compare(pairs), args.into, *block)  # type: ignore[arg-type]
     if args.scaling_versus:
         inflight, *sized = (json.loads(Path(f).read_text()) for f in args.scaling_versus.split(":"))
         return _table(scaling_table(inflight, *sized), args.into, "scaling", "versus")

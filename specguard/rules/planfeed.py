@@ -162,25 +162,8 @@ def build(
         cells[unit] = found
     if not out_demand:
         return "planner: no class has requests in the window"
-    width = policy.interval_seconds / swing.SLICES
-    count = swing.INTERVALS * swing.SLICES
-    slices = [demand(records, now - (count - 1 - i) * width, width) for i in range(count - 1)]
-    found_swing = swing.detect(slices)
-    scenarios: tuple[tuple[float, dict[ClassKey, planner.Demand]], ...] = ()
-    if found_swing is not None:
-        scenarios = tuple(
-            (
-                weight,
-                {
-                    unit: planner.Demand(sum(at.get(k, 0.0) for k in per_class[unit[:2]]))
-                    for unit in out_demand
-                },
-            )
-            for weight, at in (
-                (found_swing.high_share, found_swing.high),
-                (1 - found_swing.high_share, found_swing.low),
-            )
-        )
+    planned = {cls: keys for cls, keys in per_class.items() if (*cls, NOW) in out_demand}
+    scenarios = swing_loads(records, now, policy.interval_seconds, planned)
     return planner.PlanInput(
         pools,
         fit,
@@ -193,6 +176,31 @@ def build(
         together=NOW,
         measured_at=measured_at,
         scenarios=scenarios,
+    )
+
+
+def swing_loads(
+    records: Sequence[RequestRecord],
+    now: float,
+    interval: float,
+    per_class: Mapping[tuple[str, str], Sequence[ClassKey]],
+) -> tuple[tuple[float, dict[ClassKey, planner.Demand]], ...]:
+    """The two loads of a swing faster than the evaluation interval (``rules.swing``), each with its
+    time share and every planned class's demand at it (its load buckets summed); () without one."""
+    width = interval / swing.SLICES
+    count = swing.INTERVALS * swing.SLICES
+    found = swing.detect([demand(records, now - (count - 1 - i) * width, width) for i in range(count - 1)])
+    if found is None:
+        return ()
+    return tuple(
+        (
+            share,
+            {
+                (*cls, NOW): planner.Demand(sum(at.get(k, 0.0) for k in keys))
+                for cls, keys in per_class.items()
+            },
+        )
+        for share, at in ((found.high_share, found.high), (1 - found.high_share, found.low))
     )
 
 

@@ -395,6 +395,31 @@ def test_the_planner_page_carries_the_shipped_runs_against_those_without_the_spr
     assert flat(text) in flat((ROOT / "docs" / "planner.md").read_text()), fix
 
 
+PLANNER = {"fixed": "matrix-fixed-planner.json"}
+
+
+@pytest.mark.parametrize("shape", sorted(PLANNER))
+def test_each_planner_run_is_the_shipped_matrix_under_the_planner(shape):
+    """The same runs as the shipped matrix of the shape (scenarios, worlds, seeds, the spread on),
+    with ``guard.decider: planner``; whole, and bounded by the oracle."""
+    result, shipped = kept(PLANNER[shape]), kept(SHAPES[shape])
+    assert all(r["decider"] == "planner" and r["spread"] is True for r in result["rows"])
+    assert result["fleet_shape"] == shipped["fleet_shape"]
+    key = [(r["scenario"], r["world"], r["seed"]) for r in result["rows"]]
+    assert sorted(key) == sorted((r["scenario"], r["world"], r["seed"]) for r in shipped["rows"])
+    assert bench_matrix.aggregate(result["rows"]) == result["summary"]
+    assert result["summary"]["bound"]["holds"], result["summary"]["bound"]["violations"]
+
+
+def test_the_planner_page_carries_the_planner_against_the_shipped_decider():
+    text = bench_matrix.compare([(kept(SHAPES[s]), kept(PLANNER[s])) for s in sorted(PLANNER)])
+    fix = (
+        "compare them again: cd bench/results && python3 ../bench_matrix.py --into ../../docs/planner.md "
+        "--decider-versus " + " ".join(f"{SHAPES[s]}:{PLANNER[s]}" for s in sorted(PLANNER))
+    )
+    assert flat(text) in flat((ROOT / "docs" / "planner.md").read_text()), fix
+
+
 SPREAD_LOSES = {"fixed": [], "autoscaled": ["tiny-classes"], "fluid": []}  # as docs/planner.md says
 
 
