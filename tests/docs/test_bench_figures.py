@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -418,6 +419,24 @@ def test_the_planner_page_carries_the_planner_against_the_shipped_decider():
         "--decider-versus " + " ".join(f"{SHAPES[s]}:{PLANNER[s]}" for s in sorted(PLANNER))
     )
     assert flat(text) in flat((ROOT / "docs" / "planner.md").read_text()), fix
+
+
+@pytest.mark.parametrize("shape", sorted(PLANNER))
+def test_both_deciders_miss_most_in_the_same_scenario_and_world(shape):
+    """docs/planner.md: the worst scenario and world (mean throughput over the oracle) are the same
+    with the planner as with the per-class decider, and the page names them."""
+
+    def worst(rows: list[dict], key: str) -> str:
+        means = {
+            v: statistics.mean(r["vs_oracle"] for r in rows if r[key] == v) for v in {r[key] for r in rows}
+        }
+        return min(means, key=means.__getitem__)
+
+    planner_rows, shipped_rows = kept(PLANNER[shape])["rows"], kept(SHAPES[shape])["rows"]
+    found = [(worst(rows, "scenario"), worst(rows, "world")) for rows in (shipped_rows, planner_rows)]
+    assert found[0] == found[1], found
+    text = flat((ROOT / "docs" / "planner.md").read_text())
+    assert f"their worst scenario (`{found[0][0]}`) and world (`{found[0][1]}`) are the same" in text
 
 
 SPREAD_LOSES = {"fixed": [], "autoscaled": ["tiny-classes"], "fluid": []}  # as docs/planner.md says
