@@ -24,7 +24,8 @@ phase of each figure and the targets.
     cd bench/results && python3 ../bench_matrix.py --compare matrix-fixed-no-spread.json:matrix-fixed.json \
         [...] --into ../../docs/planner.md  # runs with guard.spread: false against the shipped ones
     cd bench/results && python3 ../bench_matrix.py --into ../../docs/planner.md \
-        --decider-versus matrix-fixed.json:matrix-fixed-planner.json  # the planner, the same runs
+        --decider-versus matrix-autoscaled.json:matrix-autoscaled-planner-all.json \
+        matrix-fixed.json:matrix-fixed-planner.json  # the planner, the same runs
     cd bench/results && python3 ../bench_matrix.py --into ../../docs/planner.md --scaling-versus \
         matrix-autoscaled-planner.json:matrix-autoscaled-planner-scaling.json:matrix-autoscaled-planner-sustain0.json
     cd bench/results && python3 ../bench_matrix.py --into ../../docs/benchmarks.md \

@@ -396,7 +396,7 @@ def test_the_planner_page_carries_the_shipped_runs_against_those_without_the_spr
     assert flat(text) in flat((ROOT / "docs" / "planner.md").read_text()), fix
 
 
-PLANNER = {"fixed": "matrix-fixed-planner.json"}
+PLANNER = {"fixed": "matrix-fixed-planner.json", "autoscaled": "matrix-autoscaled-planner-all.json"}
 
 
 @pytest.mark.parametrize("shape", sorted(PLANNER))
