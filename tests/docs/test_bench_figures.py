@@ -376,6 +376,12 @@ def test_each_shapes_run_without_the_spread_is_the_shipped_matrix_with_it_off(sh
     result, shipped = kept(NO_SPREAD[shape]), kept(SHAPES[shape])
     assert all(r["spread"] is True and r["decider"] == "per-class" for r in shipped["rows"])
     assert all(r.get("spread") is not True for r in result["rows"])
+    same_runs(result, shipped)
+
+
+def same_runs(result: dict, shipped: dict) -> None:
+    """``result`` runs the shipped matrix's runs (fleet shape, scenarios, worlds, seeds), is whole
+    and is bounded by the oracle."""
     assert result["fleet_shape"] == shipped["fleet_shape"]
     key = [(r["scenario"], r["world"], r["seed"]) for r in result["rows"]]
     assert sorted(key) == sorted((r["scenario"], r["world"], r["seed"]) for r in shipped["rows"])
@@ -405,11 +411,7 @@ def test_each_planner_run_is_the_shipped_matrix_under_the_planner(shape):
     with ``guard.decider: planner``; whole, and bounded by the oracle."""
     result, shipped = kept(PLANNER[shape]), kept(SHAPES[shape])
     assert all(r["decider"] == "planner" and r["spread"] is True for r in result["rows"])
-    assert result["fleet_shape"] == shipped["fleet_shape"]
-    key = [(r["scenario"], r["world"], r["seed"]) for r in result["rows"]]
-    assert sorted(key) == sorted((r["scenario"], r["world"], r["seed"]) for r in shipped["rows"])
-    assert bench_matrix.aggregate(result["rows"]) == result["summary"]
-    assert result["summary"]["bound"]["holds"], result["summary"]["bound"]["violations"]
+    same_runs(result, shipped)
 
 
 def test_the_planner_page_carries_the_planner_against_the_shipped_decider():
