@@ -8,7 +8,9 @@ the next evaluation's plan may differ only by where the window cut the swing. So
   ``INTERVALS`` evaluation intervals in slices of a ``SLICES``-th of an interval (the newest slice
   left out: requests still running are not in the window yet, so it always reads low). A swing
   crosses the middle between its highest and lowest slice at least ``CROSSINGS`` times, the highest
-  at least ``RATIO`` times the lowest: a step or a ramp crosses once, a burst twice.
+  at least ``RATIO`` times the lowest, and holds each level between two crossings for at least
+  ``MIN_RUN`` slices: a step or a ramp crosses once, a burst twice, a stall of the machine for a
+  slice is no level.
 - **Two loads**: each class's demand averaged over the slices above the middle (the high load) and
   over those below (the low load), weighted by the share of slices at each.
 - **One plan held** (``hold``): the planner's plans for the mean, the high and the low load, and
@@ -22,6 +24,7 @@ Pure: values in, a plan out.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -32,6 +35,7 @@ INTERVALS = 4
 SLICES = 4
 RATIO = 2.0
 CROSSINGS = 3
+MIN_RUN = 2
 
 
 @dataclass(frozen=True)
@@ -55,8 +59,9 @@ def detect(slices: Sequence[Mapping[ClassKey, float]]) -> Swing | None:
         return None
     middle = (peak + trough) / 2
     high = [t > middle for t in totals]
-    if sum(a != b for a, b in zip(high, high[1:], strict=False)) < CROSSINGS:
-        return None
+    runs = [len(list(group)) for _, group in itertools.groupby(high)]
+    if len(runs) - 1 < CROSSINGS or min(runs[1:-1], default=MIN_RUN) < MIN_RUN:
+        return None  # too few crossings, or a level held for less than MIN_RUN slices: jitter
     return Swing(
         _mean([s for s, h in zip(slices, high, strict=True) if h]),
         _mean([s for s, h in zip(slices, high, strict=True) if not h]),

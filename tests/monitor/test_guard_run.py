@@ -314,7 +314,10 @@ async def test_run_with_the_planner_and_the_spread_plans_from_its_own_window(tmp
                     assert (
                         c["probe"]["pool"] in ("spec-k4", "spec-k2") and 0.0 <= c["probe"]["share"] <= 0.05
                     ), c
-            assert status["planner"]["proven_optimal"] is True
+            # proven optimal, unless the load runs read as a swing (then the plan is the one held for
+            # both loads, chosen among four: rules.swing)
+            swung = any("swinging" in why for why in guard.last_plan.reasons.values())
+            assert status["planner"]["proven_optimal"] is True or swung, status["planner"]
             # the buckets with evidence enough (on a busy machine not every one reaches min_samples)
             spread = {
                 (c["task_type"], c["load_bucket"]): c["spread"] for c in status["classes"] if c["spread"]

@@ -154,7 +154,8 @@ def test_a_class_the_plan_does_not_cover_gets_the_profiles_warm_start_and_nothin
 
 def test_build_sees_a_load_swinging_faster_than_the_interval_and_a_steady_one_not():
     """The steady window has no swing; the same window with a class decoding 20 requests at a time
-    in every other slice of the swing's span (and 2 between) carries both loads to the planner."""
+    in every other pair of slices of the swing's span (and 2 between) carries both loads to the
+    planner."""
     states = {("code", "greedy", "high"): st("spec-k4")}
     replicas = {"spec-k4": 2, "spec-k2": 1, "nospec": 1}
     steady = planfeed.build(window(), states, {}, 100.0, POLICY, SETTINGS, replicas)
@@ -163,13 +164,13 @@ def test_build_sees_a_load_swinging_faster_than_the_interval_and_a_steady_one_no
     count = swing.INTERVALS * swing.SLICES
     swinging = []
     for i in range(count):
-        for _ in range(20 if i % 2 == 0 else 2):
+        for _ in range(20 if i // 2 % 2 == 0 else 2):
             swinging.append(rec("spec-k4", "code", "high", 100.0 - (count - i) * width, width, load=8))
     inp = planfeed.build(window() + swinging, states, {}, 100.0, POLICY, SETTINGS, replicas)
     assert isinstance(inp, planner.PlanInput)
     (share, high), (rest, low) = inp.scenarios
-    half = count // 2  # slices 0, 2, ... high; the newest (odd) left out
-    assert share == pytest.approx(half / (count - 1)) and rest == pytest.approx((half - 1) / (count - 1))
+    high_slices = sum(i // 2 % 2 == 0 for i in range(count - 1))  # the newest left out
+    assert share == pytest.approx(high_slices / (count - 1)) and rest == pytest.approx(1 - share)
     code = ("code", "greedy", "now")
     assert high[code].in_flight - low[code].in_flight == pytest.approx(18.0, abs=0.5)  # and the steady part
     assert inp.demand[code].in_flight > low[code].in_flight

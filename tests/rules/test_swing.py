@@ -27,6 +27,7 @@ def test_a_load_jumping_between_two_levels_is_a_swing_with_both_loads():
 def test_steps_ramps_flat_loads_and_small_wobbles_are_not():
     assert swing.detect(series(24, 24, 24, 128, 128, 128, 128)) is None  # one step: one crossing
     assert swing.detect(series(24, 24, 128, 128, 24, 24, 24)) is None  # one burst: two
+    assert swing.detect(series(128, 128, 24, 128, 128, 24, 128)) is None  # one-slice dips: jitter
     assert swing.detect(series(10, 20, 30, 40, 50, 60, 70)) is None  # a ramp
     assert swing.detect(series(50, 50, 50, 50, 50, 50, 50)) is None
     assert swing.detect(series(50, 60, 50, 60, 50, 60, 50)) is None  # within RATIO
