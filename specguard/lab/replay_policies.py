@@ -317,8 +317,7 @@ class SpecguardPolicy:
         expected = probes.plan(self.states, evidence, now, self.policy, self.router.probe_share)
         found = planprobes.merged(expected, self.planned_shares)
         self.router.set_probes({key: (p.pool, p.share) for key, p in found.items()})
-        held = self.planned_shares.holdouts if self.planned_shares is not None else {}
-        self.router.set_class_holdouts({cls: worth.share for cls, worth in held.items()})
+        self.router.set_class_holdouts(planprobes.class_holdouts(self.planned_shares))
         if changed:
             self.router.set_plan(
                 {

@@ -289,8 +289,7 @@ class Guard(FleetRoles):
                 )
                 self.probes = planprobes.merged(expected, self.planned_shares)
                 if self.set_class_holdouts is not None:
-                    held = self.planned_shares.holdouts if self.planned_shares is not None else {}
-                    self.set_class_holdouts({cls: worth.share for cls, worth in held.items()})
+                    self.set_class_holdouts(planprobes.class_holdouts(self.planned_shares))
                 if self.set_probes is not None:
                     self.set_probes({key: (p.pool, p.share) for key, p in self.probes.items()})
                 if self.set_spread is not None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specguard.rules import planner, probes
 from specguard.rules.bestpool import Estimate
@@ -65,6 +65,7 @@ def shares(inp: planner.PlanInput, plan: planner.Plan, probe_cap: float, holdout
     loads = dict.fromkeys(lines, 0.0)
     for key, pool in plan.pools.items():
         loads[pool] += inp.demand[key].in_flight if key in inp.demand else 0.0
+    speculative = {p.name for p in inp.pools if p.k > 0}
     probes: dict[tuple[str, str], Worth] = {}
     holdouts: dict[tuple[str, str], Worth] = {}
     for key, here in sorted(plan.pools.items()):
@@ -72,7 +73,6 @@ def shares(inp: planner.PlanInput, plan: planner.Plan, probe_cap: float, holdout
         if n <= 0 or key in inp.fixed:
             continue
         worth = _worth(inp, key, here, n, lines, loads)
-        speculative = {p.name for p in inp.pools if p.k > 0}
         if here in speculative:
             found = [w for w in worth if w.pool not in speculative]
             cap, out = holdout_cap, holdouts
@@ -125,10 +125,8 @@ def _worth(
 
 def _capped(worth: Worth, cap: float) -> Worth:
     if worth.expected_rc is None:
-        share = cap if cap > 0 else 0.0
-    else:
-        share = planner.information_share(worth.upside, worth.cost, cap)
-    return Worth(worth.pool, share, worth.upside, worth.cost, worth.expected_rc)
+        return replace(worth, share=max(cap, 0.0))
+    return replace(worth, share=planner.information_share(worth.upside, worth.cost, cap))
 
 
 def _known(cell: Estimate | None) -> bool:
@@ -144,3 +142,8 @@ def merged(expected: Mapping[ClassKey, probes.Probe], planned: Shares | None) ->
         if worth is not None:
             out[key] = probes.Probe(worth.pool, worth.share, worth.expected_rc, worth.basis)
     return out
+
+
+def class_holdouts(planned: Shares | None) -> dict[tuple[str, str], float]:
+    """The router's least holdout share per class (``Router.set_class_holdouts``): none without a plan."""
+    return {cls: worth.share for cls, worth in planned.holdouts.items()} if planned is not None else {}
