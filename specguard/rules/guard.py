@@ -16,6 +16,10 @@ a hold also says its kind (``Decision.hold``: too little data, bad within limits
   predicted or profile estimates); a class with no live evidence yet starts on the profile's choice;
 * every action respects the cooldown, the cap per hour, dry-run and operator pins/pauses.
 
+``step`` runs the phases in precedence order, each a function that decides or passes: ``_error``,
+``_safety``, ``_plan`` (the fleet plan's move with ``decider: planner``; else the per-class
+decider's ``_best_pool`` and ``_restore``), ``_confirm``, and ``_settle`` for what is left.
+
 No clock, no I/O, no logging: the daemon does all of that. The state and decision types live in
 ``classstate``, the wall-clock rules (intervals, cooldown, cap, stabilisation, clock steps) in ``timing``,
 the pools a rule moves a class to in ``targets``, the cheapest-pool choice in ``bestpool``.
@@ -24,7 +28,7 @@ the pools a rule moves a class to in ``targets``, the cheapest-pool choice in ``
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specguard.rules import bestpool, timing
@@ -114,19 +118,36 @@ def _reset_counters(state: ClassState) -> ClassState:
 # ---------------------------------------------------------------- the step
 
 
-def step(
-    state: ClassState,
-    evidence: Evidence,
-    now: float,
-    policy: policy_mod.Policy,
-    planned: tuple[str, str] | None = None,
-) -> tuple[ClassState, Decision]:
-    """One evaluation of one class; ``planned``: the fleet plan's pool for it and why (``guard.decider:
-    planner``, ``rules.planner``), which then replaces the best-pool choice and the restore rule (a
-    class the plan does not cover, with no requests in decode yet, still gets the profile's warm
-    start)."""
+@dataclass
+class _Evaluation:
+    """One evaluation of one class: what its phases read (the state it starts from, the evidence,
+    the rules' assessments on the current pool and on the way back) and how they word a decision."""
+
+    state: ClassState
+    evidence: Evidence
+    now: float
+    policy: policy_mod.Policy
+    rules: dict[str, RuleState] = field(default_factory=dict)
+    watch: list[Assessment] = field(default_factory=list)
+    recover: list[Assessment] = field(default_factory=list)
+    candidate: str | None = None
+    choice: bestpool.Choice | None = None
+    reports: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def watch_acting(self) -> list[Assessment]:
+        return [a for a in self.watch if not a.rule.dry_run]
+
+    @property
+    def watch_phase(self) -> Phase:
+        return worst(a.phase for a in self.watch_acting)
+
+    @property
+    def recover_acting(self) -> list[Assessment]:
+        return [a for a in self.recover if not a.rule.dry_run]
 
     def decide(
+        self,
         new: ClassState,
         phase: Phase,
         reason: str,
@@ -137,26 +158,77 @@ def step(
         hold: str = "",
         **extra: Any,
     ) -> tuple[ClassState, Decision]:
-        numbers = {"rules": {f"{a.rule.name}@{a.pool}": a.numbers() for a in assessments}, **extra}
+        numbers = {
+            "rules": {f"{a.rule.name}@{a.pool}": a.numbers() for a in self.watch + self.recover},
+            **extra,
+        }
         numbers.update(_counters(new))
-        to_pool = to or state.pool
+        state = self.state
         kind = hold if phase is Phase.HOLD else ""
         return new, Decision(
-            state.key, now, phase, action, state.pool, to_pool, reason, numbers, dry_run, cause, reports, kind
+            state.key,
+            self.now,
+            phase,
+            action,
+            state.pool,
+            to or state.pool,
+            reason,
+            numbers,
+            dry_run,
+            cause,
+            self.reports,
+            kind,
         )
 
-    assessments: list[Assessment] = []
-    reports: dict[str, str] = {}
+
+Decided = tuple[ClassState, Decision]
+
+
+def step(
+    state: ClassState,
+    evidence: Evidence,
+    now: float,
+    policy: policy_mod.Policy,
+    planned: tuple[str, str] | None = None,
+) -> Decided:
+    """One evaluation of one class; ``planned``: the fleet plan's pool for it and why (``guard.decider:
+    planner``, ``rules.planner``), which then replaces the best-pool choice and the restore rule (a
+    class the plan does not cover, with no requests in decode yet, still gets the profile's warm
+    start).
+
+    The phases in precedence order, each a function that decides or passes: error (stale or
+    partial data), safety (leave a pool that hurts), plan (the fleet plan's move, or the per-class
+    decider's cheaper pool or way back), confirm (a move made on a prediction, measured), and the
+    hold or ok that is left."""
     state = timing.rebase(state, now)
     if state.pin is not None:
-        return decide(state, Phase.HOLD, f"pinned to {state.pin} by operator", hold=HOLD_OPERATOR)
+        ev = _Evaluation(state, evidence, now, policy)
+        return ev.decide(state, Phase.HOLD, f"pinned to {state.pin} by operator", hold=HOLD_OPERATOR)
     due = [r for r in policy.all_rules if timing.due(state, r, now)]
     if not due:
-        return decide(state, Phase.HOLD, "no rule due", hold=HOLD_NOT_DUE)
+        return _Evaluation(state, evidence, now, policy).decide(
+            state, Phase.HOLD, "no rule due", hold=HOLD_NOT_DUE
+        )
+    ev = _assess(state, evidence, now, policy, due, planned)
+    decided = _error(ev)
+    if decided is not None:
+        return decided
+    new = _count(ev)
+    return _safety(ev, new) or _plan(ev, new, planned) or _confirm(ev, new) or _settle(ev, new)
+
+
+def _assess(
+    state: ClassState,
+    evidence: Evidence,
+    now: float,
+    policy: policy_mod.Policy,
+    due: list[policy_mod.Rule],
+    planned: tuple[str, str] | None,
+) -> _Evaluation:
+    """The due rules on the current pool (when it speculates) and on the pool to go back to."""
     rules = dict(state.rules)
     for rule in due:
         rules[rule.name] = replace(state.rule(rule.name), last_evaluated_at=now)
-
     watching = k_of(policy, state.pool) > 0
     lb = state.key[2]
     watch = [
@@ -179,27 +251,31 @@ def step(
         for r in due
         if candidate and (a := assess(r, candidate, evidence, policy, restoring=True, load_bucket=lb))
     ]
-    assessments = watch + recover
-    acting = [a for a in assessments if not a.rule.dry_run]
+    return _Evaluation(state, evidence, now, policy, rules, watch, recover, candidate, choice)
 
-    # error: never act on stale or partial data; freeze the safe state past the limit
+
+def _error(ev: _Evaluation) -> Decided | None:
+    """error: never act on stale or partial data; freeze the safe state past the limit (and unfreeze
+    once the source answers)."""
+    state, policy = ev.state, ev.policy
+    acting = ev.watch_acting + ev.recover_acting
     errors = [a for a in acting if a.phase is Phase.ERROR]
-    if errors or (evidence.error is not None and not acting):
+    if errors or (ev.evidence.error is not None and not acting):
         count = state.consecutive_errors + 1
         limits = [a.rule.limits.consecutive_error_limit for a in errors] or [
             min((r.limits.consecutive_error_limit for r in policy.rules), default=4)
         ]
         limit = min((x for x in limits if x >= 0), default=-1)
-        first = errors[0].reason if errors else f"data source error: {evidence.error}"
-        new = replace(state, rules=rules, consecutive_errors=count)
+        first = errors[0].reason if errors else f"data source error: {ev.evidence.error}"
+        new = replace(state, rules=ev.rules, consecutive_errors=count)
         if limit < 0 or count <= limit:
-            return decide(
+            return ev.decide(
                 new,
                 Phase.ERROR,
                 f"{first}; consecutive_errors ({count}) <= consecutive_error_limit ({limit})",
             )
         if state.frozen:
-            return decide(new, Phase.ERROR, f"frozen in safe state: {first}")
+            return ev.decide(new, Phase.ERROR, f"frozen in safe state: {first}")
         target = {"last": state.pool, "nospec": policy.nospec_pool, "default": policy.default_pool}[
             policy.safe_state
         ]
@@ -210,7 +286,7 @@ def step(
         )
         if policy.dry_run:  # say once what it would do; the class is not frozen (nothing changes)
             if count == limit + 1:
-                return decide(
+                return ev.decide(
                     new,
                     Phase.ERROR,
                     f"dry-run: {reason}",
@@ -219,157 +295,197 @@ def step(
                     dry_run=True,
                     cause="source_errors",
                 )
-            return decide(
+            return ev.decide(
                 new, Phase.ERROR, f"{first}; dry-run: would be frozen in safe state {policy.safe_state}"
             )
         frozen = _reset_counters(replace(new, frozen=True, pending=None))
-        return decide(
+        return ev.decide(
             replace(frozen, pool=target), Phase.ERROR, reason, "freeze", target, cause="source_errors"
         )
-
     if state.frozen:
-        new = _reset_counters(replace(state, rules=rules, frozen=False, consecutive_errors=0))
-        return decide(
+        new = _reset_counters(replace(state, rules=ev.rules, frozen=False, consecutive_errors=0))
+        return ev.decide(
             new,
             Phase.OK,
             f"data source answers again: unfrozen on {state.pool}",
             "unfreeze",
             cause="source_recovered",
         )
+    return None
 
-    # count
-    if candidate != state.candidate:
+
+def _count(ev: _Evaluation) -> ClassState:
+    """The state after this evaluation's counts: rule failures and successes, confirmations of a
+    pending move, the best-pool streak and the remembered estimates. Report-only rules are counted
+    like the others; their breaches go to the decision's reports, never acted on."""
+    state, now = ev.state, ev.now
+    rules = ev.rules
+    if ev.candidate != state.candidate:
         rules = {n: replace(rs, consecutive_successes=0, good_since=None) for n, rs in rules.items()}
-    for a in watch:
+    else:
+        rules = dict(rules)
+    for a in ev.watch:
         rules[a.rule.name] = _count_watch(rules[a.rule.name], a, now)
-    for a in recover:
+    for a in ev.recover:
         rules[a.rule.name] = _count_recover(rules[a.rule.name], a, now)
-    # report-only rules: counted like the others; a breach is reported, never acted on
-    for a in watch:
+    for a in ev.watch:
         if a.rule.dry_run and (why := failure_breach(rules[a.rule.name], a.rule.limits)):
-            reports[a.rule.name] = f"{a.rule.name} on {state.pool}: {a.reason}; {why} (report only)"
-    watch_phase = worst(a.phase for a in watch if not a.rule.dry_run)
+            ev.reports[a.rule.name] = f"{a.rule.name} on {state.pool}: {a.reason}; {why} (report only)"
     confirm = state.confirm_successes
     if state.pending is not None:
-        confirm = (
-            confirm + 1 if watch_phase is Phase.OK and watch else 0 if watch_phase is Phase.ACT else confirm
-        )
-    favoured = choice.best.pool if choice is not None else None
+        phase = ev.watch_phase
+        confirm = confirm + 1 if phase is Phase.OK and ev.watch else 0 if phase is Phase.ACT else confirm
+    favoured = ev.choice.best.pool if ev.choice is not None else None
     streak = state.consecutive_favoured + 1 if favoured is not None and favoured == state.favoured else 1
-    new = replace(
+    return replace(
         state,
         rules=rules,
         consecutive_errors=0,
-        candidate=candidate,
+        candidate=ev.candidate,
         confirm_successes=confirm,
-        memory=bestpool.remember(state.memory, evidence, now, policy),
+        memory=bestpool.remember(state.memory, ev.evidence, now, ev.policy),
         favoured=favoured,
         consecutive_favoured=streak if favoured is not None else 0,
     )
 
-    # act: leave a pool that hurts
+
+def _safety(ev: _Evaluation, new: ClassState) -> Decided | None:
+    """safety: leave a pool whose failure limits are breached, for a shorter K whose predicted rc is
+    good (pending a measurement there) or for the no-spec pool."""
+    state, now, policy = ev.state, ev.now, ev.policy
     breaches = [
         (a, why)
-        for a in watch
-        if not a.rule.dry_run and (why := failure_breach(rules[a.rule.name], a.rule.limits))
+        for a in ev.watch
+        if not a.rule.dry_run and (why := failure_breach(new.rules[a.rule.name], a.rule.limits))
     ]
-    if breaches:
-        a, why = breaches[0]
-        cause = f"{a.rule.name} on {state.pool}: {a.reason}; {why}"
-        target = lower_target(new, evidence, policy)
-        if target is None:
-            return decide(new, Phase.HOLD, f"{cause}; no lower pool to move to", hold=HOLD_STUCK)
-        action, pool, extra = target
-        gate = timing.rate_gate(new, now, policy)
-        if gate is not None:
-            return decide(new, Phase.HOLD, f"{cause}; waiting: {gate}", hold=HOLD_RATE, **extra)
-        if action == "revert" and state.pending is not None:
-            cause = f"measurement disagrees with the prediction ({state.pending.predicted_rc:.3f}): {cause}"
-        pending = None
-        if action == "shorten":
-            pending = Pending(state.pool, pool, extra["target_rc"], now)
-        extra["cause"] = a.rule.name
-        return _act(new, action, pool, cause, now, policy, decide, pending, extra)
+    if not breaches:
+        return None
+    a, why = breaches[0]
+    cause = f"{a.rule.name} on {state.pool}: {a.reason}; {why}"
+    target = lower_target(new, ev.evidence, policy)
+    if target is None:
+        return ev.decide(new, Phase.HOLD, f"{cause}; no lower pool to move to", hold=HOLD_STUCK)
+    action, pool, extra = target
+    gate = timing.rate_gate(new, now, policy)
+    if gate is not None:
+        return ev.decide(new, Phase.HOLD, f"{cause}; waiting: {gate}", hold=HOLD_RATE, **extra)
+    if action == "revert" and state.pending is not None:
+        cause = f"measurement disagrees with the prediction ({state.pending.predicted_rc:.3f}): {cause}"
+    pending = Pending(state.pool, pool, extra["target_rc"], now) if action == "shorten" else None
+    extra["cause"] = a.rule.name
+    return _act(ev, new, action, pool, cause, pending, extra)
 
-    if planning and planned is not None and planned[0] != state.pool and planned[0] in policy.pools:
-        return _planned(new, planned, now, policy, decide)
 
-    # best pool: a cheaper pool by the margin, for more than the limit of evaluations in a row
-    if choice is not None and (choice.warm_start or streak > policy.best_pool_consecutive_limit):
-        limit = policy.best_pool_consecutive_limit
-        why = choice.reason + (
-            "; no live evidence yet: the calibration profile's choice"
-            if choice.warm_start
-            else f"; consecutive evaluations ({streak}) > best_pool_consecutive_limit ({limit})"
+def _plan(ev: _Evaluation, new: ClassState, planned: tuple[str, str] | None) -> Decided | None:
+    """plan: the fleet plan's move (``decider: planner``); else the per-class decider's cheaper pool
+    or its way back towards the default pool."""
+    policy = ev.policy
+    if policy.decider == "planner" and planned is not None:
+        if planned[0] != ev.state.pool and planned[0] in policy.pools:
+            return _planned(ev, new, planned)
+    return _best_pool(ev, new) or _restore(ev, new)
+
+
+def _planned(ev: _Evaluation, new: ClassState, planned: tuple[str, str]) -> Decided:
+    """The fleet plan's move, through the same gates as any other (cooldown, cap, dry-run)."""
+    pool, why = planned
+    gate = timing.rate_gate(new, ev.now, ev.policy)
+    if gate is not None:
+        return ev.decide(new, Phase.HOLD, f"planner: {why}; waiting: {gate}", hold=HOLD_RATE)
+    k, here = k_of(ev.policy, pool), k_of(ev.policy, new.pool)
+    action = "off" if k == 0 else "shorten" if k < here else "lengthen" if k > here else "restore"
+    return _act(ev, new, action, pool, f"planner: {why}", None, {"cause": "planner"})
+
+
+def _best_pool(ev: _Evaluation, new: ClassState) -> Decided | None:
+    """A cheaper pool by the margin, for more than the limit of evaluations in a row (at once for
+    the profile's warm start); a move back to the pool just left waits out the reversal rule."""
+    state, choice, now, policy = ev.state, ev.choice, ev.now, ev.policy
+    streak = new.consecutive_favoured
+    if choice is None or not (choice.warm_start or streak > policy.best_pool_consecutive_limit):
+        return None
+    limit = policy.best_pool_consecutive_limit
+    why = choice.reason + (
+        "; no live evidence yet: the calibration profile's choice"
+        if choice.warm_start
+        else f"; consecutive evaluations ({streak}) > best_pool_consecutive_limit ({limit})"
+    )
+    wait, reversals = (None, state.reversal_times)
+    correcting = state.pending is not None and choice.best.pool == state.pending.from_pool
+    if not choice.warm_start and not correcting:  # undoing an unconfirmed prediction is no flap
+        wait, reversals = bestpool.reversal_wait(
+            state.left_pool, state.reversal_times, choice.best.pool, streak, now, policy
         )
-        wait, reversals = (None, state.reversal_times)
-        correcting = state.pending is not None and choice.best.pool == state.pending.from_pool
-        if not choice.warm_start and not correcting:  # undoing an unconfirmed prediction is no flap
-            wait, reversals = bestpool.reversal_wait(
-                state.left_pool, state.reversal_times, choice.best.pool, streak, now, policy
-            )
-        if wait is not None:
-            reason = f"{choice.reason}; {wait}"
-            return decide(replace(new, reversal_times=reversals), Phase.HOLD, reason, hold=HOLD_REVERSAL)
-        gate = timing.rate_gate(new, now, policy)
-        if gate is not None:
-            return decide(new, Phase.HOLD, f"{why}; waiting: {gate}", hold=HOLD_RATE)
-        new = replace(new, reversal_times=reversals)
-        target_k = k_of(policy, choice.best.pool)
-        action = "off" if target_k == 0 else "shorten" if target_k < k_of(policy, state.pool) else "lengthen"
-        pending = None
-        if target_k > 0 and choice.best.basis not in bestpool.LIVE:
-            pending = Pending(state.pool, choice.best.pool, choice.best.rc, now)
-        extra = {
-            "cause": "profile" if choice.warm_start else "best_pool",
-            "current_rc": round(choice.current.rc, 6),
-            "target_rc": round(choice.best.rc, 6),
-            "target_basis": choice.best.basis,
-        }
-        return _act(new, action, choice.best.pool, why, now, policy, decide, pending, extra)
+    if wait is not None:
+        reason = f"{choice.reason}; {wait}"
+        return ev.decide(replace(new, reversal_times=reversals), Phase.HOLD, reason, hold=HOLD_REVERSAL)
+    gate = timing.rate_gate(new, now, policy)
+    if gate is not None:
+        return ev.decide(new, Phase.HOLD, f"{why}; waiting: {gate}", hold=HOLD_RATE)
+    new = replace(new, reversal_times=reversals)
+    target_k = k_of(policy, choice.best.pool)
+    action = "off" if target_k == 0 else "shorten" if target_k < k_of(policy, state.pool) else "lengthen"
+    pending = None
+    if target_k > 0 and choice.best.basis not in bestpool.LIVE:
+        pending = Pending(state.pool, choice.best.pool, choice.best.rc, now)
+    extra = {
+        "cause": "profile" if choice.warm_start else "best_pool",
+        "current_rc": round(choice.current.rc, 6),
+        "target_rc": round(choice.best.rc, 6),
+        "target_basis": choice.best.basis,
+    }
+    return _act(ev, new, action, choice.best.pool, why, pending, extra)
 
-    # restore: back towards the default pool on a streak of good evidence, after the window
-    recover_acting = [a for a in recover if not a.rule.dry_run]
-    if recover_acting and worst(a.phase for a in recover_acting) is Phase.OK:
-        waiting = _restore_wait(rules, recover_acting, now)
-        if waiting is None:
-            gate = timing.rate_gate(new, now, policy)
-            if gate is not None:
-                return decide(new, Phase.HOLD, f"{candidate} recovered; waiting: {gate}", hold=HOLD_RATE)
-            reasons = "; ".join(f"{a.rule.name} on {a.pool}: {a.reason}" for a in recover_acting)
-            pending = None
-            found = evidence.pools.get(candidate)
-            if found is not None and found.predicted and "rc" in found.values:  # to be measured there
-                pending = Pending(state.pool, candidate, found.values["rc"], now)
-                reasons += " (predicted: pending a measurement there)"
-            return _act(
-                new, "restore", candidate, reasons, now, policy, decide, pending, {"cause": "recovered"}
-            )
-        return decide(new, Phase.HOLD, f"recovering towards {candidate}: {waiting}", hold=HOLD_RECOVERING)
 
-    if state.pending is not None and watch_phase is Phase.OK and choice is None:
-        needed = max(a.rule.limits.consecutive_success_limit for a in watch if not a.rule.dry_run)
-        if confirm >= needed:
-            reason = f"measured on {state.pool}: " + "; ".join(a.reason for a in watch if not a.rule.dry_run)
-            done = replace(new, pending=None, confirm_successes=0)
-            return decide(
-                done,
-                Phase.OK,
-                f"{reason} (predicted {state.pending.predicted_rc:.3f})",
-                "confirm",
-                cause="measured",
-            )
-        return decide(
+def _restore(ev: _Evaluation, new: ClassState) -> Decided | None:
+    """Back towards the default pool on a streak of good evidence, after the stabilisation window."""
+    recover_acting, candidate = ev.recover_acting, ev.candidate
+    if not recover_acting or worst(a.phase for a in recover_acting) is not Phase.OK:
+        return None
+    waiting = _restore_wait(new.rules, recover_acting, ev.now)
+    if waiting is not None:
+        return ev.decide(new, Phase.HOLD, f"recovering towards {candidate}: {waiting}", hold=HOLD_RECOVERING)
+    gate = timing.rate_gate(new, ev.now, ev.policy)
+    if gate is not None:
+        return ev.decide(new, Phase.HOLD, f"{candidate} recovered; waiting: {gate}", hold=HOLD_RATE)
+    reasons = "; ".join(f"{a.rule.name} on {a.pool}: {a.reason}" for a in recover_acting)
+    pending = None
+    found = ev.evidence.pools.get(candidate) if candidate is not None else None
+    if found is not None and found.predicted and "rc" in found.values:  # to be measured there
+        pending = Pending(ev.state.pool, candidate, found.values["rc"], ev.now)
+        reasons += " (predicted: pending a measurement there)"
+    return _act(ev, new, "restore", candidate, reasons, pending, {"cause": "recovered"})
+
+
+def _confirm(ev: _Evaluation, new: ClassState) -> Decided | None:
+    """confirm: a move made on a prediction stays pending until the rules measure it good there for
+    a streak."""
+    state, watch = ev.state, ev.watch_acting
+    if state.pending is None or ev.watch_phase is not Phase.OK or ev.choice is not None:
+        return None
+    needed = max(a.rule.limits.consecutive_success_limit for a in watch)
+    confirm = new.confirm_successes
+    if confirm < needed:
+        return ev.decide(
             new,
             Phase.HOLD,
             f"confirming {state.pool}: consecutive_successes ({confirm}) < {needed}",
             hold=HOLD_CONFIRMING,
         )
+    reason = f"measured on {state.pool}: " + "; ".join(a.reason for a in watch)
+    done = replace(new, pending=None, confirm_successes=0)
+    return ev.decide(
+        done, Phase.OK, f"{reason} (predicted {state.pending.predicted_rc:.3f})", "confirm", cause="measured"
+    )
 
+
+def _settle(ev: _Evaluation, new: ClassState) -> Decided:
+    """No move: the hold or ok the rules leave (bad within its limits, too little data, or fine)."""
+    state, watch, watch_phase, recover_acting = ev.state, ev.watch_acting, ev.watch_phase, ev.recover_acting
     if watch_phase is Phase.ACT:
-        a = next(a for a in watch if a.phase is Phase.ACT and not a.rule.dry_run)
-        rs = rules[a.rule.name]
-        return decide(
+        a = next(a for a in watch if a.phase is Phase.ACT)
+        rs = new.rules[a.rule.name]
+        return ev.decide(
             new,
             Phase.HOLD,
             f"{a.rule.name} on {state.pool}: {a.reason}; consecutive_failures ({rs.consecutive_failures}) "
@@ -377,27 +493,16 @@ def step(
             hold=HOLD_BAD,
         )
     if watch_phase is Phase.HOLD:
-        a = next(a for a in watch if a.phase is Phase.HOLD and not a.rule.dry_run)
-        return decide(new, Phase.HOLD, f"{a.rule.name} on {state.pool}: {a.reason}", hold=HOLD_DATA)
+        a = next(a for a in watch if a.phase is Phase.HOLD)
+        return ev.decide(new, Phase.HOLD, f"{a.rule.name} on {state.pool}: {a.reason}", hold=HOLD_DATA)
     if recover_acting and worst(a.phase for a in recover_acting) is Phase.HOLD:
         a = next(a for a in recover_acting if a.phase is Phase.HOLD)
-        phase = Phase.HOLD if not watch else Phase.OK
-        return decide(new, phase, f"{a.rule.name} on {a.pool}: {a.reason}", hold=HOLD_DATA)
+        phase = Phase.HOLD if not ev.watch else Phase.OK
+        return ev.decide(new, phase, f"{a.rule.name} on {a.pool}: {a.reason}", hold=HOLD_DATA)
     if recover_acting:
         a = next(a for a in recover_acting if a.phase is Phase.ACT)
-        return decide(new, Phase.OK, f"staying on {state.pool}: {a.rule.name} on {a.pool}: {a.reason}")
-    return decide(new, Phase.OK, "; ".join(a.reason for a in watch if not a.rule.dry_run) or "nothing to do")
-
-
-def _planned(new, planned, now, policy, decide):
-    """The fleet plan's move, through the same gates as any other (cooldown, cap, dry-run)."""
-    pool, why = planned
-    gate = timing.rate_gate(new, now, policy)
-    if gate is not None:
-        return decide(new, Phase.HOLD, f"planner: {why}; waiting: {gate}", hold=HOLD_RATE)
-    k, here = k_of(policy, pool), k_of(policy, new.pool)
-    action = "off" if k == 0 else "shorten" if k < here else "lengthen" if k > here else "restore"
-    return _act(new, action, pool, f"planner: {why}", now, policy, decide, None, {"cause": "planner"})
+        return ev.decide(new, Phase.OK, f"staying on {state.pool}: {a.rule.name} on {a.pool}: {a.reason}")
+    return ev.decide(new, Phase.OK, "; ".join(a.reason for a in watch) or "nothing to do")
 
 
 def _restore_wait(rules: Mapping[str, RuleState], recover: list[Assessment], now: float) -> str | None:
@@ -417,12 +522,21 @@ def _restore_wait(rules: Mapping[str, RuleState], recover: list[Assessment], now
     return None
 
 
-def _act(new, action, pool, reason, now, policy, decide, pending, extra):
-    if policy.dry_run:
+def _act(
+    ev: _Evaluation,
+    new: ClassState,
+    action: str,
+    pool: str,
+    reason: str,
+    pending: Pending | None,
+    extra: dict[str, Any],
+) -> Decided:
+    now = ev.now
+    if ev.policy.dry_run:
         # what it would do, recorded; nothing else changes: no cooldown, no action counted against
         # max_actions_per_hour, no pending move, the same pool. The rule counters start over, as
         # after a real move, so the same would-be action is reported at the pace a real one could be.
-        return decide(
+        return ev.decide(
             _reset_counters(new), Phase.ACT, f"dry-run: {reason}", action, pool, dry_run=True, **extra
         )
     moved = _reset_counters(
@@ -431,7 +545,7 @@ def _act(new, action, pool, reason, now, policy, decide, pending, extra):
         )
     )
     left = replace(moved, pool=pool, pending=pending, left_pool=new.pool)
-    return decide(left, Phase.ACT, reason, action, pool, **extra)
+    return ev.decide(left, Phase.ACT, reason, action, pool, **extra)
 
 
 def _counters(state: ClassState) -> dict[str, Any]:
