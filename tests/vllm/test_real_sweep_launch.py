@@ -5,11 +5,10 @@ templates, swept at concurrency 1 and 4 on the real request mix, each engine sto
 from __future__ import annotations
 
 import json
-import os
 
 import pandas as pd
 import pytest
-from conftest import ROOT, provision
+from conftest import ROOT, SMOL, cores, provision
 
 from specguard import cli
 from specguard.lab import sweep_launch
@@ -23,7 +22,7 @@ SERVE = ROOT / "scripts" / "serve-smollm2"
 def template(k: str) -> str:
     """scripts/serve-smollm2 (what docs/real-model.md tells users to run), pinned to one core."""
     provision("smollm2")
-    cpu = sorted(os.sched_getaffinity(0))[0]
+    cpu = cores(SMOL)[0]  # where SmolLM2's spec engine runs (beside the other real tiers)
     return f"{SERVE} --port {{port}} --cpu {cpu} --k {k}"
 
 
