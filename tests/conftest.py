@@ -2,9 +2,8 @@
 
 ``scripts/test`` runs pytest-xdist with ``--dist loadgroup``: each xdist group is one unit of work,
 run whole by one worker. Every test module is its own group unless it names one (so a module's
-fixtures start once); the real tiers' tests share two groups (each tier's engines start once, in
-one worker, one tier after the other; SmolLM2's modules beside them, their engines pinned the other
-way round); tests that bind the same fixed ports share a group too.
+fixtures start once); the real tiers' tests share one group (each tier's engines start once, in
+one worker, one tier after the other); tests that bind the same fixed ports share a group too.
 """
 
 from __future__ import annotations
@@ -24,11 +23,6 @@ settings.load_profile(propkit.profile())
 # the last), so two tiers at once would load one side of each A/B more than the other.
 REAL_TIERS = ("vllm", "llamacpp")
 REAL_ENGINES = "real-engines"
-# SmolLM2's modules (the longest of the real tiers) run beside them in a group of their own, their
-# pair pinned the other way round (tests/vllm/conftest.py SMOL): each core then carries one spec
-# and one no-spec engine, and each A/B's two engines see the other group alike.
-REAL_SMOLLM2 = "real-smollm2"
-SMOLLM2_MODULES = ("tests/vllm/test_real_model.py", "tests/vllm/test_real_sweep_launch.py")
 # Modules that bind fixed ports (the README's 8001-8003 and 8090; docs/commands.md's simulator).
 FIXED_PORTS = "fixed-ports"
 FIXED_PORT_MODULES = ("tests/docs/test_readme_hand_run.py", "tests/docs/test_examples.py")
@@ -39,20 +33,19 @@ def xdist_group(item: pytest.Item) -> str:
     mark = item.get_closest_marker("xdist_group")
     if mark is not None:
         return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
-    module = item.nodeid.split("::", 1)[0]
     if any(item.get_closest_marker(tier) is not None for tier in REAL_TIERS):
-        return REAL_SMOLLM2 if module in SMOLLM2_MODULES else REAL_ENGINES
+        return REAL_ENGINES
+    module = item.nodeid.split("::", 1)[0]
     return FIXED_PORTS if module in FIXED_PORT_MODULES else module
 
 
 def start_order(item: pytest.Item) -> int:
-    """Longest groups first, so no long one is left for the end: SmolLM2's real modules, the other
-    real tiers, then the tests on a real Prometheus (``stack``) and on fixed ports, then the rest in
-    collection order."""
+    """Longest groups first, so no long one is left for the end: real tiers, then the tests on a
+    real Prometheus (``stack``) and on fixed ports, then the rest in collection order."""
     group = xdist_group(item)
-    if group in (REAL_SMOLLM2, REAL_ENGINES):
-        return 0 if group == REAL_SMOLLM2 else 1
-    return 2 if group == FIXED_PORTS or item.get_closest_marker("stack") is not None else 3
+    if group == REAL_ENGINES:
+        return 0
+    return 1 if group == FIXED_PORTS or item.get_closest_marker("stack") is not None else 2
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist appends the group to each node id

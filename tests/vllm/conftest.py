@@ -64,26 +64,15 @@ class Engines:
 
 @dataclass(frozen=True)
 class ModelFlags:
-    """What differs between the tiny model and SmolLM2 on the command line, and where each engine
-    runs."""
+    """What differs between the tiny model and SmolLM2 on the command line."""
 
     served_name: str = MODEL_NAME
     dtype: str = "float32"
     max_model_len: int = 512
-    spec_core_last: bool = False
-    """SmolLM2's pair runs beside the other real tiers (``tests/conftest.py``: group
-    ``real-smollm2``), pinned the other way round, so each core carries one spec and one no-spec
-    engine of the two pairs."""
 
 
 TINY = ModelFlags()
-SMOL = ModelFlags(SMOL_NAME, "bfloat16", 2048, spec_core_last=True)
-
-
-def cores(flags: ModelFlags) -> tuple[int, int]:
-    """(spec's core, no-spec's core) for a pair of ``flags``."""
-    cpus = sorted(os.sched_getaffinity(0))
-    return (cpus[-1], cpus[0]) if flags.spec_core_last else (cpus[0], cpus[-1])
+SMOL = ModelFlags(SMOL_NAME, "bfloat16", 2048)
 
 
 # Engines of this session, for the failure report hook below.
@@ -269,7 +258,7 @@ PORT_TRIES = 3
 
 
 def start_pair(venv: Path, model: Path, logdir: Path, flags: ModelFlags) -> Iterator[Engines]:
-    """Start the spec (K = 4) and nospec engines, each on its own core (``cores``); always stop them. A pair that
+    """Start the spec (K = 4, first CPU) and nospec (last CPU) engines; always stop them. A pair that
     lost a port to another test's server (picked free, taken before vLLM bound it) starts again on
     new ports, up to ``PORT_TRIES`` times."""
     prefix = "" if flags is TINY else f"{flags.served_name}-"
@@ -298,8 +287,8 @@ def _launch_pair(
 ) -> dict[str, Engine]:
     """Start both engines on ports picked free now (``procs`` gets each as it starts)."""
     engines: dict[str, Engine] = {}
-    spec_cpu, nospec_cpu = cores(flags)
-    for name, spec, cpu in (("spec", True, spec_cpu), ("nospec", False, nospec_cpu)):
+    cpus = sorted(os.sched_getaffinity(0))
+    for name, spec, cpu in (("spec", True, cpus[0]), ("nospec", False, cpus[-1])):
         port = _free_port()
         log_path = logdir / f"{prefix}{name}.log"
         with open(log_path, "wb") as log:

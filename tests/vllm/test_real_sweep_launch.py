@@ -5,10 +5,11 @@ templates, swept at concurrency 1 and 4 on the real request mix, each engine sto
 from __future__ import annotations
 
 import json
+import os
 
 import pandas as pd
 import pytest
-from conftest import ROOT, SMOL, cores, provision
+from conftest import ROOT, provision
 
 from specguard import cli
 from specguard.lab import sweep_launch
@@ -22,7 +23,7 @@ SERVE = ROOT / "scripts" / "serve-smollm2"
 def template(k: str) -> str:
     """scripts/serve-smollm2 (what docs/real-model.md tells users to run), pinned to one core."""
     provision("smollm2")
-    cpu = cores(SMOL)[0]  # where SmolLM2's spec engine runs (beside the other real tiers)
+    cpu = sorted(os.sched_getaffinity(0))[0]
     return f"{SERVE} --port {{port}} --cpu {cpu} --k {k}"
 
 
