@@ -201,14 +201,12 @@ def step(
     decider's cheaper pool or way back), confirm (a move made on a prediction, measured), and the
     hold or ok that is left."""
     state = timing.rebase(state, now)
+    unassessed = _Evaluation(state, evidence, now, policy)
     if state.pin is not None:
-        ev = _Evaluation(state, evidence, now, policy)
-        return ev.decide(state, Phase.HOLD, f"pinned to {state.pin} by operator", hold=HOLD_OPERATOR)
+        return unassessed.decide(state, Phase.HOLD, f"pinned to {state.pin} by operator", hold=HOLD_OPERATOR)
     due = [r for r in policy.all_rules if timing.due(state, r, now)]
     if not due:
-        return _Evaluation(state, evidence, now, policy).decide(
-            state, Phase.HOLD, "no rule due", hold=HOLD_NOT_DUE
-        )
+        return unassessed.decide(state, Phase.HOLD, "no rule due", hold=HOLD_NOT_DUE)
     ev = _assess(state, evidence, now, policy, due, planned)
     decided = _error(ev)
     if decided is not None:
