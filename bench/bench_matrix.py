@@ -28,6 +28,8 @@ phase of each figure and the targets.
         matrix-fixed.json:matrix-fixed-planner.json  # the planner, the same runs
     cd bench/results && python3 ../bench_matrix.py --into ../../docs/planner.md --scaling-versus \
         matrix-autoscaled-planner.json:matrix-autoscaled-planner-scaling.json:matrix-autoscaled-planner-sustain0.json
+    cd bench/results && python3 ../bench_matrix.py --into ../../docs/planner.md --block scaling-all \
+        --scaling-versus matrix-autoscaled-planner-all.json:matrix-autoscaled-planner-scaling-all.json
     cd bench/results && python3 ../bench_matrix.py --into ../../docs/benchmarks.md \
         --schedule-versus matrix-fixed.json:matrix-fixed-scheduled.json  # pools with schedules
 
@@ -536,8 +538,11 @@ def scaling_table(inflight: dict, *sized: dict) -> str:
     ``sustain_seconds``): throughput over never-speculate (the same engines without speculation: a
     unit common to every variant, where each variant's oracle also replays that variant's own run),
     over its oracle (mean and worst run), runs below 0.90 of it, with a phase below never-speculate,
-    and with TPOT p99 above 1.15x the oracle's."""
+    and with TPOT p99 above 1.15x the oracle's; then, per variant, each scenario's runs over the same
+    runs on the in-flight HPA (where sizing on the guard's numbers gains and where it loses)."""
     keys = sorted((r["scenario"], r["world"], r["seed"]) for r in inflight["rows"])
+    base = {(r["scenario"], r["world"], r["seed"]): r["vs_never"] for r in inflight["rows"]}
+    per_scenario = []
     lines = [
         "| the HPA scales on | runs | mean / never-speculate | mean / oracle | worst run / oracle "
         "| runs below 0.90 of the oracle | runs with a phase below never-speculate "
@@ -562,7 +567,21 @@ def scaling_table(inflight: dict, *sized: dict) -> str:
             f"{below['vs_oracle < 0.90']} | {below['worst phase < never']} | "
             f"{below['TPOT p99 > 1.15 x oracle']} |"
         )
-    return "\n".join(lines)
+        if result is not inflight:
+            ratios: dict[str, list[float]] = {}
+            for r in result["rows"]:
+                ratios.setdefault(r["scenario"], []).append(
+                    r["vs_never"] / base[(r["scenario"], r["world"], r["seed"])]
+                )
+            each = ", ".join(
+                f"{name} {statistics.fmean(v):.3f} ({min(v):.3f}-{max(v):.3f})"
+                for name, v in sorted(ratios.items())
+            )
+            per_scenario.append(
+                f"{label[0].upper()}{label[1:]}: throughput over the same runs' on the in-flight HPA, "
+                f"per scenario (mean, lowest-highest run): {each}."
+            )
+    return "\n".join(lines) + "".join(f"\n\n{line}" for line in per_scenario)
 
 
 def launched_with_schedule(base: dict, *scheduled: dict) -> str:
@@ -694,6 +713,12 @@ def main(argv: list[str] | None = None) -> int:
         "(with --into DOC: its scaling:versus block)",
     )
     parser.add_argument(
+        "--block",
+        metavar="NAME",
+        help="with --into and a comparison table: write it into the doc's matrix:NAME:... block instead of "
+        "the table's own (spread, decider, scaling, schedule)",
+    )
+    parser.add_argument(
         "--schedule-versus",
         metavar="FIXED:SCHEDULED[:UNCONFIGURED]",
         help="print the table of a --k-schedule result against the same runs on fixed-K pools "
@@ -702,14 +727,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.schedule_versus:
         base, *launched = (json.loads(Path(f).read_text()) for f in args.schedule_versus.split(":"))
-        return _table(launched_with_schedule(base, *launched), args.into, "schedule", "versus")
+        return _table(launched_with_schedule(base, *launched), args.into, args.block or "schedule", "versus")
     for given, block in ((args.compare, ("spread", "compare")), (args.decider_versus, ("decider", "versus"))):
         if given:
             pairs = [tuple(json.loads(Path(f).read_text()) for f in pair.split(":")) for pair in given]
-            return _table(compare(pairs), args.into, *block)  # type: ignore[arg-type]
+            return _table(compare(pairs), args.into, args.block or block[0], block[1])
     if args.scaling_versus:
         inflight, *sized = (json.loads(Path(f).read_text()) for f in args.scaling_versus.split(":"))
-        return _table(scaling_table(inflight, *sized), args.into, "scaling", "versus")
+        return _table(scaling_table(inflight, *sized), args.into, args.block or "scaling", "versus")
     if args.render and args.into:
         doc = Path(args.into)
         pieces = render(json.loads(Path(args.render).read_text()))

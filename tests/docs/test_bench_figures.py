@@ -492,32 +492,41 @@ def test_the_planner_page_carries_the_kept_decision_times():
     assert flat(bench_planner.render(result)) in flat((ROOT / "docs" / "planner.md").read_text()), fix
 
 
-SCALING = (
-    "matrix-autoscaled-planner.json",
-    "matrix-autoscaled-planner-scaling.json",
-    "matrix-autoscaled-planner-sustain0.json",
-)
+SCALING = {  # block in docs/planner.md: the in-flight runs, then the --scaling runs and their sustain
+    "scaling": (
+        ("matrix-autoscaled-planner.json", None),
+        ("matrix-autoscaled-planner-scaling.json", 120.0),
+        ("matrix-autoscaled-planner-sustain0.json", 0.0),
+    ),
+    "scaling-all": (
+        ("matrix-autoscaled-planner-all.json", None),
+        ("matrix-autoscaled-planner-scaling-all.json", 120.0),
+    ),
+}
 
 
-def test_the_planner_page_carries_the_autoscaled_runs_on_the_guards_desired_replicas():
+@pytest.mark.parametrize("block", sorted(SCALING))
+def test_the_planner_page_carries_the_autoscaled_runs_on_the_guards_desired_replicas(block):
     """docs/planner.md: the planner's runs on autoscaled pools with the HPA on requests in flight, and
-    the same runs with the HPA on the guard's desired replicas (``--scaling``, with the default
-    sustain and with 0); the only difference ``guard.scaling``, each bounded by its oracle."""
-    inflight, *sized = (kept(name) for name in SCALING)
-    for result, scaling, sustain in (
-        (inflight, False, {None}),
-        (sized[0], True, {120.0}),
-        (sized[1], True, {0.0}),
-    ):
+    the same runs with the HPA on the guard's desired replicas (``--scaling``: on a subset with the
+    default sustain and with 0, and on the whole matrix with the default); the only difference
+    ``guard.scaling``, each bounded by its oracle."""
+    names = [name for name, _ in SCALING[block]]
+    inflight, *sized = (kept(name) for name in names)
+    for result, (_, sustain) in zip((inflight, *sized), SCALING[block], strict=True):
         assert result["fleet_shape"]["kind"] == "autoscaled"
-        assert all(r["decider"] == "planner" and r["scaling"] is scaling for r in result["rows"])
-        assert {r.get("sustain_seconds") for r in result["rows"]} == sustain
+        assert all(
+            r["decider"] == "planner" and r["scaling"] is (sustain is not None) for r in result["rows"]
+        )
+        assert {r.get("sustain_seconds") for r in result["rows"]} == {sustain}
         assert bench_matrix.aggregate(result["rows"]) == result["summary"]
         assert result["summary"]["bound"]["holds"], result["summary"]["bound"]["violations"]
     text = bench_matrix.scaling_table(inflight, *sized)  # (raises unless the runs are the same)
-    assert len(inflight["rows"]) >= 6
+    assert len(inflight["rows"]) >= (135 if block == "scaling-all" else 6)
     fix = (
         "compare them again: cd bench/results && python3 ../bench_matrix.py --into ../../docs/planner.md "
-        "--scaling-versus " + ":".join(SCALING)
+        f"--block {block} --scaling-versus " + ":".join(names)
     )
-    assert flat(text) in flat((ROOT / "docs" / "planner.md").read_text()), fix
+    page = (ROOT / "docs" / "planner.md").read_text()
+    assert f"<!-- matrix:{block}:versus -->" in page, fix
+    assert flat(text) in flat(page), fix
