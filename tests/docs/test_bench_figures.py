@@ -530,3 +530,18 @@ def test_the_planner_page_carries_the_autoscaled_runs_on_the_guards_desired_repl
     page = (ROOT / "docs" / "planner.md").read_text()
     assert f"<!-- matrix:{block}:versus -->" in page, fix
     assert flat(text) in flat(page), fix
+
+
+def test_on_the_whole_matrix_the_wait_costs_most_where_the_planner_page_says():
+    """docs/planner.md names the scenarios where sizing on demand that lasted a start delay costs
+    most against the in-flight HPA: the three lowest of the whole matrix's per-scenario means."""
+    inflight, sized = (kept(name) for name, _ in SCALING["scaling-all"])
+    base = {(r["scenario"], r["world"], r["seed"]): r["vs_never"] for r in inflight["rows"]}
+    ratios: dict[str, list[float]] = {}
+    for r in sized["rows"]:
+        ratios.setdefault(r["scenario"], []).append(
+            r["vs_never"] / base[(r["scenario"], r["world"], r["seed"])]
+        )
+    lowest = sorted(ratios, key=lambda name: statistics.fmean(ratios[name]))[:3]
+    named = "(" + ", ".join(f"`{name}`" for name in lowest) + ")"
+    assert named in flat((ROOT / "docs" / "planner.md").read_text()), f"the page should name {named}"
