@@ -57,10 +57,13 @@ async def test_switches_the_per_read_timer_off_and_times_out_a_quiet_stream(upst
 
 async def test_reads_closer_than_the_timeout_keep_a_long_stream_alive(upstream):
     session, url = upstream
-    timeout = aiohttp.ClientTimeout(sock_read=1.0)  # (10x the gap: a loaded machine delays reads)
-    async with session.get(url, params={"chunks": 16, "gap": 0.1, "stall": 0}, timeout=timeout) as resp:
-        watch = ReadWatch.take_over(resp, 1.0)
-        assert await read_all(resp, watch) == b"data: x\n\n" * 16  # 1.6 s in all, never 1 s quiet
+    # the timeout is 30x the gap: server and reader share this process, and a starved machine can
+    # hold the whole process still for over a second (CI did), after which the watch's timer and
+    # the pending chunk are due together and the timer runs first, as aiohttp's sock_read would
+    timeout = aiohttp.ClientTimeout(sock_read=3.0)
+    async with session.get(url, params={"chunks": 45, "gap": 0.1, "stall": 0}, timeout=timeout) as resp:
+        watch = ReadWatch.take_over(resp, 3.0)
+        assert await read_all(resp, watch) == b"data: x\n\n" * 45  # 4.5 s in all, never 3 s quiet
         watch.close()
 
 

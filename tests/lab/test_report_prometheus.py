@@ -34,6 +34,20 @@ async def rc_exported(url: str, tasks: set[str]) -> bool:
     return tasks <= found
 
 
+async def scraped_after(prom_url: str, at: float, timeout_s: float = 30.0) -> None:
+    """Wait until Prometheus holds a sample of the tap's series stamped after epoch ``at``."""
+    query = {"query": "max(timestamp(specguard_requests_total))"}
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            async with session.get(prom_url + "/api/v1/query", params=query) as resp:
+                result = (await resp.json())["data"]["result"]
+            if result and float(result[0]["value"][1]) > at:
+                return
+            await asyncio.sleep(0.5)
+    raise AssertionError(f"Prometheus scraped nothing after {at} within {timeout_s} s")
+
+
 async def drive(tmp: Path) -> tuple[str, float, float, subprocess.Popen]:
     async with SimCluster.from_config(None, seed=0, time_scale=0.25) as sim:
         text = CONFIG.format(k4=sim.urls["spec-k4"], k2=sim.urls["spec-k2"], k0=sim.urls["nospec"])
@@ -56,10 +70,12 @@ async def drive(tmp: Path) -> tuple[str, float, float, subprocess.Popen]:
                     break
                 await loadgen.run_load(url, mix, concurrency=6, duration_s=10, stream=True, seed=2 + step)
             await asyncio.sleep(3)  # a few more scrapes
-            # the end of the report's range while the tap still serves: Prometheus marks its series
-            # stale at the first scrape that fails after the stop, and an instant query past that
-            # marker finds no requests and no plan (CI: a busy machine took over a second to stop)
+            # the end of the report's range while the tap still serves, and the tap stopped only once
+            # a scrape stamped after it is in: Prometheus marks the series stale at the first scrape
+            # that fails, stamped when it started, and an instant query past that marker finds no
+            # requests and no plan (CI: a scrape begun before `end` failed on the stop)
             end = time.time()
+            await scraped_after(prom_url, end)
         finally:
             await monitor.stop()
         return prom_url, start, end, prom

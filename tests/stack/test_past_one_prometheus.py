@@ -85,7 +85,8 @@ def answers(prom: Prometheus, queries: dict, at: float) -> dict:
 
 def rc_by_hand(urls: list[str]) -> dict[tuple[str, ...], tuple[float, float, int]]:
     """From the followers' own /metrics, per (task_type, temperature_bucket, load_bucket, pool): RC
-    weighted by speculative samples, the samples summed, and how many followers' estimates."""
+    weighted by speculative samples, the samples summed, and how many followers' estimates. A
+    follower that exports samples but no RC counts in neither sum (as the shipped rules)."""
     num: dict = {}
     den: dict = {}
     count: dict = {}
@@ -96,12 +97,11 @@ def rc_by_hand(urls: list[str]) -> dict[tuple[str, ...], tuple[float, float, int
             for s in samples
             if s.name == SAMPLES and s.labels["side"] == "spec"
         }
-        for key, n in spec.items():
-            den[key] = den.get(key, 0.0) + n
         for s in samples:
             key = tuple(s.labels[k] for k in LABELS) if s.name == RATIO else None
             if key in spec:
                 num[key] = num.get(key, 0.0) + s.value * spec[key]
+                den[key] = den.get(key, 0.0) + spec[key]
                 count[key] = count.get(key, 0) + 1
     return {key: (num[key] / den[key], den[key], count[key]) for key in num if den[key] > 0}
 
@@ -208,8 +208,12 @@ def test_store_ruler_and_federation_answer_the_decider_alike(tmp_path: Path):
         # read it above 1.0)
         creative = by_hand[("creative", "high", "low", "spec-k4")]
         assert creative[1] >= MIN_SAMPLES and creative[2] >= 2, creative
+        # code's estimate from one follower or more: a follower's point estimate is left out once
+        # its interval widens past a number (rules.rcquality), as when its low-load baseline moved
+        # with creative; a CI run settled with one of the two left (its 34 samples summed over
+        # three followers, which the shipped rules then read as 0.20: the bug they no longer have)
         code = by_hand[code_key]
-        assert code[0] < 1.0 and code[2] >= 2, code
+        assert code[0] < 1.0 and code[2] >= 1, code
         want = expected(queries, by_hand)
         assert sum(v is not None for v in want.values()) >= 2, want
 
