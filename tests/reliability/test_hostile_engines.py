@@ -92,8 +92,10 @@ async def test_a_large_valid_page_is_parsed_off_the_serving_loop(caplog):
 
         try:
             with caplog.at_level(logging.INFO, logger="specguard"):
-                # the 90th percentile: a parse on the loop stalls a few requests by whole seconds
-                slower = await hostkit.latency_ratio(url, scrapes, count=20, q=0.9)
+                # the 90th percentile: a parse on the loop stalls some requests by a large part of a
+                # second (measured: 20x; the median does not move); 60 requests a side, so the
+                # few a starved machine stalls on its own do not reach it (CI: 20 a side, 4.2x)
+                slower = await hostkit.latency_ratio(url, scrapes, count=60, q=0.9)
         finally:
             await monitor.stop()
     assert registry.get_sample_value("specguard_engine_up", {"pool": "spec-k4"}) == 1.0
