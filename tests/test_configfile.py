@@ -72,7 +72,7 @@ def test_file_not_in_utf8_names_line_and_column(tmp_path):
     assert str(info.value).startswith(f"{path}:2:7: not UTF-8: byte #xe9"), str(info.value)
 
 
-# --- issue 21: limits on every YAML and JSON file specguard reads
+# --- limits on every YAML and JSON file specguard reads
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -131,7 +131,7 @@ def test_alert_conventions(rule: dict):
 
 @pytest.mark.parametrize("rule", ALERTS, ids=[a["alert"] for a in ALERTS])
 def test_the_runbook_says_when_the_alert_fires_and_resolves(rule: dict):
-    """Issue 18 item 13: the runbook said the RC alert "resolves once the guard moves the class";
+    """A runbook once said the RC alert "resolves once the guard moves the class";
     it keeps firing 15 minutes more (keep_firing_for). Each runbook names both durations."""
     section = runbook_sections()[rule["alert"].lower()]
     timing = f"`for: {rule['for']}`, `keep_firing_for: {rule['keep_firing_for']}`"

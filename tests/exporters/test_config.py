@@ -187,7 +187,7 @@ def test_check_config_as_a_process(tmp_path):
 
 
 def test_check_config_refuses_a_config_with_no_pool_without_speculation(tmp_path, capsys):
-    """Issue 18 item 6: check-config said OK and printed "no-spec pool None"."""
+    """check-config once said OK and printed "no-spec pool None"."""
     only_spec = tmp_path / "only-spec.yaml"
     only_spec.write_text(
         "pools:\n"

@@ -90,7 +90,7 @@ def test_probe_share_keeps_a_disabled_class_on_speculation():
 
 
 def test_per_class_probes_set_the_pool_and_the_share_by_expected_cost():
-    """Issue 16 defect 4: the guard's probe entries (``rules.probes``) replace the default probe pool
+    """The guard's probe entries (``rules.probes``) replace the default probe pool
     and share for their classes; a class without one keeps probing ``probe_pool`` at ``probe_share``."""
     r = router(probe=0.05)
     off = {("chat", "medium", "low"): "nospec", ("creative", "high", "low"): "nospec"}

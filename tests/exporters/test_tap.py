@@ -520,7 +520,7 @@ async def test_unreachable_pool_without_failover_is_502_at_once():
 
 
 async def test_a_client_that_closes_right_after_done_is_not_client_disconnected(env):
-    """Issue 18: the `openai` client closes as soon as it has read `data: [DONE]`; 2 of 15 such
+    """The `openai` client closes as soon as it has read `data: [DONE]`; 2 of 15 such
     streams were counted as client_disconnected although they had their whole answer and usage."""
     upstream, _, monitor, tap_url, _ = env
     upstream.mode = "linger_after_done"

@@ -1,4 +1,4 @@
-"""Cutting SSE streams within an inspection window (issue 21: linear time, bounded memory)."""
+"""Cutting SSE streams within an inspection window, in linear time and bounded memory."""
 
 from __future__ import annotations
 

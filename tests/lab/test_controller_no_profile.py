@@ -1,6 +1,6 @@
 """``bench/bench_controller.py`` without any calibration profile, one scenario on the fluid fleet of
 4 engines it was set on: the guard, on live and model baselines alone, is not worse than never
-speculating in any phase (issue 15). On the default fixed pools it is not so (one phase at 0.95x:
+speculating in any phase. On the default fixed pools it is not so (one phase at 0.95x:
 docs/benchmarks.md, the no-profile table, says where and why)."""
 
 from __future__ import annotations

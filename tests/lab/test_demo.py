@@ -136,7 +136,7 @@ def test_every_row_gets_the_same_engines_and_says_so(result):
 
 
 def test_no_row_beats_the_oracle_by_more_than_the_measured_noise(result):
-    """The oracle is the best of every hindsight plan, replayed; specguard must not beat it (issue 16)."""
+    """The oracle is the best of every hindsight plan, replayed; specguard must not beat it."""
     noise, bound = result["noise"], result["bound"]
     assert noise["draws"] == 2 and 0 <= noise["max_abs"] < 0.02
     oracle = result["policies"]["oracle"]["throughput_tokens_per_second"]

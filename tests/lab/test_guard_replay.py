@@ -285,7 +285,7 @@ def test_without_the_prior_the_same_moves_wait_for_live_evidence(warm_and_cold):
 
 
 def test_a_class_off_speculation_is_probed_where_it_is_expected_cheapest():
-    """Issue 16 defect 4: code sampled at 0.9 loses on K=4 (true rc about 1.1) and pays on K=2 (about
+    """Code sampled at 0.9 loses on K=4 (true rc about 1.1) and pays on K=2 (about
     0.95). Once off, its probes leave K=4 for K=2 (the exact what-if from its K=4 probes), at the full
     share (the expected rc is below 1); before, every probe stayed on K=4."""
     scenario = sc.Scenario(
@@ -303,7 +303,7 @@ def test_a_class_off_speculation_is_probed_where_it_is_expected_cheapest():
 
 
 def test_a_class_arriving_in_a_crowd_starts_on_the_profile_pool_not_the_default(calibrated):
-    """Issue 16 (learning delay): with a profile, every class it knows is planned at the first
+    """No learning delay: with a profile, every class it knows is planned at the first
     evaluation (at start), seen or not, so a crowd of creative writing at temperature 1 (loses on every
     speculative pool) that arrives at 60 s runs on the no-spec pool from its first request. Before,
     its first requests ran on K=4 until the evaluation after the first of them finished."""

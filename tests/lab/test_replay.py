@@ -19,7 +19,7 @@ def replayed(scenario: sc.Scenario, policy, fleet: int = 3, **kwargs) -> replay.
 
 
 def test_two_loads_of_one_task_type_in_a_phase_are_both_replayed():
-    """Issue 16 defect 7: the replay kept only the last load of a task type in a phase."""
+    """A replay once kept only the last load of a task type in a phase."""
     phase = sc.Phase(
         "mixed",
         40.0,
@@ -32,7 +32,7 @@ def test_two_loads_of_one_task_type_in_a_phase_are_both_replayed():
 
 
 def test_splitting_traffic_over_identical_pools_buys_no_capacity():
-    """Issue 16: each pool had its own ``fleet`` engines, so a copy of spec-k4 gave +9% throughput."""
+    """Each pool once had its own ``fleet`` engines, so a copy of spec-k4 gave +9% throughput."""
     sim = sim_config.load()
     copy = sim_config.PoolConfig("spec-k4-copy", 4, sim.pool("spec-k4").max_num_seqs)
     sim = sim_config.SimConfig(**{**vars(sim), "pools": (*sim.pools, copy)})

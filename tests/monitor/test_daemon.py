@@ -272,7 +272,7 @@ async def test_local_source_warm_starts_from_the_profile_and_sets_holdout_shares
 
 
 async def test_local_source_plans_a_class_the_profile_knows_before_its_first_request(tmp_path):
-    """Issue 16 (learning delay): the first evaluation plans every class the profile covers, so the
+    """No learning delay: the first evaluation plans every class the profile covers, so the
     router sends a class's first request to the profile's pool (before, only after the evaluation
     following its first finished requests)."""
     from specguard.rules.cost_config import CostSettings
@@ -322,7 +322,7 @@ async def test_with_a_profile_the_first_evaluation_runs_at_start_before_any_requ
 
 
 async def test_dry_run_changes_nothing_but_the_record(tmp_path):
-    """Issue 18 item 3: dry-run offs counted against max_actions_per_hour and the cooldown, bumped
+    """Dry-run offs once counted against max_actions_per_hour and the cooldown, bumped
     plan_version and were persisted, so the first real move after dry-run was blocked for an hour."""
     clock, source = Clock(), ScriptedSource({CREATIVE: 1.4})
     capped = replace(POLICY, dry_run=True, max_actions_per_hour=2, cooldown_seconds=600)
@@ -370,7 +370,7 @@ class RollbackSource:
 
 
 async def test_a_report_only_rule_is_seen_in_status_log_and_counter_but_never_acts(tmp_path, caplog):
-    """Issue 18 item 5: the report-only full-rollback rule saw 424 of 425 requests above its
+    """The report-only full-rollback rule once saw 424 of 425 requests above its
     threshold, and nothing appeared in /status, the log or the actions counter."""
     report_only = policy_mod.Rule(
         "full-rollback-requests",
@@ -408,7 +408,7 @@ async def test_a_report_only_rule_is_seen_in_status_log_and_counter_but_never_ac
 
 
 async def test_scheduler_runs_do_not_fill_the_log(tmp_path, caplog):
-    """Issue 18: 90% of `specguard run`'s lines were APScheduler's "Running job ..." and
+    """90% of `specguard run`'s lines were once APScheduler's "Running job ..." and
     "... executed successfully" at the default level."""
     clock, source = Clock(), ScriptedSource({CREATIVE: 0.5})
     policy = replace(POLICY, rules=(replace(POLICY.rules[0], limits=replace(LIMITS, interval_seconds=1)),))
@@ -472,7 +472,7 @@ class TwoPoolSource:
 
 
 async def test_a_class_off_speculation_is_probed_by_expected_cost(tmp_path):
-    """Issue 16 defect 4: once off, the class's probes go to its expected cheapest speculative pool, at
+    """Once off, the class's probes go to its expected cheapest speculative pool, at
     a share with share x (rc - 1) <= 0.5%; the router takes them each evaluation, /status shows them."""
     clock, source = Clock(), TwoPoolSource(k2=1.5)
     router = Router(POOLS, default_pool="spec-k4", nospec_pool="nospec", probe_share=0.05)

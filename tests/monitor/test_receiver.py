@@ -101,7 +101,7 @@ async def test_no_token_configured_refuses_mutations(tmp_path):
     insecure = receiver.Api(guard, token=None, insecure=True)
     assert insecure.authorize(None, "127.0.0.1:8090") is None
     assert insecure.authorize(None, "[::1]:8090", "http://localhost:3000") is None
-    # issue 21: a browser page (cross-origin simple request) or a rebound DNS name is refused
+    # a browser page (cross-origin simple request) or a rebound DNS name is refused
     denied = (403, "insecure_loopback: only requests to and from a loopback address")
     assert insecure.authorize(None, "127.0.0.1:8090", "https://evil.example") == denied
     assert insecure.authorize(None, "rebound.example:8090") == denied
@@ -271,12 +271,12 @@ async def test_disabled_receiver_answers_404_and_is_never_proxied(tmp_path):
         await client.close()
 
 
-# --- issue 18: receiver defects found in production-style runs
+# --- receiver defects found in production-style runs
 
 
 @pytest.mark.parametrize("path", ["/api/v1/alerts", "/api/v1/overrides"])
 async def test_a_body_nested_a_thousand_levels_deep_is_400_not_500(api, path):
-    """Issue 18 item 8: a 2 KB body nested 1,000 levels deep got a 500 (RecursionError)."""
+    """A 2 KB body nested 1,000 levels deep once got a 500 (RecursionError)."""
     client, *_ = api
     for body in (b"[" * 1000 + b"]" * 1000, b'{"alerts":' + b"[" * 999 + b"]" * 999 + b"}"):
         assert len(body) <= 2048
@@ -375,7 +375,7 @@ async def test_refused_requests_are_counted(api):
 
 
 async def test_received_alerts_survive_a_restart(api, tmp_path):
-    """Issue 18 item 9: after a restart /status showed no alerts while Alertmanager still held a
+    """After a restart /status once showed no alerts while Alertmanager still held a
     firing one (and would not resend it for repeat_interval, 1 h)."""
     client, guard, _, clock = api
     assert (await post(client, "/api/v1/alerts", payload()))[0] == 200

@@ -74,7 +74,7 @@ ENTRY = {"task_type": "chat", "temperature_bucket": "greedy", "load_bucket": "lo
         ([], "not a specguard plan"),
         ({"format": 9, "entries": []}, "plan format 9 is not supported"),
         ({"entries": [{"task_type": "chat"}]}, "entries[0].temperature_bucket (None) must be"),
-        # issue 21: every malformed version is an InputError (was ValueError, OverflowError, TypeError)
+        # every malformed version is an InputError (was ValueError, OverflowError, TypeError)
         ({"version": float("nan"), "entries": []}, "version (nan) must be a whole number"),
         ({"version": float("inf"), "entries": []}, "version (inf) must be a whole number"),
         ({"version": "abc", "entries": []}, "version ('abc') must be a whole number"),

@@ -1,7 +1,7 @@
 """A pool SIGKILLed during load: its traffic fails over within a request, comes back by itself.
 
 The no-spec pool runs as its own ``specguard simulate`` process and is killed with SIGKILL while
-a class planned onto it (creative/high, as in issue 18) and a holdout share of every other class
+a class planned onto it (creative/high) and a holdout share of every other class
 are in flight; it is started again on the same port a few seconds later. Checked: only requests
 already in flight on the dead pool fail; nothing sent after it was marked down fails; the plan
 is unchanged while ``/status``, the metrics and the health say what happened; the pool gets its

@@ -444,7 +444,7 @@ async def test_audit_disk_full_keeps_routing_and_says_so(tmp_path):
         assert [d["action"] for d in status["decisions"]] == ["off"]  # kept in memory, shown in /status
         if disk is not None:  # space comes back: the next evaluation writes what was refused
             (disk / "ballast").unlink()
-            await guard.evaluate()  # no new decision: the retry alone (issue 21, item 5)
+            await guard.evaluate()  # no new decision: the retry alone
             records, torn = audit_mod.read(audit_path)
             assert [(r["class"], r["action"]) for r in records] == [("creative/high", "off")]
             assert torn == [] and state_mod.PlanStore(plan_path).load().routing() == router.plan()

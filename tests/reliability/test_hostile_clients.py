@@ -1,4 +1,4 @@
-"""Hostile clients (issue 21, items 1 and 7): idle sockets, trickled headers, stalled bodies, too
+"""Hostile clients: idle sockets, trickled headers, stalled bodies, too
 many connections, an exhausted open-file limit, malformed requests.
 
 Every attack runs against the real tap (``Monitor``) in this process, except the open-file

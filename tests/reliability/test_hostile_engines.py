@@ -1,4 +1,4 @@
-"""Hostile engines (issue 21, items 2, 8, 9): pages and responses built to exhaust the tap.
+"""Hostile engines: pages and responses built to exhaust the tap.
 
 Each attack runs against the real tap (``Monitor``) in this process; each test checks that the
 tap's memory peak stays bounded, that normal traffic through the tap is as fast under the attack
@@ -32,7 +32,7 @@ async def start(urls, extra: str = "", scrape: dict | None = None) -> tuple[Moni
     return monitor, await monitor.start("127.0.0.1", 0), registry
 
 
-# ------------------------------------------------------------------ item 2: metrics pages
+# ------------------------------------------------------------------ metrics pages
 LABEL_LINE = 'vllm:num_requests_running{model_name="' + "x" * (2 * MB) + '"} 1\n'
 PAGES = {
     # the review's case: one long label value (2 MB here: 340 MB of parser memory before the fix)
@@ -103,7 +103,7 @@ async def test_a_large_valid_page_is_parsed_off_the_serving_loop(caplog):
     assert hostkit.tracebacks(caplog) == []
 
 
-# ------------------------------------------------------------------ item 8: huge responses
+# ------------------------------------------------------------------ huge responses
 BLOCK = b"y" * (64 * 1024)
 
 
@@ -178,7 +178,7 @@ async def test_a_huge_response_is_relayed_whole_in_bounded_memory_and_time(respo
     assert hostkit.tracebacks(caplog) == []
 
 
-# ------------------------------------------------------------------ item 9: request meaning
+# ------------------------------------------------------------------ request meaning
 async def test_the_tap_leaves_odd_stream_options_for_the_engine_to_judge(caplog):
     """Through the tap the engine (the simulator's vLLM dialect) must see what the client sent."""
     cases = [

@@ -1,4 +1,4 @@
-"""Hostile files and the smaller items (issue 21, items 6 and 9): YAML bombs and deep nesting in
+"""Hostile files and smaller cases: YAML bombs and deep nesting in
 every file specguard reads, a live config swapped for a bomb, ``inspect`` on impossible pages,
 bounded secrets, ``--listen`` on IPv6, a taken port, and the simulator's strictness.
 

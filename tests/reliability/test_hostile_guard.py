@@ -1,4 +1,4 @@
-"""Hostile input to the guard (issue 21, items 3, 4, 5 and 7): alert floods, malformed plan files,
+"""Hostile input to the guard: alert floods, malformed plan files,
 a disk that refuses writes, and bodies built to crash the receiver.
 
 The guard runs inside the real tap (``Monitor`` + ``guard_wiring.configure``) in this process;
@@ -69,7 +69,7 @@ def alerts(start: int, count: int, task_type: str = "chat") -> dict:
     }
 
 
-# ------------------------------------------------------------------ item 3: alert floods
+# ------------------------------------------------------------------ alert floods
 async def test_an_alert_flood_is_bounded_and_guard_work_never_slows_traffic(tmp_path, caplog):
     engine = hostkit.Engine()
     async with relkit.serving(engine.app()) as engine_url:
@@ -136,7 +136,7 @@ async def test_a_timed_out_evaluation_counts_as_error_evaluations(tmp_path, capl
     assert "counted as errors" in caplog.text and hostkit.tracebacks(caplog) == []
 
 
-# ------------------------------------------------------------------ items 4 and 5: the plan file
+# ------------------------------------------------------------------ the plan file
 MALFORMED_PLANS = {
     "nan": b'{"version": NaN, "entries": []}',
     "infinity": b'{"version": Infinity, "entries": []}',

@@ -85,7 +85,7 @@ CHOICES = [
         None,
         id="prior-none-ignores-the-profile",
     ),
-    pytest.param(  # issue 16 defect 1: the thin what-if hid the profile's K=2, so the warm start went off
+    pytest.param(  # the thin what-if once hid the profile's K=2, so the warm start went off
         "spec-k4",
         ev(
             measured("spec-k4", 1.12, samples=4),
@@ -315,7 +315,7 @@ FLAP_POLICY = replace(POLICY, max_actions_per_hour=6, cooldown_seconds=20)
 
 
 def test_no_flapping_when_the_cheaper_pool_alternates_faster_than_the_stabilization_window():
-    """Issue 16 defect 6: a load bucket spanning the knee made K=4 and K=2 alternate as the cheaper
+    """A load bucket spanning the knee made K=4 and K=2 alternate as the cheaper
     pool; the class moved back and forth up to the cap. A move back to the pool the class just left
     now needs the cheaper estimate to hold for the stabilization window (doubling per reversal)."""
     blocks = ([K2_CHEAPER] * 4 + [K4_CHEAPER] * 4) * 45  # one hour at 10 s
@@ -340,7 +340,7 @@ def test_a_lasting_change_is_still_followed_after_the_window():
     assert not any(d.changes_plan for d in decisions)
 
 
-# ---------------------------------------------------------------- provenance (issue 18 item 7)
+# ---------------------------------------------------------------- provenance
 
 
 def test_a_stale_memory_of_the_current_pool_never_moves_the_class():

@@ -67,7 +67,7 @@ def test_backward_clock_step_bounds_the_ttl():
     assert len(book) == 0
 
 
-# --- issue 21: the book is bounded; a flood of one kind dedupes to a few per class
+# --- the book is bounded; a flood of one kind dedupes to a few per class
 def alert(i, status="firing", alertname="Flood", task="chat", at=0.0, **labels):
     labels = {"task_type": task, "alertname": alertname, **labels}
     return AlertRecord(f"fp{i}", alertname, status, labels, T0, at)

@@ -1,7 +1,7 @@
 """Grouping the cost model's results into evidence per class: which number stands for a pool.
 
 A measurement beats a what-if for the same pool, unless the measurement rests on fewer than
-``min_samples`` requests and the what-if on at least that many (issue 16 defect 3: four requests
+``min_samples`` requests and the what-if on at least that many (once, four requests
 on K=2 replaced a what-if built on 114, the shorten target then rejected the thin measurement and
 the class went off instead of to K=2).
 """

@@ -502,7 +502,7 @@ def test_dry_run_decides_but_keeps_the_plan():
         True,
     )
     assert not decision.changes_plan
-    # nothing but the record: no cooldown, nothing counted against max_actions_per_hour (issue 18)
+    # nothing but the record: no cooldown, nothing counted against max_actions_per_hour
     assert (state.pool, state.last_action_at, state.action_times, state.pending) == (
         "spec-k4",
         None,
@@ -623,7 +623,7 @@ K2_MEASURED_BAD = ev(pool("spec-k2", 1.1, rc_lower=1.05), pool("spec-k4", 1.15, 
 
 
 def test_an_off_class_comes_back_to_a_shorter_k_on_its_probes():
-    """Issue 16 defect 2: probes on K=4 (losing) showed K=2 would pay, but restore looked only at
+    """Probes on K=4 (losing) once showed K=2 would pay, but restore looked only at
     K=4, so the class stayed off for good. An exact what-if (acceptance measured on the probes) now
     counts as restore evidence for the shorter K; the move is pending until measured there."""
     state, decisions = st("nospec"), []

@@ -176,7 +176,7 @@ def _starvation_run(pin_back_at: float, end: float) -> list[tuple[float, int]]:
 
 
 def test_on_demand_never_lets_the_baseline_lapse_when_planned_nospec_traffic_stops():
-    # issue 18: a class planned on the no-spec pool was pinned back; the old shares counted its
+    # a class planned on the no-spec pool was pinned back; the old shares counted its
     # planned requests over the whole window, kept the holdout at 0 until they aged out, and the
     # bucket's baseline fell below baseline_min_samples for about a minute
     seen = _starvation_run(pin_back_at=600.0, end=1500.0)

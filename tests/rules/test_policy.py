@@ -179,7 +179,7 @@ def test_best_pool_prior_and_holdout_errors_name_file_line_col():
 
 
 def test_a_guard_section_without_rules_gets_the_shipped_rules_with_its_own_limits():
-    """Issue 18 item 4: `guard:` without `rules:` silently had no rules (nothing to do, forever)."""
+    """`guard:` without `rules:` once silently had no rules (nothing to do, forever)."""
     p = policy.parse_text("guard:\n  dry_run: true\n  min_samples: 8\n  interval_seconds: 15\n")
     shipped = policy.load_default()
     assert (

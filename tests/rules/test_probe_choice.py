@@ -1,4 +1,4 @@
-"""Probe pool and share by expected cost (``rules.probes``; issue 16 defects 2 and 4)."""
+"""Probe pool and share by expected cost (``rules.probes``)."""
 
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ def test_user_file_overrides_sections_and_merges_tasks(tmp_path):
 
 
 def test_a_partial_cost_section_keeps_the_shipped_values_it_does_not_name(tmp_path):
-    """Issue 16: a partial ``cost:`` fell back to code defaults (knee 128) instead of default.yaml's."""
+    """A partial ``cost:`` once fell back to code defaults (knee 128) instead of default.yaml's."""
     shipped = simconfig.load().cost
     path = tmp_path / "sim.yaml"
     path.write_text("cost: {draft_per_position_seconds: 0.004}\ntruth: {concurrency: [1, 2]}\n")

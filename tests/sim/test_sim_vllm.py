@@ -379,7 +379,7 @@ async def test_response_keys_where_vllm_puts_them(sim):
 
 @pytest.mark.parametrize("dialect", ["vllm", "sglang", "llamacpp"])
 async def test_a_client_that_leaves_mid_stream_leaves_no_traceback(dialect, caplog):
-    """Issue 18: the simulator printed a full ClientConnectionResetError traceback each time a
+    """The simulator once printed a full ClientConnectionResetError traceback each time a
     streaming client disconnected."""
     # real time (time_scale 1): the 400 tokens take seconds, so the stream is still writing when the
     # client leaves, however loaded the machine (at 0.05 it could finish first: no abort to count)

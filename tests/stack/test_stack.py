@@ -38,7 +38,7 @@ from stackhelp import (
 
 pytestmark = pytest.mark.stack
 
-# tap/exporter metric families of the team contract (issue 4), `_total` stripped as the parser does
+# tap/exporter metric families of the team contract, `_total` stripped as the parser does
 EXPORTER_FAMILIES = {
     "specguard_requests",
     "specguard_spec_requests",
@@ -64,7 +64,7 @@ EXPORTER_FAMILIES = {
     "specguard_engine_accepted_tokens",
     "specguard_engine_generation_tokens",
 }
-# guard families (issue 6): exported once `specguard run` wires the guard in
+# guard families: exported once `specguard run` wires the guard in
 GUARD_FAMILIES = {
     "specguard_speculation_enabled", "specguard_num_speculative_tokens", "specguard_plan_info",
     "specguard_actions", "specguard_evaluations", "specguard_last_evaluation_timestamp_seconds",

@@ -1,5 +1,5 @@
-"""Issue 15 against two real vLLM engines: the shipped default config (its load buckets, its guard
-policy with its ``matched_on_demand`` holdout, no calibration profile) and 36 concurrent clients.
+"""The default setup against two real vLLM engines: the shipped default config (its load buckets,
+its guard policy with its ``matched_on_demand`` holdout, no calibration profile) and 36 concurrent clients.
 Within 5 minutes every load bucket carrying speculative traffic exports an RC on a live
 baseline: where a bucket's live baseline is short the no-spec engine is filled to the
 speculative engine's load, so the baseline there is live.

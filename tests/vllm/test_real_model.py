@@ -98,8 +98,8 @@ async def test_attribution_is_exact_and_greedy_copy_tasks_accept_more(smollm2_en
     copy = [v for key, v in rates.items() if CLASSES[key] == "copy"]
     sampled = [v for key, v in rates.items() if CLASSES[key] == "sampled"]
     assert min(copy) > max(sampled), rates
-    # SmolLM2 copies invoice fields and code: drafts really get accepted (0.20-0.41 in the runs of
-    # issue 17, one CI run 0.196; random weights accept under 0.01)
+    # SmolLM2 copies invoice fields and code: drafts really get accepted (0.20-0.41 in the development
+    # runs, one CI run 0.196; random weights accept under 0.01)
     assert min(copy) > 0.1, rates
 
 
