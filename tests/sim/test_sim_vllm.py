@@ -228,24 +228,27 @@ async def test_same_seed_same_requests_same_results():
     assert await one_run() == await one_run()
 
 
-async def test_client_disconnect_aborts_the_request(sim):
-    url = sim.urls["spec-k4"]
-    async with aiohttp.ClientSession() as session:
-        body = {"prompt": "long", "max_tokens": 400, "stream": True, "ignore_eos": True}
-        async with session.post(url + "/v1/completions", json=body) as response:
-            await response.content.readline()  # first chunk arrived: the request is running
-        for _ in range(2000):  # a deadline of 20 s for a loaded machine, not a timing assertion
-            if sim.truth()["pools"]["spec-k4"]["totals"]["requests_aborted"]:
-                break
-            await asyncio.sleep(0.01)
-        text = await page(session, url)
-    totals = sim.truth()["pools"]["spec-k4"]["totals"]
-    assert totals["requests_aborted"] == 1 and totals["requests_finished"] == 0
-    assert (
-        'vllm:request_success_total{engine="0",finished_reason="abort",model_name="sim-llama-3.1-8b"} 1.0'
-        in text
-    )
-    assert sim.runtimes["spec-k4"].engine.idle
+async def test_client_disconnect_aborts_the_request():
+    # real time (time_scale 1): the 400 tokens take seconds, so the stream is still writing when the
+    # client leaves, however loaded the machine (at 0.05 a starved run finished it first)
+    async with cluster.SimCluster.from_config(None, seed=0, time_scale=1.0) as sim:
+        url = sim.urls["spec-k4"]
+        async with aiohttp.ClientSession() as session:
+            body = {"prompt": "long", "max_tokens": 400, "stream": True, "ignore_eos": True}
+            async with session.post(url + "/v1/completions", json=body) as response:
+                await response.content.readline()  # first chunk arrived: the request is running
+            for _ in range(2000):  # a deadline of 20 s for a loaded machine, not a timing assertion
+                if sim.truth()["pools"]["spec-k4"]["totals"]["requests_aborted"]:
+                    break
+                await asyncio.sleep(0.01)
+            text = await page(session, url)
+        totals = sim.truth()["pools"]["spec-k4"]["totals"]
+        assert totals["requests_aborted"] == 1 and totals["requests_finished"] == 0
+        assert (
+            'vllm:request_success_total{engine="0",finished_reason="abort",model_name="sim-llama-3.1-8b"} 1.0'
+            in text
+        )
+        assert sim.runtimes["spec-k4"].engine.idle
 
 
 async def test_unknown_route_answers_like_fastapi_and_health_works(sim):
