@@ -114,9 +114,11 @@ async def ground_truth(
     first: int,
     more: int,
     max_pairs: int,
+    seed: int = 400,
 ) -> dict[Key, Ratio]:
     """Per class, the same requests on A and on B in ABBA order; more pairs for the undecided
-    classes while none is decided (a loaded machine widens every interval)."""
+    classes while none is decided (a loaded machine widens every interval). ``seed`` picks the
+    prompts."""
     pairs: dict[Key, list] = {key: [] for key in keys}
     truth: dict[Key, Ratio] = {}
     while not truth or (
@@ -126,15 +128,17 @@ async def ground_truth(
             if key in truth and truth[key].verdict != "undecided":
                 continue
             count = first if not pairs[key] else more
-            seed = 400 + 100 * len(pairs[key])
-            pairs[key] += await asyncio.to_thread(interleaved, url_a, url_b, cls, count, seed)
+            prompts = seed + 100 * len(pairs[key])
+            pairs[key] += await asyncio.to_thread(interleaved, url_a, url_b, cls, count, prompts)
             truth[key] = ratio(pairs[key])
     return truth
 
 
-async def guard_on_live_evidence(cfg, mix: Sequence[loadgen.RequestClass], requests: int, ks: dict[str, int]):
+async def guard_on_live_evidence(
+    cfg, mix: Sequence[loadgen.RequestClass], requests: int, ks: dict[str, int], seed: int = 500
+):
     """The guard's decisions and its measured per-class costs (pool `spec`, load `low`) after
-    ``requests`` requests of ``mix`` through the tap, one at a time."""
+    ``requests`` requests of ``mix`` (prompts by ``seed``) through the tap, one at a time."""
     from specguard.monitor import guard_wiring
     from specguard.monitor.app import Monitor
     from specguard.rules import cost
@@ -143,7 +147,7 @@ async def guard_on_live_evidence(cfg, mix: Sequence[loadgen.RequestClass], reque
     guard, _ = guard_wiring.build(monitor, cfg)
     url = await monitor.start("127.0.0.1", 0)
     try:
-        results = await loadgen.run_load(url, list(mix), 1, requests=requests, stream=True, seed=500)
+        results = await loadgen.run_load(url, list(mix), 1, requests=requests, stream=True, seed=seed)
         assert {r.status for r in results} == {200}, [r.error for r in results if not r.ok]
         now = time.time()
         decisions = {d.key: d for d in await guard.evaluate(now)}

@@ -61,6 +61,13 @@ or label_replace(count(specguard_relative_cost_per_token_ratio{{job="fleet",{sel
 """
 
 
+def routed(followers: list[str], since: list[tuple[float, float]], count: int) -> bool:
+    """Whether every follower routed ``count`` creative requests since ``since`` (its routes then):
+    enough that one probe is not a third of them, on a starved machine too."""
+    now = [creative_routes(url) for url in followers]
+    return all(sum(n) - sum(then) >= count for n, then in zip(now, since, strict=True))
+
+
 def creative_routes(url: str) -> tuple[float, float]:
     """(creative requests on nospec, on spec-k4) counted by one follower."""
     got = {"nospec": 0.0, "spec-k4": 0.0}
@@ -215,6 +222,7 @@ def test_fleet_end_to_end(tmp_path: Path, source: str):
         )
         before = [creative_routes(url) for url in followers]
         time.sleep(4)
+        wait_until("12 creative requests a follower", lambda: routed(followers, before, 12), 60, stack.procs)
         results = load.stop()
         after = [creative_routes(url) for url in followers]
         for url, (nospec0, spec0), (nospec1, spec1) in zip(followers, before, after, strict=True):
@@ -239,6 +247,7 @@ def test_fleet_end_to_end(tmp_path: Path, source: str):
         stack.procs.remove(decider)
         survivors = Load(followers)
         time.sleep(POLL_SECONDS * 2.5)
+        wait_until("12 creative requests a follower", lambda: routed(followers, after, 12), 60, stack.procs)
         survivors.stop()
         assert [plan_of(url) for url in followers] == plans
         ages = [sample(url, "specguard_plan_age_seconds") for url in followers]
