@@ -5,8 +5,8 @@ truth this test measures itself on the same two servers (interleaved A/B TPOT pe
 The rule is the vLLM tier's: both are intervals, they must overlap (or their points be within 25%);
 neither may say "pays" where the other says "loses"; a class whose truth pays must stay on
 speculation; pairs are added while no class is decided; a disagreement is measured again once, on
-fresh prompts. One greedy copy class and one sampled
-creative class, short requests: the tier runs in the default suite.
+fresh prompts. One greedy copy class and one sampled creative class, short requests: the tier runs
+in the default suite.
 """
 
 from __future__ import annotations

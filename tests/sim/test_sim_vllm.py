@@ -31,6 +31,15 @@ async def sim():
         yield running
 
 
+async def until_aborted(sim: cluster.SimCluster) -> None:
+    """Wait for spec-k4 to count an aborted request: a deadline of 20 s for a loaded machine, not
+    a timing assertion (the test asserts the count)."""
+    for _ in range(2000):
+        if sim.truth()["pools"]["spec-k4"]["totals"]["requests_aborted"]:
+            return
+        await asyncio.sleep(0.01)
+
+
 async def page(session: aiohttp.ClientSession, url: str) -> str:
     async with session.get(url + "/metrics") as response:
         assert response.status == 200
@@ -237,10 +246,7 @@ async def test_client_disconnect_aborts_the_request():
             body = {"prompt": "long", "max_tokens": 400, "stream": True, "ignore_eos": True}
             async with session.post(url + "/v1/completions", json=body) as response:
                 await response.content.readline()  # first chunk arrived: the request is running
-            for _ in range(2000):  # a deadline of 20 s for a loaded machine, not a timing assertion
-                if sim.truth()["pools"]["spec-k4"]["totals"]["requests_aborted"]:
-                    break
-                await asyncio.sleep(0.01)
+            await until_aborted(sim)
             text = await page(session, url)
         totals = sim.truth()["pools"]["spec-k4"]["totals"]
         assert totals["requests_aborted"] == 1 and totals["requests_finished"] == 0
@@ -393,10 +399,7 @@ async def test_a_client_that_leaves_mid_stream_leaves_no_traceback(dialect, capl
                 body = {"prompt": "long", "max_tokens": 400, "stream": True, "ignore_eos": True}
                 async with session.post(url + "/v1/completions", json=body) as response:
                     await response.content.readline()
-                for _ in range(2000):  # a deadline of 20 s for a loaded machine, not a timing assertion
-                    if running.truth()["pools"]["spec-k4"]["totals"]["requests_aborted"]:
-                        break
-                    await asyncio.sleep(0.01)
+                await until_aborted(running)
                 await asyncio.sleep(0.2)  # the write that finds the client gone
     assert running.truth()["pools"]["spec-k4"]["totals"]["requests_aborted"] == 1
     loud = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
